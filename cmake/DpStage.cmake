@@ -1,0 +1,52 @@
+# dp_add_stage(<dir-name> SOURCES <main.cpp> [LIB_SOURCES <files>...])
+#   Adds executable <dir-name> (e.g. 01_allreduce -> stage01_allreduce) linked to dp_common.
+#   LIB_SOURCES (optional) become a small library stageNN_lib so the tests can link the stage's classes.
+#   Every test registered with dp_add_test(... LABELS stageNN) can then be selected with `ctest -L stageNN`.
+function(dp_add_stage dir)
+  cmake_parse_arguments(S "" "" "SOURCES;LIB_SOURCES" ${ARGN})
+  string(SUBSTRING "${dir}" 0 2 num)
+  string(SUBSTRING "${dir}" 3 -1 name)
+  set(exe "stage${num}_${name}")
+  if(S_LIB_SOURCES)
+    add_library(stage${num}_lib STATIC ${S_LIB_SOURCES})
+    target_link_libraries(stage${num}_lib PUBLIC dp_common)
+    target_precompile_headers(stage${num}_lib REUSE_FROM dp_common)
+    set(extra stage${num}_lib)
+  endif()
+  add_executable(${exe} ${S_SOURCES})
+  target_link_libraries(${exe} PRIVATE dp_common ${extra})
+  target_precompile_headers(${exe} REUSE_FROM dp_common)
+  set_target_properties(${exe} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
+endfunction()
+
+# dp_add_test(<name> COMMAND <cmd...> LABELS <labels...> [TIMEOUT s] [RUN_SERIAL])
+#   A ctest test with a mandatory timeout: a hang is a failure, never a wait.
+function(dp_add_test name)
+  cmake_parse_arguments(T "RUN_SERIAL" "TIMEOUT" "COMMAND;LABELS" ${ARGN})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 120)
+  endif()
+  add_test(NAME ${name} COMMAND ${T_COMMAND})
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
+  if(T_RUN_SERIAL)
+    set_tests_properties(${name} PROPERTIES RUN_SERIAL TRUE)
+  endif()
+endfunction()
+
+# dp_add_gtest(<target> SOURCES <files> LINK <libs> LABELS <labels> [TIMEOUT s])
+#   One GoogleTest executable; each TEST() becomes its own ctest test with the labels and timeout.
+function(dp_add_gtest target)
+  cmake_parse_arguments(G "" "TIMEOUT" "SOURCES;LINK;LABELS" ${ARGN})
+  if(NOT G_TIMEOUT)
+    set(G_TIMEOUT 120)
+  endif()
+  add_executable(${target} ${G_SOURCES})
+  target_link_libraries(${target} PRIVATE ${G_LINK} GTest::gtest_main)
+  if(TARGET dp_common)
+    target_precompile_headers(${target} REUSE_FROM dp_common)
+  endif()
+  set_target_properties(${target} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  gtest_discover_tests(${target}
+    PROPERTIES TIMEOUT ${G_TIMEOUT} LABELS "${G_LABELS}"
+    DISCOVERY_TIMEOUT 60)
+endfunction()

@@ -1,0 +1,79 @@
+// The one place where LibTorch 1.13 (Debian, CPU, Gloo) and LibTorch 2.x (pip, CUDA, NCCL) differ.
+//
+// 1.13: ProcessGroupGloo/ProcessGroupNCCL derive from c10d::ProcessGroup, which declares the collectives.
+// 2.x:  they derive from c10d::Backend; c10d::ProcessGroup became a dispatcher front-end that needs
+//       setBackend(). We hold the backend object directly in both versions and call its collectives.
+// Everything else in the project includes this header instead of the c10d headers.
+#pragma once
+
+#include <torch/version.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#else
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#endif
+
+#ifdef USE_C10D_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#ifdef DP_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <chrono>
+#include <string>
+
+namespace dp::compat {
+
+#if TORCH_VERSION_MAJOR >= 2
+using CommBase = c10d::Backend;
+#else
+using CommBase = c10d::ProcessGroup;
+#endif
+using CommPtr = c10::intrusive_ptr<CommBase>;
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+using StorePtr = c10::intrusive_ptr<c10d::Store>;
+
+/// TCP rendezvous store: rank 0 hosts it, every rank (rank 0 included) connects as a client.
+inline StorePtr make_tcp_store(const std::string& host, int port, bool is_server, int world_size,
+                               std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(port);
+  o.isServer = is_server;
+  o.numWorkers = world_size;
+  o.waitWorkers = true;
+  o.timeout = timeout;
+#if TORCH_VERSION_MAJOR >= 2
+  o.useLibUV = false;  // the classic server: same behaviour as 1.13, no libuv dependency
+#endif
+  return c10::make_intrusive<c10d::TCPStore>(host, o);
+}
+
+#ifdef USE_C10D_GLOO
+/// A Gloo backend bound to `iface_host` (an address of this machine; 127.0.0.1 for one node).
+inline CommPtr make_gloo(const StorePtr& store, int rank, int world, std::chrono::milliseconds timeout,
+                         const std::string& iface_host) {
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(iface_host));
+  opts->threads = 2;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, opts);
+}
+#endif
+
+#ifdef DP_WITH_NCCL
+inline CommPtr make_nccl(const StorePtr& store, int rank, int world, std::chrono::milliseconds timeout) {
+  auto opts = c10d::ProcessGroupNCCL::Options::create();
+  opts->timeout = timeout;
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world, opts);
+}
+#endif
+
+}  // namespace dp::compat

@@ -1,0 +1,51 @@
+// Command-line options for every program: CLI11 underneath, sizes with units, exit code 2 on bad input.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dp {
+
+/// Parses a size such as "1MB" (10^6 bytes), "10MiB" (2^20), "1GB", "512" (bytes) or "0.5MB".
+/// Decimal units (kB, MB, GB, TB) are powers of 1000, binary ones (KiB, MiB, GiB, TiB) of 1024.
+/// Throws dp::UsageError naming `what` and the text when it does not parse or is not positive.
+uint64_t parse_size(const std::string& text, const std::string& what = "size");
+
+/// Formats bytes with a decimal unit ("100 MB", "1.5 GB").
+std::string format_bytes(double bytes);
+
+/// Parses a duration such as "30s", "500ms", "2m" or "45" (seconds). Throws dp::UsageError.
+double parse_seconds(const std::string& text, const std::string& what = "duration");
+
+/// Options every distributed program shares.
+struct CommonOptions {
+  std::string backend = "gloo";  ///< --backend gloo|nccl
+  std::string timeout = "120s";  ///< --timeout for rendezvous and collectives
+  std::string json;              ///< --json FILE: append results as JSON
+  uint64_t seed = 0;             ///< --seed
+};
+
+/// A CLI11 app preloaded with --backend, --timeout, --json and --seed.
+class Cli {
+ public:
+  Cli(const std::string& program, const std::string& description);
+  CLI::App& app() { return app_; }
+  CommonOptions& common() { return common_; }
+  /// Parses argv. Returns -1 to go on, or the exit code to return now (0 after --help, 2 on bad input,
+  /// with a message naming the option and the remedy on stderr).
+  int parse(int argc, char** argv);
+  /// Timeout in milliseconds from --timeout (validated in parse()).
+  long timeout_ms() const;
+
+ private:
+  CLI::App app_;
+  CommonOptions common_;
+};
+
+/// CLI11 check: the value must be a positive integer (for counts such as --steps).
+extern const CLI::Validator PositiveInt;
+
+}  // namespace dp

@@ -1,0 +1,105 @@
+// A thin layer over c10d that reads like torch.distributed.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dp {
+
+/// What a launcher (ours, torchrun, a Slurm wrapper) tells a rank through its environment.
+/// Without RANK/WORLD_SIZE a program runs as a single rank (rank 0 of 1).
+struct LaunchEnv {
+  int rank = 0;              ///< RANK: global rank, 0..world_size-1
+  int world_size = 1;        ///< WORLD_SIZE: number of ranks in the job
+  int local_rank = 0;        ///< LOCAL_RANK: rank on this node (picks the GPU)
+  int local_world_size = 1;  ///< LOCAL_WORLD_SIZE: ranks on this node
+  std::string master_addr = "127.0.0.1";  ///< MASTER_ADDR: host of rank 0's rendezvous store
+  int master_port = 29500;   ///< MASTER_PORT: its TCP port
+  bool launched = false;     ///< true when RANK and WORLD_SIZE were set
+
+  /// Reads the variables above; throws dp::UsageError naming a malformed one.
+  static LaunchEnv from_environment();
+};
+
+/// Options of a process group.
+struct DistOptions {
+  std::string backend = "gloo";               ///< "gloo" (CPU tensors) or "nccl" (CUDA tensors)
+  std::chrono::milliseconds timeout{120000};  ///< rendezvous and collective timeout
+};
+
+/// Handle of an asynchronous collective, like torch.distributed's Work object.
+class Work {
+ public:
+  Work() = default;
+  explicit Work(std::shared_ptr<void> impl, std::string what) : impl_(std::move(impl)), what_(std::move(what)) {}
+  /// Blocks until the collective finished (on GPU: until the current stream is ordered after it).
+  /// Throws std::runtime_error naming the collective when it failed or timed out.
+  void wait();
+  /// True once the collective completed (successfully or not).
+  bool completed() const;
+  /// True when this handle refers to a collective.
+  bool valid() const { return impl_ != nullptr; }
+
+ private:
+  std::shared_ptr<void> impl_;
+  std::string what_;
+};
+
+/// A group of ranks that run collectives together (a c10d backend underneath).
+class ProcessGroup {
+ public:
+  /// Joins the job described by the launch environment: rank 0 hosts a TCP store at
+  /// MASTER_ADDR:MASTER_PORT, all ranks rendezvous there within `opts.timeout`.
+  static ProcessGroup init_from_env(const DistOptions& opts = {});
+  /// Joins through an existing store (threads-as-ranks tests use a c10d::HashStore).
+  static ProcessGroup init_with_store(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
+                                      const DistOptions& opts = {});
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  const std::string& backend() const { return backend_; }
+  /// Device that this backend's tensors live on: CPU for gloo, cuda:LOCAL_RANK for nccl.
+  torch::Device device() const { return device_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  /// In-place sum over all ranks (blocking). Gloo has no AVG: divide by world_size() yourself.
+  void all_reduce(torch::Tensor& t);
+  /// In-place sum over all ranks, returning at once; call wait() on the handle before reading `t`.
+  Work all_reduce_async(torch::Tensor& t);
+  /// Copies `root`'s tensor into `t` on every rank (blocking).
+  void broadcast(torch::Tensor& t, int root);
+  /// Asynchronous broadcast.
+  Work broadcast_async(torch::Tensor& t, int root);
+  /// Every rank's tensor, in rank order (all tensors must have t's shape and dtype).
+  std::vector<torch::Tensor> all_gather(const torch::Tensor& t);
+  /// Every rank's value, in rank order (small values such as timings or counts).
+  std::vector<double> all_gather(double v);
+  /// Every rank's vector, in rank order (all ranks must pass the same length).
+  std::vector<std::vector<double>> all_gather(const std::vector<double>& v);
+  /// Blocks until every rank reached it.
+  void barrier();
+  /// Waits for outstanding work and releases the backend; safe to call twice.
+  void shutdown();
+
+  ProcessGroup(ProcessGroup&&) noexcept;
+  ProcessGroup& operator=(ProcessGroup&&) noexcept;
+  ~ProcessGroup();
+
+ private:
+  ProcessGroup() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0, world_ = 1;
+  std::string backend_;
+  torch::Device device_{torch::kCPU};
+  std::chrono::milliseconds timeout_{0};
+};
+
+/// True when this build can run `backend` ("gloo" always; "nccl" only with a CUDA LibTorch).
+bool backend_available(const std::string& backend);
+
+}  // namespace dp

@@ -1,0 +1,52 @@
+// Process-level plumbing shared by every program: errors and exit codes, rank-aware printing,
+// CPU threads per rank, and the slow-BLAS check.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+namespace dp {
+
+/// Bad input from the user (an option, an environment variable, a file). Programs exit with code 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// A self-check failed (results differ from the reference). Programs exit with code 1.
+struct CheckFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Runs `body` and turns exceptions into exit codes: UsageError -> 2, anything else -> 1,
+/// each printed as one `[rank r/W] error: ...` line on stderr.
+int run_main(const std::function<int()>& body);
+
+/// Rank and world size used by the printing helpers (set once the process group exists).
+void set_log_rank(int rank, int world_size);
+int log_rank();
+int log_world();
+
+/// Prints a line from rank 0 only (summaries, tables, verdicts).
+template <typename... Args>
+void print0(fmt::format_string<Args...> f, Args&&... args) {
+  if (log_rank() == 0) fmt::print("{}\n", fmt::format(f, std::forward<Args>(args)...)), std::fflush(stdout);
+}
+/// Prints a line from every rank, prefixed with `[rank r/W]`.
+template <typename... Args>
+void print_rank(fmt::format_string<Args...> f, Args&&... args) {
+  fmt::print("[rank {}/{}] {}\n", log_rank(), log_world(), fmt::format(f, std::forward<Args>(args)...));
+  std::fflush(stdout);
+}
+
+/// Gives this rank its share of the CPU: if OMP_NUM_THREADS is set (our launcher and torchrun set
+/// it) torch uses that many threads; otherwise cores / LOCAL_WORLD_SIZE. Returns the count.
+int configure_cpu_threads();
+
+/// Times a 1024x1024 float matmul. Below `warn_below` GFLOP/s it prints a warning with the remedy
+/// (install libopenblas0-pthread). Returns the measured GFLOP/s.
+double check_blas(double warn_below = 8.0, bool quiet = false);
+
+}  // namespace dp

@@ -1,0 +1,47 @@
+// Timing: warm-up then measured iterations, robust statistics, and the slowest rank's view.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <functional>
+#include <vector>
+
+namespace dp {
+
+class ProcessGroup;
+
+/// Waits for all queued device work (CUDA kernels) so a wall clock can be read; no-op on CPU.
+void sync_device(const torch::Device& device);
+
+/// A wall-clock stopwatch in seconds. On a CUDA device it synchronizes before reading the clock,
+/// because kernels and NCCL calls return before the work is done.
+class Timer {
+ public:
+  explicit Timer(torch::Device device = torch::kCPU) : device_(device) { start(); }
+  void start();
+  /// Seconds since start().
+  double seconds() const;
+
+ private:
+  torch::Device device_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+/// Median, minimum, maximum and mean of a sample (seconds).
+struct Stats {
+  double median = 0, min = 0, max = 0, mean = 0;
+  int n = 0;
+};
+Stats summarize(std::vector<double> xs);
+
+/// Per-iteration maximum over ranks: iteration i took as long as its slowest rank.
+/// Every rank must call it with the same number of samples.
+std::vector<double> max_over_ranks(ProcessGroup& pg, const std::vector<double>& per_iter);
+
+/// Runs `fn` `warmup` times, then times it `iters` times (stopping early after `budget_s` seconds
+/// of measurement, at least 1 iteration); returns the per-iteration seconds on this rank.
+std::vector<double> time_iterations(const std::function<void()>& fn, int warmup, int iters,
+                                    double budget_s = 1e9, torch::Device device = torch::kCPU);
+
+}  // namespace dp
