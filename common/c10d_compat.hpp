@@ -25,6 +25,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
 #ifdef DP_WITH_NCCL
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -57,12 +58,22 @@ inline StorePtr make_tcp_store(const std::string& host, int port, bool is_server
   return c10::make_intrusive<c10d::TCPStore>(host, o);
 }
 
+/// Where Gloo opens its sockets: a host address, an interface name, or neither (resolve the hostname).
+struct GlooInterface {
+  std::string host;
+  std::string ifname;
+};
+
 #ifdef USE_C10D_GLOO
-/// A Gloo backend bound to `iface_host` (an address of this machine; 127.0.0.1 for one node).
 inline CommPtr make_gloo(const StorePtr& store, int rank, int world, std::chrono::milliseconds timeout,
-                         const std::string& iface_host) {
+                         const GlooInterface& where) {
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(iface_host));
+  if (!where.ifname.empty())
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(where.ifname));
+  else if (!where.host.empty())
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(where.host));
+  else
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   opts->threads = 2;
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, opts);
 }

@@ -47,5 +47,7 @@ class Cli {
 
 /// CLI11 check: the value must be a positive integer (for counts such as --steps).
 extern const CLI::Validator PositiveInt;
+/// CLI11 check: the value must parse with parse_size() (for options such as --size 100MB).
+extern const CLI::Validator SizeText;
 
 }  // namespace dp

@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+namespace c10d {
+class Store;
+}
+
 namespace dp {
 
 /// What a launcher (ours, torchrun, a Slurm wrapper) tells a rank through its environment.

@@ -1,0 +1,134 @@
+// Command-line parsing: CLI11 does the work; we add units and map every bad input to exit code 2.
+#include "common/cli.hpp"
+
+#include "common/runtime.hpp"
+
+#include <fmt/format.h>
+
+#include <cctype>
+#include <cmath>
+#include <map>
+
+namespace dp {
+namespace {
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// Splits "10.5MiB" into 10.5 and "mib"; throws when the number part is missing or malformed.
+std::pair<double, std::string> split_number(const std::string& text, const std::string& what,
+                                            const std::string& examples) {
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    throw UsageError(fmt::format("{} '{}' is not a number with a unit; write e.g. {}", what, text, examples));
+  }
+  std::string unit = lower(text.substr(pos));
+  while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
+  if (!std::isfinite(v) || v <= 0)
+    throw UsageError(fmt::format("{} '{}' must be positive; write e.g. {}", what, text, examples));
+  return {v, unit};
+}
+
+}  // namespace
+
+uint64_t parse_size(const std::string& text, const std::string& what) {
+  static const std::map<std::string, double> units = {
+      {"", 1},       {"b", 1},       {"kb", 1e3},          {"mb", 1e6},          {"gb", 1e9},
+      {"tb", 1e12},  {"kib", 1024.}, {"mib", 1048576.},    {"gib", 1073741824.}, {"tib", 1099511627776.}};
+  auto [v, unit] = split_number(text, what, "1MB (10^6 bytes) or 1MiB (2^20 bytes)");
+  auto it = units.find(unit);
+  if (it == units.end())
+    throw UsageError(fmt::format("{} '{}' has unknown unit '{}'; use B, kB, MB, GB, TB (powers of 1000) "
+                                 "or KiB, MiB, GiB, TiB (powers of 1024)", what, text, unit));
+  double bytes = v * it->second;
+  if (bytes < 1 || bytes > 1e15)
+    throw UsageError(fmt::format("{} '{}' is out of range (1 byte .. 1 PB)", what, text));
+  return static_cast<uint64_t>(std::llround(bytes));
+}
+
+std::string format_bytes(double bytes) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
+  int i = 0;
+  while (bytes >= 1000 && i < 4) bytes /= 1000, ++i;
+  return fmt::format(bytes == std::floor(bytes) ? "{:.0f} {}" : "{:.3g} {}", bytes, units[i]);
+}
+
+double parse_seconds(const std::string& text, const std::string& what) {
+  static const std::map<std::string, double> units = {{"", 1}, {"s", 1}, {"ms", 1e-3}, {"m", 60}, {"min", 60}};
+  auto [v, unit] = split_number(text, what, "30s, 500ms or 2m");
+  auto it = units.find(unit);
+  if (it == units.end())
+    throw UsageError(fmt::format("{} '{}' has unknown unit '{}'; use ms, s or m", what, text, unit));
+  return v * it->second;
+}
+
+const CLI::Validator PositiveInt = CLI::Validator(
+    [](std::string& s) -> std::string {
+      try {
+        size_t pos = 0;
+        long long v = std::stoll(s, &pos);
+        if (pos != s.size()) return "'" + s + "' is not an integer";
+        if (v <= 0) return "'" + s + "' must be a positive integer (1 or more)";
+      } catch (const std::exception&) {
+        return "'" + s + "' is not an integer";
+      }
+      return {};
+    },
+    "POSITIVE");
+
+const CLI::Validator SizeText = CLI::Validator(
+    [](std::string& s) -> std::string {
+      try {
+        parse_size(s);
+      } catch (const UsageError& e) {
+        return e.what();
+      }
+      return {};
+    },
+    "SIZE");
+
+Cli::Cli(const std::string& program, const std::string& description) : app_(description, program) {
+  app_.option_defaults()->always_capture_default();
+  app_.add_option("--backend", common_.backend, "Communication backend: gloo (CPU tensors) or nccl (CUDA tensors)")
+      ->check(CLI::IsMember({"gloo", "nccl"}));
+  app_.add_option("--timeout", common_.timeout,
+                  "Rendezvous and collective timeout (e.g. 30s, 2m); a dead or hung peer fails the run after it");
+  app_.add_option("--json", common_.json, "Write results as JSON to this file");
+  app_.add_option("--seed", common_.seed, "Random seed");
+}
+
+int Cli::parse(int argc, char** argv) {
+  try {
+    app_.parse(argc, argv);
+    parse_seconds(common_.timeout, "--timeout");
+    if (common_.backend == "nccl") {
+#ifndef DP_WITH_NCCL
+      throw UsageError("--backend nccl: this build has no NCCL (Debian's LibTorch is CPU-only). "
+                       "Use --backend gloo, or rebuild against a CUDA LibTorch (README: 'NCCL on a GPU machine')");
+#endif
+    }
+  } catch (const CLI::CallForHelp&) {
+    fmt::print("{}", app_.help());
+    return 0;
+  } catch (const CLI::CallForAllHelp&) {
+    fmt::print("{}", app_.help("", CLI::AppFormatMode::All));
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    fmt::print(stderr, "{}: error: {}\nRun '{} --help' for the options.\n", app_.get_name(), e.what(),
+               app_.get_name());
+    return 2;
+  } catch (const UsageError& e) {
+    fmt::print(stderr, "{}: error: {}\n", app_.get_name(), e.what());
+    return 2;
+  }
+  return -1;
+}
+
+long Cli::timeout_ms() const { return std::lround(parse_seconds(common_.timeout, "--timeout") * 1000); }
+
+}  // namespace dp

@@ -1,0 +1,247 @@
+// The distributed layer: rendezvous through a TCP store, then collectives on a c10d backend.
+// All version differences are in c10d_compat.hpp; this file only speaks c10d's common API.
+#include "common/dist.hpp"
+
+#include "common/c10d_compat.hpp"
+#include "common/runtime.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace dp {
+namespace {
+
+// Reads an integer environment variable; a malformed value is a usage error, not a crash.
+int env_int(const char* name, int fallback, int min_value) {
+  const char* s = std::getenv(name);
+  if (!s || !*s) return fallback;
+  char* end = nullptr;
+  long v = std::strtol(s, &end, 10);
+  if (*end != '\0' || v < min_value || v > 1 << 30)
+    throw UsageError(fmt::format("environment variable {}='{}' is not an integer >= {}; "
+                                 "unset it or let the launcher set it", name, s, min_value));
+  return static_cast<int>(v);
+}
+
+// c10d reports failures as c10::Error with long backtraces; keep the first line for users.
+std::string first_line(const std::exception& e) {
+  std::string s = e.what();
+  auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+// Which network interface Gloo binds. GLOO_SOCKET_IFNAME (PyTorch's variable) names an interface;
+// otherwise one node, or a master on loopback, talks over 127.0.0.1 (resolving the hostname, Gloo's
+// default, is a classic container hang); a real multi-node job resolves this machine's hostname.
+compat::GlooInterface gloo_interface() {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) return {"", ifname};
+  const char* master = std::getenv("MASTER_ADDR");
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const char* world = std::getenv("WORLD_SIZE");
+  bool multi_node = local && world && std::string(local) != world;
+  bool loopback = !master || std::string(master).rfind("127.", 0) == 0 || std::string(master) == "localhost";
+  if (multi_node && !loopback) return {"", ""};
+  return {"127.0.0.1", ""};
+}
+
+}  // namespace
+
+LaunchEnv LaunchEnv::from_environment() {
+  LaunchEnv env;
+  env.launched = std::getenv("RANK") && std::getenv("WORLD_SIZE");
+  if (!env.launched) return env;  // started by hand: one rank
+  env.world_size = env_int("WORLD_SIZE", 1, 1);
+  env.rank = env_int("RANK", 0, 0);
+  env.local_rank = env_int("LOCAL_RANK", env.rank, 0);
+  env.local_world_size = env_int("LOCAL_WORLD_SIZE", env.world_size, 1);
+  env.master_port = env_int("MASTER_PORT", 29500, 1);
+  if (const char* a = std::getenv("MASTER_ADDR"); a && *a) env.master_addr = a;
+  if (env.rank >= env.world_size)
+    throw UsageError(fmt::format("RANK={} is not below WORLD_SIZE={}; check the launcher's settings",
+                                 env.rank, env.world_size));
+  if (env.master_port > 65535)
+    throw UsageError(fmt::format("MASTER_PORT={} is not a TCP port (1..65535)", env.master_port));
+  return env;
+}
+
+// ----- Work ------------------------------------------------------------------------------------
+
+void Work::wait() {
+  if (!impl_) return;
+  auto& w = *static_cast<compat::WorkPtr*>(impl_.get());
+  try {
+    w->wait();
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format("{} failed: {}", what_, first_line(e)));
+  }
+}
+
+bool Work::completed() const {
+  return !impl_ || (*static_cast<compat::WorkPtr*>(impl_.get()))->isCompleted();
+}
+
+// ----- ProcessGroup ----------------------------------------------------------------------------
+
+struct ProcessGroup::Impl {
+  compat::StorePtr store;
+  compat::CommPtr comm;
+  std::string where;  // "gloo rank 1/4" for messages
+};
+
+bool backend_available(const std::string& backend) {
+  if (backend == "gloo") {
+#ifdef USE_C10D_GLOO
+    return true;
+#endif
+  }
+  if (backend == "nccl") {
+#ifdef DP_WITH_NCCL
+    return true;
+#endif
+  }
+  return false;
+}
+
+static void check_backend(const std::string& backend) {
+  if (backend != "gloo" && backend != "nccl")
+    throw UsageError(fmt::format("unknown backend '{}'; use --backend gloo (CPU) or nccl (CUDA)", backend));
+  if (!backend_available(backend))
+    throw UsageError(fmt::format(
+        "backend '{}' is not in this build: LibTorch {}.{} here was built without CUDA/NCCL. "
+        "Use --backend gloo, or rebuild against a CUDA LibTorch (see README, 'NCCL on a GPU machine')",
+        backend, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR));
+}
+
+ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store, int rank, int world,
+                                           const DistOptions& opts) {
+  check_backend(opts.backend);
+  ProcessGroup pg;
+  pg.impl_ = std::make_unique<Impl>();
+  pg.rank_ = rank;
+  pg.world_ = world;
+  pg.backend_ = opts.backend;
+  pg.timeout_ = opts.timeout;
+  pg.impl_->store = store;
+  pg.impl_->where = fmt::format("{} rank {}/{}", opts.backend, rank, world);
+  try {
+    if (opts.backend == "nccl") {
+#ifdef DP_WITH_NCCL
+      int local = std::getenv("LOCAL_RANK") ? std::atoi(std::getenv("LOCAL_RANK")) : rank;
+      pg.device_ = torch::Device(torch::kCUDA, local % std::max<int>(1, torch::cuda::device_count()));
+      c10::cuda::set_device(pg.device_.index());
+      pg.impl_->comm = compat::make_nccl(store, rank, world, opts.timeout);
+#endif
+    } else {
+#ifdef USE_C10D_GLOO
+      pg.impl_->comm = compat::make_gloo(store, rank, world, opts.timeout, gloo_interface());
+#endif
+    }
+  } catch (const UsageError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw std::runtime_error(fmt::format(
+        "rank {}: the {} process group of {} ranks did not form within {:.0f} s ({}). "
+        "Are all {} ranks started, with the same MASTER_ADDR/MASTER_PORT? Raise --timeout if they start slowly",
+        rank, opts.backend, world, opts.timeout.count() / 1000.0, first_line(e), world));
+  }
+  set_log_rank(rank, world);
+  return pg;
+}
+
+ProcessGroup ProcessGroup::init_from_env(const DistOptions& opts) {
+  check_backend(opts.backend);
+  LaunchEnv env = LaunchEnv::from_environment();
+  if (!env.launched) {
+    // One rank: an in-process store, no sockets to open.
+    return init_with_store(c10::make_intrusive<c10d::HashStore>(), 0, 1, opts);
+  }
+  compat::StorePtr store;
+  try {
+    store = compat::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size,
+                                   opts.timeout);
+  } catch (const std::exception& e) {
+    std::string msg = first_line(e);
+    if (env.rank == 0 && (msg.find("in use") != std::string::npos || msg.find("bind") != std::string::npos))
+      throw UsageError(fmt::format("rank 0 cannot listen on {}:{} ({}); pick a free --master-port "
+                                   "or let ddp_launch choose one", env.master_addr, env.master_port, msg));
+    throw std::runtime_error(fmt::format(
+        "rank {}: rendezvous at {}:{} failed within {:.0f} s ({}). Is rank 0 running and MASTER_ADDR reachable? "
+        "All {} ranks must start; raise --timeout if they start slowly",
+        env.rank, env.master_addr, env.master_port, opts.timeout.count() / 1000.0, msg, env.world_size));
+  }
+  return init_with_store(store, env.rank, env.world_size, opts);
+}
+
+ProcessGroup::ProcessGroup(ProcessGroup&&) noexcept = default;
+ProcessGroup& ProcessGroup::operator=(ProcessGroup&&) noexcept = default;
+ProcessGroup::~ProcessGroup() = default;
+
+// Every collective goes through run(): it wraps the handle and names the collective in errors,
+// so a dead or hung peer surfaces as "all_reduce of 400 bytes failed: ... timed out".
+static Work wrap(compat::WorkPtr w, std::string what) {
+  return Work(std::make_shared<compat::WorkPtr>(std::move(w)), std::move(what));
+}
+
+static std::string describe(const char* op, const torch::Tensor& t) {
+  return fmt::format("{} of {} bytes", op, t.numel() * t.element_size());
+}
+
+Work ProcessGroup::all_reduce_async(torch::Tensor& t) {
+  std::vector<at::Tensor> v{t};
+  c10d::AllreduceOptions o;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  return wrap(impl_->comm->allreduce(v, o), describe("all_reduce", t));
+}
+
+void ProcessGroup::all_reduce(torch::Tensor& t) { all_reduce_async(t).wait(); }
+
+Work ProcessGroup::broadcast_async(torch::Tensor& t, int root) {
+  std::vector<at::Tensor> v{t};
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  return wrap(impl_->comm->broadcast(v, o), describe("broadcast", t));
+}
+
+void ProcessGroup::broadcast(torch::Tensor& t, int root) { broadcast_async(t, root).wait(); }
+
+std::vector<torch::Tensor> ProcessGroup::all_gather(const torch::Tensor& t) {
+  std::vector<at::Tensor> in{t.contiguous()};
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int r = 0; r < world_; ++r) out[0].push_back(torch::empty_like(in[0]));
+  wrap(impl_->comm->allgather(out, in), describe("all_gather", t)).wait();
+  return out[0];
+}
+
+std::vector<std::vector<double>> ProcessGroup::all_gather(const std::vector<double>& v) {
+  auto t = torch::tensor(v, torch::kFloat64).to(device_);
+  std::vector<std::vector<double>> res;
+  for (auto& g : all_gather(t)) {
+    auto c = g.cpu().contiguous();
+    res.emplace_back(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+  }
+  return res;
+}
+
+std::vector<double> ProcessGroup::all_gather(double v) {
+  std::vector<double> res;
+  for (auto& r : all_gather(std::vector<double>{v})) res.push_back(r[0]);
+  return res;
+}
+
+void ProcessGroup::barrier() {
+  // A one-element all-reduce is a barrier on every backend (c10d's barrier on NCCL needs a device hint).
+  auto t = torch::zeros({1}, torch::TensorOptions().device(device_));
+  std::vector<at::Tensor> v{t};
+  wrap(impl_->comm->allreduce(v), "barrier").wait();
+}
+
+void ProcessGroup::shutdown() {
+  if (!impl_) return;
+  impl_->comm.reset();
+  impl_->store.reset();
+  impl_.reset();
+}
+
+}  // namespace dp

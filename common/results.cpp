@@ -1,0 +1,82 @@
+// Results: JSON for scripts and plots, Markdown for people.
+#include "common/results.hpp"
+
+#include <torch/version.h>
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <unistd.h>
+
+namespace dp {
+
+Results::Results(std::string benchmark) : benchmark_(std::move(benchmark)) {}
+
+void Results::add(nlohmann::json row) { rows_.push_back(std::move(row)); }
+
+void Results::write_json(const std::string& path, const std::string& command) const {
+  nlohmann::json doc = {{"benchmark", benchmark_}, {"machine", machine_description()}, {"command", command},
+                        {"rows", rows_}};
+  // Write next to the target and rename: readers never see a half-written file.
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    if (!f) throw std::runtime_error("cannot write " + tmp);
+    f << doc.dump(2) << "\n";
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("cannot rename " + tmp + " to " + path);
+}
+
+std::string Results::markdown(const std::vector<std::string>& keys, const std::vector<std::string>& headers,
+                              int precision) const {
+  std::ostringstream out;
+  out << "|";
+  for (auto& h : headers) out << " " << h << " |";
+  out << "\n|";
+  for (size_t i = 0; i < headers.size(); ++i) out << "---|";
+  out << "\n";
+  for (auto& row : rows_) {
+    out << "|";
+    for (auto& k : keys) {
+      const auto it = row.find(k);
+      std::string cell;
+      if (it == row.end() || it->is_null()) cell = "-";
+      else if (it->is_number_float()) cell = fmt::format("{:.{}g}", it->get<double>(), precision);
+      else if (it->is_string()) cell = it->get<std::string>();
+      else if (it->is_boolean()) cell = it->get<bool>() ? "yes" : "no";
+      else cell = it->dump();
+      out << " " << cell << " |";
+    }
+    out << "\n";
+  }
+  return out.str();
+}
+
+std::string machine_description() {
+  std::string cpu = "unknown CPU";
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return fmt::format("{}, {} cores, {:.0f} GiB RAM, LibTorch {}", cpu, std::thread::hardware_concurrency(),
+                     pages * static_cast<double>(page) / (1 << 30), TORCH_VERSION);
+}
+
+std::string command_line(int argc, char** argv) {
+  std::string s;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = argv[i];
+    bool quote = a.find_first_of(" \t'\"$") != std::string::npos;
+    s += (i ? " " : "") + (quote ? "'" + a + "'" : a);
+  }
+  return s;
+}
+
+}  // namespace dp

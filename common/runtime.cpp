@@ -1,0 +1,82 @@
+// Exit codes, rank-aware printing state, CPU threads per rank and the slow-BLAS check.
+#include "common/runtime.hpp"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+namespace dp {
+namespace {
+int g_rank = 0;
+int g_world = 1;
+
+std::string first_line(const char* what) {
+  std::string s = what;
+  auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+int env_positive(const char* name) {
+  const char* s = std::getenv(name);
+  if (!s || !*s) return 0;
+  char* end = nullptr;
+  long v = std::strtol(s, &end, 10);
+  return (*end == '\0' && v > 0 && v < 4096) ? static_cast<int>(v) : 0;
+}
+}  // namespace
+
+void set_log_rank(int rank, int world_size) {
+  g_rank = rank;
+  g_world = world_size;
+}
+int log_rank() { return g_rank; }
+int log_world() { return g_world; }
+
+int run_main(const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const UsageError& e) {
+    fmt::print(stderr, "[rank {}/{}] error: {}\n", g_rank, g_world, e.what());
+    return 2;
+  } catch (const CheckFailed& e) {
+    fmt::print(stderr, "[rank {}/{}] CHECK FAILED: {}\n", g_rank, g_world, e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "[rank {}/{}] error: {}\n", g_rank, g_world, first_line(e.what()));
+    return 1;
+  }
+}
+
+int configure_cpu_threads() {
+  // torchrun's rule: ranks that share a machine split its cores, or they oversubscribe and every
+  // rank runs slower than one alone. Our launcher exports OMP_NUM_THREADS; honour it (and a user's).
+  int n = env_positive("OMP_NUM_THREADS");
+  if (n == 0) {
+    int local = std::max(1, env_positive("LOCAL_WORLD_SIZE"));
+    n = std::max(1u, std::thread::hardware_concurrency() / local);
+  }
+  torch::set_num_threads(n);
+  return n;
+}
+
+double check_blas(double warn_below, bool quiet) {
+  auto a = torch::randn({1024, 1024});
+  auto b = torch::randn({1024, 1024});
+  auto c = torch::mm(a, b);  // first call pays for thread-pool start-up
+  const int reps = 4;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) c = torch::mm(a, b);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double gflops = reps * 2.0 * 1024 * 1024 * 1024 / s / 1e9;
+  if (gflops < warn_below && !quiet && g_rank == 0) {
+    fmt::print(stderr,
+               "warning: a 1024x1024 float matmul ran at {:.1f} GFLOP/s on {} thread(s). LibTorch is probably "
+               "using the reference BLAS; install an optimized one: apt-get install libopenblas0-pthread\n",
+               gflops, torch::get_num_threads());
+  }
+  return gflops;
+}
+
+}  // namespace dp

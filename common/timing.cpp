@@ -1,0 +1,67 @@
+// Timing helpers. The rule from every good benchmark: warm up, synchronize the device before reading
+// the clock, report the median, and let the slowest rank set the pace.
+#include "common/timing.hpp"
+
+#include "common/dist.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#ifdef DP_WITH_CUDA
+#include <torch/cuda.h>
+#endif
+
+namespace dp {
+
+void sync_device(const torch::Device& device) {
+#ifdef DP_WITH_CUDA
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+#endif
+}
+
+void Timer::start() {
+  sync_device(device_);
+  t0_ = std::chrono::steady_clock::now();
+}
+
+double Timer::seconds() const {
+  sync_device(device_);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+Stats summarize(std::vector<double> xs) {
+  Stats s;
+  s.n = static_cast<int>(xs.size());
+  if (xs.empty()) return s;
+  std::sort(xs.begin(), xs.end());
+  size_t n = xs.size();
+  s.median = n % 2 ? xs[n / 2] : 0.5 * (xs[n / 2 - 1] + xs[n / 2]);
+  s.min = xs.front();
+  s.max = xs.back();
+  s.mean = std::accumulate(xs.begin(), xs.end(), 0.0) / n;
+  return s;
+}
+
+std::vector<double> max_over_ranks(ProcessGroup& pg, const std::vector<double>& per_iter) {
+  auto all = pg.all_gather(per_iter);  // [world][iters]
+  std::vector<double> out(per_iter.size(), 0.0);
+  for (auto& r : all)
+    for (size_t i = 0; i < out.size(); ++i) out[i] = std::max(out[i], r[i]);
+  return out;
+}
+
+std::vector<double> time_iterations(const std::function<void()>& fn, int warmup, int iters, double budget_s,
+                                    torch::Device device) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> times;
+  Timer total(device);
+  for (int i = 0; i < iters; ++i) {
+    Timer t(device);
+    fn();
+    times.push_back(t.seconds());
+    if (total.seconds() > budget_s) break;
+  }
+  return times;
+}
+
+}  // namespace dp

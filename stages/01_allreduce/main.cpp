@@ -1,0 +1,118 @@
+// Stage 01: process groups, ranks and the all-reduce collective, and how to benchmark it.
+//
+// What it adds: W processes ("ranks") join one process group through a rendezvous store, then call
+// all_reduce: every rank hands in a tensor and every rank gets back the element-wise sum of all of them.
+// Every later stage is built from this one call.
+//
+// Run it (two ranks on this machine, through the launcher):
+//   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage01_allreduce
+//   ./build/bin/ddp_launch --nproc 4 -- ./build/bin/stage01_allreduce --bench --sizes 1MB,10MB,100MB
+// Correct output: each rank prints its tensor before and after; after, all ranks print the same sums;
+// the last line is "PASS all-reduce ...". The benchmark then prints latency and bandwidth per size.
+// The whole grid (sizes x 2/4/6 processes, one table and plot) is scripts/bench_allreduce.sh.
+//
+// What it leaves for the next stage: nothing is trained yet. Stage 02 uses all_reduce to average
+// the gradients of a model that every rank trains on its own slice of the batch.
+#include "common/cli.hpp"
+#include "common/dist.hpp"
+#include "common/results.hpp"
+#include "common/runtime.hpp"
+#include "common/timing.hpp"
+
+#include <fmt/ranges.h>
+
+using namespace dp;
+
+// Each rank makes a small random integer tensor, and all_reduce must give the sum of all of them.
+// We check against the closed form: gather every rank's *input*, add them up ourselves.
+static bool demo(ProcessGroup& pg, uint64_t seed) {
+  // [demo]
+  torch::manual_seed(seed + pg.rank());  // a different tensor on every rank
+  auto data = torch::randint(0, 10, {4}, torch::kInt64);
+  print_rank("before all_reduce: {}", fmt::join(data.data_ptr<int64_t>(), data.data_ptr<int64_t>() + 4, " "));
+  auto inputs = pg.all_gather(data);  // [W] tensors of shape [4], in rank order
+  pg.all_reduce(data);                // in place: data = sum over ranks
+  print_rank("after  all_reduce: {}", fmt::join(data.data_ptr<int64_t>(), data.data_ptr<int64_t>() + 4, " "));
+  // [demo]
+  auto expected = torch::stack(inputs).sum(0);
+  bool ok = torch::equal(data, expected);
+  if (!ok) print_rank("MISMATCH: expected {}", fmt::join(expected.data_ptr<int64_t>(), expected.data_ptr<int64_t>() + 4, " "));
+  return ok;
+}
+
+// Bus bandwidth: a ring all-reduce moves 2(n-1)/n of the buffer through every link, so algbw x 2(n-1)/n
+// is what each link carried per second. It is comparable across process counts; algbw is not.
+static double bus_factor(int n) { return n > 1 ? 2.0 * (n - 1) / n : 1.0; }
+
+static void bench(ProcessGroup& pg, const std::vector<std::string>& sizes, int warmup, int iters, double budget_s,
+                  Results& results) {
+  const int W = pg.world_size();
+  int done = 0;
+  for (const auto& size_text : sizes) {
+    const uint64_t bytes = parse_size(size_text, "--sizes");
+    const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
+    // [bench]
+    auto t = torch::full({n}, static_cast<float>(pg.rank() + 1), torch::TensorOptions().device(pg.device()));
+    pg.all_reduce(t);  // correctness first: 1 + 2 + ... + W on every element
+    const float want = W * (W + 1) / 2.0f;
+    if (!torch::all(t == want).item<bool>())
+      throw CheckFailed(fmt::format("all_reduce of {} gave wrong values (expected {} everywhere)", size_text, want));
+    t.zero_();  // zeros stay zeros: no overflow or denormals while timing
+    pg.barrier();
+    auto mine = time_iterations([&] { pg.all_reduce(t); }, warmup, iters, budget_s, pg.device());
+    // Every rank may have stopped at a different count when the budget ran out: agree on the minimum.
+    auto counts = pg.all_gather(static_cast<double>(mine.size()));
+    mine.resize(static_cast<size_t>(*std::min_element(counts.begin(), counts.end())));
+    auto s = summarize(max_over_ranks(pg, mine));  // the slowest rank sets each iteration's time
+    // [bench]
+    double algbw = bytes / s.median / 1e9;
+    results.add({{"backend", pg.backend()}, {"device", pg.device().str()}, {"world_size", W},
+                 {"size", size_text}, {"bytes", bytes}, {"iters", s.n},
+                 {"latency_median_s", s.median}, {"latency_min_s", s.min}, {"latency_max_s", s.max},
+                 {"algbw_GBps", algbw}, {"busbw_GBps", algbw * bus_factor(W)}});
+    print0("[{}/{}] {} x {} ranks: median {:.3f} ms over {} iterations, bus bandwidth {:.2f} GB/s", ++done,
+           sizes.size(), size_text, W, s.median * 1e3, s.n, algbw * bus_factor(W));
+  }
+}
+
+int main(int argc, char** argv) {
+  Cli cli("stage01_allreduce", "Stage 01: all-reduce demo (checked against the closed form) and benchmark");
+  bool run_bench = false;
+  std::vector<std::string> sizes{"1MB", "10MB", "100MB"};
+  int warmup = 5, iters = 20;
+  std::string budget = "10s";
+  cli.app().add_flag("--bench", run_bench, "After the demo, benchmark all-reduce at --sizes");
+  cli.app().add_option("--sizes", sizes, "Tensor sizes (float32), e.g. 1MB,10MB,100MB,1GB (MB = 10^6 B, MiB = 2^20 B)")
+      ->delimiter(',')->check(SizeText);
+  cli.app().add_option("--warmup", warmup, "Untimed iterations before measuring")->check(CLI::NonNegativeNumber);
+  cli.app().add_option("--iters", iters, "Timed iterations per size")->check(PositiveInt);
+  cli.app().add_option("--budget", budget, "Stop measuring a size after this long (e.g. 10s)");
+  if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
+
+  return run_main([&] {
+    const double budget_s = parse_seconds(budget, "--budget");
+    configure_cpu_threads();
+    check_blas();
+    auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
+    print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
+
+    const bool ok = demo(pg, cli.common().seed);
+    auto oks = pg.all_gather(ok ? 1.0 : 0.0);  // every rank learns whether every rank passed
+    if (std::count(oks.begin(), oks.end(), 1.0) != pg.world_size())
+      throw CheckFailed("all_reduce result differs from the sum of the inputs on some rank");
+
+    if (run_bench) {
+      Results results("allreduce");
+      bench(pg, sizes, warmup, iters, budget_s, results);
+      print0("\n{}", results.markdown({"backend", "world_size", "size", "iters", "latency_median_s", "algbw_GBps",
+                                       "busbw_GBps"},
+                                      {"backend", "ranks", "size", "iters", "median latency (s)", "algbw (GB/s)",
+                                       "busbw (GB/s)"}));
+      if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
+    }
+    pg.barrier();
+    print0("PASS all-reduce over {} ranks ({}) equals the sum of the inputs", pg.world_size(), pg.backend());
+    pg.shutdown();
+    return 0;
+  });
+}

@@ -1,0 +1,39 @@
+#include "tests/support/ranks.hpp"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
+
+#include <exception>
+#include <thread>
+#include <vector>
+
+namespace dp::testing {
+
+std::mutex& rng_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+void run_ranks(int world, const std::function<void(ProcessGroup&)>& fn, std::chrono::milliseconds timeout) {
+  torch::set_num_threads(1);  // W ranks share 2 cores
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto pg = ProcessGroup::init_with_store(store, r, world, {"gloo", timeout});
+        fn(pg);
+        pg.barrier();  // nobody tears down the group while a peer still talks to it
+        pg.shutdown();
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace dp::testing

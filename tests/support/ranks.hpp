@@ -1,0 +1,22 @@
+// Threads as ranks: PyTorch's own C++ c10d tests run every rank as a thread of one process, joined
+// through an in-process store. Fast, no ports, and a failing rank fails the test.
+#pragma once
+
+#include "common/dist.hpp"
+
+#include <chrono>
+#include <functional>
+#include <mutex>
+
+namespace dp::testing {
+
+/// Runs fn(pg) on `world` threads, each rank `r` of one Gloo group over an in-process store.
+/// The collective timeout turns a stuck or dead rank into an exception instead of a hang; the first
+/// exception thrown on any rank is rethrown here after all threads ended.
+void run_ranks(int world, const std::function<void(ProcessGroup&)>& fn,
+               std::chrono::milliseconds timeout = std::chrono::milliseconds(20000));
+
+/// torch's global RNG is shared by the threads: hold this while seeding and building a model.
+std::mutex& rng_mutex();
+
+}  // namespace dp::testing

@@ -1,0 +1,49 @@
+// ddp_launch: start N ranks of a program and supervise them -- this tutorial's torchrun.
+//
+//   ddp_launch [--nproc N] [--nnodes M --node-rank K --master-addr HOST --master-port P] -- PROGRAM [ARGS...]
+//
+// Data-parallel training runs one process per rank. Each process must learn who it is and where to
+// meet the others, and the whole job must live and die as one: a rank that crashes leaves its peers
+// blocked forever inside a collective, so somebody has to notice and stop them. That somebody is
+// this launcher. It is plain C++17 + POSIX (no LibTorch) and works for any program.
+//
+// The contract, identical to torchrun's, so the programs also run under torchrun unchanged:
+//   RANK = node_rank * nproc + local_rank     LOCAL_RANK = local_rank (0 .. nproc-1)
+//   WORLD_SIZE = nnodes * nproc               LOCAL_WORLD_SIZE = nproc      GROUP_RANK = node_rank
+//   MASTER_ADDR, MASTER_PORT: where rank 0's TCP store listens (one node: a free port is picked)
+//   OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS = --threads (default cores / nproc),
+//     each only if the user has not exported it already;  DP_LAUNCHER=1.
+//
+// Supervision: every rank runs in its own process group with PR_SET_PDEATHSIG=SIGKILL. The first
+// rank seen failing is reported on stderr ("ddp_launch: rank 1 exited with code 3"); the other groups
+// get SIGTERM, then SIGKILL after --timeout seconds, and the launcher exits with that rank's code
+// (128+N for signal N). Ctrl-C (or SIGTERM) is forwarded the same way and exits 130 (143). The
+// launcher returns only once every rank and every process they started has been reaped.
+//
+// Output: each line of a rank's stdout/stderr goes to the launcher's stdout/stderr, prefixed with
+// "[rank r/W] " unless it already starts with "[rank " or --no-prefix is given.
+//
+// Exit codes: 0 all ranks succeeded; 2 bad options; 127 program not found; otherwise as above.
+#include "options.hpp"
+#include "supervisor.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <exception>
+
+int main(int argc, char** argv) {
+  ddp_launch::LaunchOptions opts;
+  try {
+    if (!ddp_launch::parse_options(argc, argv, opts)) return 0;  // --help
+  } catch (const ddp_launch::UsageError& e) {
+    fmt::print(stderr, "ddp_launch: error: {}\n", e.what());
+    return 2;
+  }
+  try {
+    return ddp_launch::supervise(opts);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "ddp_launch: internal error: {}\n", e.what());
+    return 1;
+  }
+}

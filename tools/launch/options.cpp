@@ -1,0 +1,206 @@
+// Command-line parsing and the per-rank environment.
+//
+// Numbers are read as strings and converted here rather than by CLI11, so that every bad value gets
+// the same kind of message: what was wrong, the value itself, and what to type instead.
+#include "options.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <memory>
+
+extern char** environ;
+
+namespace ddp_launch {
+namespace {
+
+constexpr int kDefaultMultiNodePort = 29500;  // torchrun's default, so both nodes agree without a flag
+
+const char* kFooter = R"(Environment given to every rank (the same contract as torchrun):
+  RANK              global rank = node_rank * nproc + local_rank
+  LOCAL_RANK        rank on this node, 0 .. nproc-1
+  WORLD_SIZE        nnodes * nproc
+  LOCAL_WORLD_SIZE  nproc
+  GROUP_RANK        node_rank
+  MASTER_ADDR       host of rank 0's rendezvous store (--master-addr)
+  MASTER_PORT       its port (--master-port; one node: a free port, several nodes: 29500)
+  OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS
+                    --threads, but only those not already set in your environment
+  DP_LAUNCHER=1     tells the program it was started by this launcher
+
+Output: each line a rank prints is tagged "[rank r/W] " unless it already starts with "[rank ".
+Failure: when a rank fails, the others get SIGTERM, then SIGKILL after --timeout seconds, and the
+launcher exits with the first failing rank's code (128+N for signal N). Ctrl-C stops every rank the
+same way and exits 130. Exit 2 means bad options; 127 means the program could not be started.
+
+Examples:
+  ddp_launch --nproc 2 -- ./build/bin/stage01_allreduce
+
+  # two machines with two ranks each: run the first line on 10.0.0.1, the second on the other node
+  ddp_launch --nnodes 2 --node-rank 0 --nproc 2 --master-addr 10.0.0.1 --master-port 29500 -- ./build/bin/stage01_allreduce
+  ddp_launch --nnodes 2 --node-rank 1 --nproc 2 --master-addr 10.0.0.1 --master-port 29500 -- ./build/bin/stage01_allreduce
+)";
+
+// A whole number in [lo, hi], or a UsageError that names the flag, the value and the fix.
+int parse_int(const std::string& flag, const std::string& text, long lo, long hi, const std::string& remedy) {
+  errno = 0;
+  char* end = nullptr;
+  const bool starts_ok = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-' || text[0] == '+');
+  const long value = starts_ok ? std::strtol(text.c_str(), &end, 10) : 0;
+  if (!starts_ok || *end != '\0' || errno == ERANGE) {
+    throw UsageError(fmt::format("{} expects a whole number, got '{}'; {}", flag, text, remedy));
+  }
+  if (value < lo || value > hi) {
+    const std::string range = hi == std::numeric_limits<int>::max() ? fmt::format(">= {}", lo) : fmt::format("{}..{}", lo, hi);
+    throw UsageError(fmt::format("{} must be {}, got '{}'; {}", flag, range, text, remedy));
+  }
+  return static_cast<int>(value);
+}
+
+double parse_seconds(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double value = text.empty() ? NAN : std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(value) || value < 0) {
+    throw UsageError(fmt::format("{} expects a number of seconds >= 0, got '{}'; e.g. {} 5", flag, text, flag));
+  }
+  return value;
+}
+
+// Ask the kernel for a port nobody listens on. Rank 0 binds it a moment later; the tiny window in
+// between is the same race torchrun accepts for its single-node default.
+int pick_free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// CLI11 knows nothing of the program behind "--", so its usage line would hide it.
+struct LauncherFormatter : CLI::Formatter {
+  std::string make_usage(const CLI::App*, std::string name) const override {
+    return fmt::format("Usage: {} [OPTIONS] -- PROGRAM [ARGS...]\n", name);
+  }
+};
+
+}  // namespace
+
+bool parse_options(int argc, char** argv, LaunchOptions& out) {
+  CLI::App app{"Start N ranks of PROGRAM with the torchrun environment and supervise them.", "ddp_launch"};
+  app.formatter(std::make_shared<LauncherFormatter>());
+  // Stop at the first word that is not one of our options: it and everything after it is the
+  // program's command line, so the program's own flags never reach CLI11. "--" also ends our options.
+  app.prefix_command();
+  app.footer(kFooter);
+
+  std::string nproc_s = "2", nnodes_s = "1", node_rank_s = "0", port_s, timeout_s = "5", threads_s;
+  bool no_prefix = false;
+  app.add_option("--nproc,--nproc-per-node", nproc_s, "ranks to start on this node (default 2)")->type_name("N");
+  app.add_option("--nnodes", nnodes_s, "number of nodes (default 1)")->type_name("N");
+  app.add_option("--node-rank", node_rank_s, "index of this node, 0 .. nnodes-1 (default 0)")->type_name("K");
+  app.add_option("--master-addr", out.master_addr, "host of rank 0 (default 127.0.0.1)")->type_name("HOST");
+  app.add_option("--master-port", port_s, "port of rank 0's store (default: free port; 29500 if nnodes > 1)")->type_name("PORT");
+  app.add_option("--timeout", timeout_s, "seconds between SIGTERM and SIGKILL when stopping (default 5)")->type_name("SECONDS");
+  app.add_option("--threads", threads_s, "threads per rank (default: online cores / nproc, at least 1)")->type_name("T");
+  app.add_flag("--no-prefix", no_prefix, "print the ranks' lines without the [rank r/W] tag");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) {  // --help
+      std::cout << app.help();
+      return false;
+    }
+    throw UsageError(fmt::format("{}; see ddp_launch --help", e.what()));
+  }
+
+  // What CLI11 did not consume is the program's command line, possibly behind a "--".
+  std::vector<std::string> rest = app.remaining();
+  if (!rest.empty() && rest.front() != "--" && rest.front().rfind('-', 0) == 0) {
+    throw UsageError(fmt::format("unknown option '{}'; see ddp_launch --help, and put the program after '--'", rest.front()));
+  }
+  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  if (rest.empty()) {
+    throw UsageError("no program given; put it after '--', e.g. ddp_launch --nproc 2 -- ./build/bin/stage01_allreduce");
+  }
+  out.command = rest;
+
+  const long kMaxInt = std::numeric_limits<int>::max();
+  out.nproc = parse_int("--nproc", nproc_s, 1, 4096, "e.g. --nproc 2");
+  out.nnodes = parse_int("--nnodes", nnodes_s, 1, 65536, "e.g. --nnodes 1");
+  out.node_rank = parse_int("--node-rank", node_rank_s, 0, kMaxInt, "e.g. --node-rank 0");
+  if (out.node_rank >= out.nnodes) {
+    throw UsageError(fmt::format("--node-rank {} is out of range for --nnodes {}; use 0 .. {}", out.node_rank,
+                                 out.nnodes, out.nnodes - 1));
+  }
+  if (out.master_addr.empty()) throw UsageError("--master-addr is empty; e.g. --master-addr 127.0.0.1");
+  out.timeout_s = parse_seconds("--timeout", timeout_s);
+  out.prefix = !no_prefix;
+
+  if (!port_s.empty()) {
+    out.master_port = parse_int("--master-port", port_s, 1, 65535, "e.g. --master-port 29500");
+  } else if (out.nnodes > 1) {
+    out.master_port = kDefaultMultiNodePort;  // every node must use the same port: a random one cannot work
+  } else {
+    out.master_port = pick_free_port();
+    if (out.master_port == 0) out.master_port = kDefaultMultiNodePort;
+  }
+
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+  out.threads = threads_s.empty() ? static_cast<int>(std::max(1L, cores / out.nproc))
+                                  : parse_int("--threads", threads_s, 1, 4096, "e.g. --threads 1");
+  return true;
+}
+
+std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank) {
+  // Ordered map: the contract's variables replace any inherited ones of the same name.
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq) env[std::string(*e, static_cast<std::size_t>(eq - *e))] = eq + 1;
+  }
+  // Thread counts: a value the user exported wins; we only fill the gaps, so that N ranks share the
+  // cores instead of each starting one thread per core (N-fold oversubscription).
+  for (const char* key : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"}) {
+    auto it = env.find(key);
+    if (it == env.end() || it->second.empty()) env[key] = std::to_string(o.threads);
+  }
+  env["RANK"] = std::to_string(o.global_rank(local_rank));
+  env["LOCAL_RANK"] = std::to_string(local_rank);
+  env["WORLD_SIZE"] = std::to_string(o.world_size());
+  env["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc);
+  env["GROUP_RANK"] = std::to_string(o.node_rank);
+  env["MASTER_ADDR"] = o.master_addr;
+  env["MASTER_PORT"] = std::to_string(o.master_port);
+  env["DP_LAUNCHER"] = "1";
+
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [key, value] : env) out.push_back(key + "=" + value);
+  return out;
+}
+
+}  // namespace ddp_launch

@@ -1,0 +1,337 @@
+// The supervision loop.
+//
+// One thread, one poll(): the ranks' pipes plus a "self-pipe" that the signal handlers write a byte
+// to. A signal therefore wakes poll() like any other input, and all real work (reaping, printing,
+// killing) happens in ordinary code, never inside a handler.
+//
+// Every rank leads its own process group, so one kill(-pgid) reaches the rank and everything it
+// forked. The launcher is also a "child subreaper": a grandchild whose parent died is re-parented to
+// us instead of to init, so we can reap it and be sure nothing is left when we return.
+#include "supervisor.hpp"
+
+#include "output.hpp"
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <deque>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ddp_launch {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// After SIGKILL, how long to wait for the kernel to tear everything down before giving up on
+// processes that escaped their group (setsid) or hang in the kernel.
+constexpr auto kKillWait = std::chrono::seconds(2);
+// While stopping, poll() wakes at least this often to re-check deadlines and group membership.
+constexpr int kTickMs = 50;
+
+volatile sig_atomic_t g_stop_signal = 0;  // first SIGINT / SIGTERM / SIGHUP received
+volatile sig_atomic_t g_stop_count = 0;   // how many of them so far
+int g_wake_fd = -1;                       // write end of the self-pipe
+
+void on_signal(int sig) {
+  const int saved = errno;
+  if (sig != SIGCHLD) {
+    if (g_stop_signal == 0) g_stop_signal = sig;
+    g_stop_count = g_stop_count + 1;
+  }
+  const char byte = 0;
+  [[maybe_unused]] ssize_t n = ::write(g_wake_fd, &byte, 1);  // full pipe: a wake-up is pending anyway
+  errno = saved;
+}
+
+std::string signal_name(int sig) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 32)
+  if (const char* abbrev = ::sigabbrev_np(sig)) return std::string("SIG") + abbrev;
+#endif
+  return ::strsignal(sig);
+}
+
+void say(const std::string& line) { write_all(STDERR_FILENO, "ddp_launch: " + line + "\n"); }
+
+struct Rank {
+  Rank(int local_rank, int global_rank, const LaunchOptions& o)
+      : local(local_rank), global(global_rank),
+        out(STDOUT_FILENO, o.prefix ? fmt::format("[rank {}/{}] ", global_rank, o.world_size()) : ""),
+        err(STDERR_FILENO, o.prefix ? fmt::format("[rank {}/{}] ", global_rank, o.world_size()) : "") {}
+  int local, global;
+  pid_t pid = -1;       // also the id of its process group
+  bool reaped = true;   // true until it is started, so a rank that never ran is not waited for
+  int out_fd = -1, err_fd = -1;
+  LineForwarder out, err;
+};
+
+class Supervisor {
+ public:
+  explicit Supervisor(const LaunchOptions& o) : opts_(o) {
+    for (int l = 0; l < o.nproc; ++l) ranks_.emplace_back(l, o.global_rank(l), o);
+  }
+  int run();
+
+ private:
+  enum class Phase { Running, Terminating, Killing };
+
+  void install_signal_handlers();
+  bool start(Rank& r);
+  void handle_stop_signals();
+  void reap();
+  void stop();
+  void signal_groups(int sig);
+  bool any_group_alive() const;
+  bool all_reaped() const;
+  bool any_stream_open() const;
+  void wait_and_forward();
+  void close_streams();
+
+  const LaunchOptions& opts_;
+  std::deque<Rank> ranks_;  // deque: Rank holds non-movable state and must stay put
+  int wake_read_ = -1;
+  int devnull_ = -1;
+  Phase phase_ = Phase::Running;
+  Clock::time_point deadline_{};
+  bool failed_ = false;
+  sig_atomic_t signals_handled_ = 0;
+  int exit_code_ = 0;
+};
+
+void Supervisor::install_signal_handlers() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) throw std::runtime_error(std::strerror(errno));
+  wake_read_ = fds[0];
+  g_wake_fd = fds[1];
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  // A closed terminal or `| head` must not kill the launcher and orphan the ranks: writes fail instead.
+  ::signal(SIGPIPE, SIG_IGN);
+}
+
+bool Supervisor::start(Rank& r) {
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+    say(fmt::format("cannot create pipes for rank {}: {}", r.global, std::strerror(errno)));
+    return false;
+  }
+  // Everything the child needs is built before fork(), so the child only makes system calls.
+  std::vector<std::string> env = rank_environment(opts_, r.local);
+  std::vector<char*> envp, argv;
+  for (auto& s : env) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  for (const auto& s : opts_.command) argv.push_back(const_cast<char*>(s.c_str()));
+  argv.push_back(nullptr);
+  const pid_t launcher = ::getpid();
+
+  // Block signals across fork() so our handlers never run in the child before it resets them.
+  sigset_t all, old;
+  sigfillset(&all);
+  ::sigprocmask(SIG_BLOCK, &all, &old);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::signal(sig, SIG_DFL);
+    ::sigprocmask(SIG_SETMASK, &old, nullptr);
+    ::setpgid(0, 0);                        // own group: Ctrl-C reaches only us; we forward it
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);     // launcher SIGKILLed -> the kernel kills the rank
+    if (::getppid() != launcher) ::_exit(1);  // the launcher died before prctl took effect
+    ::dup2(devnull_, STDIN_FILENO);         // a background group reading the tty would just stop
+    ::dup2(out[1], STDOUT_FILENO);
+    ::dup2(err[1], STDERR_FILENO);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    const int e = errno;
+    ::dprintf(STDERR_FILENO, "ddp_launch: cannot run '%s': %s\n", argv[0], std::strerror(e));
+    ::_exit(127);
+  }
+  const int fork_errno = errno;
+  ::sigprocmask(SIG_SETMASK, &old, nullptr);
+  ::close(out[1]);
+  ::close(err[1]);
+  if (pid < 0) {
+    ::close(out[0]);
+    ::close(err[0]);
+    say(fmt::format("cannot start rank {}: {}", r.global, std::strerror(fork_errno)));
+    return false;
+  }
+  ::setpgid(pid, pid);  // from this side too: the group must exist before we might signal it
+  r.pid = pid;
+  r.reaped = false;
+  r.out_fd = out[0];
+  r.err_fd = err[0];
+  for (int fd : {out[0], err[0]}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  return true;
+}
+
+// SIGINT/SIGTERM/SIGHUP to the launcher: stop the ranks gracefully. A second one while we are
+// already stopping means "now": skip the rest of the grace period.
+void Supervisor::handle_stop_signals() {
+  if (signals_handled_ == g_stop_count) return;
+  signals_handled_ = g_stop_count;
+  if (!failed_ && exit_code_ == 0) exit_code_ = 128 + g_stop_signal;
+  if (phase_ == Phase::Running) {
+    const auto live = std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) { return !r.reaped; });
+    if (live > 0) say(fmt::format("interrupted, stopping {} rank{}", live, live == 1 ? "" : "s"));
+    stop();
+  } else {
+    signal_groups(SIGKILL);
+    phase_ = Phase::Killing;
+    deadline_ = Clock::now() + kKillWait;
+  }
+}
+
+// Collects every exited child: ranks, and orphaned grandchildren handed to us as subreaper.
+void Supervisor::reap() {
+  int status = 0;
+  for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
+    for (Rank& r : ranks_) {
+      if (r.pid != pid) continue;
+      r.reaped = true;
+      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (ok || phase_ != Phase::Running) break;  // deaths we caused while stopping are not news
+      failed_ = true;
+      if (WIFEXITED(status)) {
+        exit_code_ = WEXITSTATUS(status);
+        say(fmt::format("rank {} exited with code {}", r.global, exit_code_));
+      } else {
+        const int sig = WTERMSIG(status);
+        exit_code_ = 128 + sig;
+        say(fmt::format("rank {} was killed by signal {} ({})", r.global, sig, signal_name(sig)));
+      }
+      stop();
+      break;
+    }
+  }
+}
+
+// Ask every group to terminate; SIGKILL follows when the grace period runs out.
+void Supervisor::stop() {
+  if (phase_ != Phase::Running) return;
+  phase_ = Phase::Terminating;
+  deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.timeout_s));
+  signal_groups(SIGTERM);
+}
+
+void Supervisor::signal_groups(int sig) {
+  for (const Rank& r : ranks_) {
+    if (r.pid > 0) ::kill(-r.pid, sig);  // ESRCH: the group is already empty
+  }
+}
+
+// A group exists while any member exists, zombies included; so "no group alive" means every
+// process the ranks started has been reaped.
+bool Supervisor::any_group_alive() const {
+  return std::any_of(ranks_.begin(), ranks_.end(),
+                     [](const Rank& r) { return r.pid > 0 && (::kill(-r.pid, 0) == 0 || errno == EPERM); });
+}
+
+bool Supervisor::all_reaped() const {
+  return std::all_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.reaped; });
+}
+
+bool Supervisor::any_stream_open() const {
+  return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.out_fd >= 0 || r.err_fd >= 0; });
+}
+
+void Supervisor::close_streams() {
+  for (Rank& r : ranks_) {
+    for (auto [fd, fwd] : {std::pair{&r.out_fd, &r.out}, std::pair{&r.err_fd, &r.err}}) {
+      if (*fd < 0) continue;
+      fwd->finish();
+      ::close(*fd);
+      *fd = -1;
+    }
+  }
+}
+
+// One poll(): sleep until output, a signal, or the next deadline tick; then forward what arrived.
+void Supervisor::wait_and_forward() {
+  std::vector<pollfd> fds{{wake_read_, POLLIN, 0}};
+  std::vector<std::pair<int*, LineForwarder*>> streams;
+  for (Rank& r : ranks_) {
+    for (auto s : {std::pair{&r.out_fd, &r.out}, std::pair{&r.err_fd, &r.err}}) {
+      if (*s.first < 0) continue;
+      fds.push_back({*s.first, POLLIN, 0});
+      streams.push_back(s);
+    }
+  }
+  int timeout_ms = -1;  // while running, only a pipe or a signal (SIGCHLD included) can change anything
+  if (phase_ != Phase::Running) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
+    timeout_ms = static_cast<int>(std::clamp<long long>(left, 0, kTickMs));
+  }
+  if (::poll(fds.data(), fds.size(), timeout_ms) < 0) return;  // EINTR: the self-pipe has the news
+
+  char buf[65536];
+  if (fds[0].revents & POLLIN) {
+    while (::read(wake_read_, buf, sizeof(buf)) > 0) {
+    }
+  }
+  for (std::size_t i = 0; i < streams.size(); ++i) {
+    if (!(fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    auto [fd, fwd] = streams[i];
+    const ssize_t n = ::read(*fd, buf, sizeof(buf));
+    if (n > 0) {
+      fwd->feed(buf, static_cast<std::size_t>(n));
+    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {  // EOF: every writer has gone
+      fwd->finish();
+      ::close(*fd);
+      *fd = -1;
+    }
+  }
+}
+
+int Supervisor::run() {
+  install_signal_handlers();  // before the first fork: a Ctrl-C from now on is forwarded, not fatal
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  devnull_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  for (Rank& r : ranks_) {
+    if (!start(r)) {
+      failed_ = true;
+      exit_code_ = 1;
+      stop();
+      break;
+    }
+  }
+  for (;;) {
+    handle_stop_signals();
+    reap();
+    // Every rank is done. Whatever they left behind (a background process, a data-loader child)
+    // gets the same SIGTERM-then-SIGKILL treatment; usually there is nothing and this costs nothing.
+    if (phase_ == Phase::Running && all_reaped()) stop();
+    if (all_reaped() && !any_stream_open() && !any_group_alive()) break;
+
+    const auto now = Clock::now();
+    if (phase_ == Phase::Terminating && now >= deadline_) {
+      signal_groups(SIGKILL);
+      phase_ = Phase::Killing;
+      deadline_ = now + kKillWait;
+    } else if (phase_ == Phase::Killing) {
+      if (now >= deadline_) break;  // escaped or unkillable processes: give up rather than hang
+      signal_groups(SIGKILL);       // again: catches anything forked while the last one was delivered
+    }
+    wait_and_forward();
+  }
+  close_streams();
+  return exit_code_;
+}
+
+}  // namespace
+
+int supervise(const LaunchOptions& opts) { return Supervisor(opts).run(); }
+
+}  // namespace ddp_launch
