@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 namespace dp {
@@ -27,6 +28,10 @@ class GradSync {
 
 /// Builds a stage's GradSync for `model`. It must make every rank start from rank 0's parameters.
 using MakeGradSync = std::function<std::unique_ptr<GradSync>(ProcessGroup&, std::shared_ptr<torch::nn::Module>)>;
+
+/// torch's global RNG is one per process: ranks that are threads (the tests) hold this mutex
+/// while they seed it and build a model.
+std::mutex& model_init_mutex();
 
 /// Copies rank 0's parameters (frozen ones too) and buffers to every rank, tied weights once.
 void broadcast_parameters(ProcessGroup& pg, torch::nn::Module& module);

@@ -1,5 +1,7 @@
 #include "tests/support/ranks.hpp"
 
+#include "common/ddp_check.hpp"
+
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
 
@@ -9,10 +11,7 @@
 
 namespace dp::testing {
 
-std::mutex& rng_mutex() {
-  static std::mutex m;
-  return m;
-}
+std::mutex& rng_mutex() { return model_init_mutex(); }
 
 void run_ranks(int world, const std::function<void(ProcessGroup&)>& fn, std::chrono::milliseconds timeout) {
   torch::set_num_threads(1);  // W ranks share 2 cores

@@ -1,0 +1,169 @@
+// Data-parallel training is correct when it is indistinguishable from training one model on the whole
+// batch. These checks run that comparison step by step; every DDP stage runs them on itself.
+#include "common/ddp_check.hpp"
+
+#include "common/data.hpp"
+#include "common/models.hpp"
+#include "common/runtime.hpp"
+
+#include <fmt/format.h>
+
+namespace dp {
+
+std::mutex& model_init_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+void broadcast_parameters(ProcessGroup& pg, torch::nn::Module& module) {
+  // Launch every broadcast, then wait: one round trip of latency instead of one per tensor.
+  // detach() shares storage with the parameter, so the broadcast writes into the model itself.
+  std::vector<Work> pending;
+  std::vector<torch::Tensor> tensors;
+  for (auto& p : unique_parameters(module)) tensors.push_back(p.detach());
+  for (auto& b : module.buffers()) tensors.push_back(b.detach());
+  for (auto& t : tensors) pending.push_back(pg.broadcast_async(t, 0));
+  for (auto& w : pending) w.wait();
+}
+
+double max_param_diff(torch::nn::Module& a, torch::nn::Module& b) {
+  auto pa = unique_parameters(a), pb = unique_parameters(b);
+  double worst = 0;
+  for (size_t i = 0; i < pa.size(); ++i)
+    worst = std::max(worst, (pa[i] - pb[i]).abs().max().item<double>());
+  return worst;
+}
+
+bool parameters_identical_across_ranks(ProcessGroup& pg, torch::nn::Module& module) {
+  std::vector<torch::Tensor> flat;
+  for (auto& p : unique_parameters(module)) flat.push_back(p.detach().reshape({-1}).cpu());
+  auto mine = torch::cat(flat).to(pg.device());
+  bool same = true;
+  for (auto& other : pg.all_gather(mine)) same = same && torch::equal(other, mine);
+  // Every rank must reach the same verdict, or one rank would go on while another stops.
+  auto votes = pg.all_gather(same ? 1.0 : 0.0);
+  return std::all_of(votes.begin(), votes.end(), [](double v) { return v == 1.0; });
+}
+
+namespace {
+
+// Copies b's parameter values into a (same structure): the C++ stand-in for Python's deepcopy.
+void copy_parameters(torch::nn::Module& dst, torch::nn::Module& src) {
+  torch::NoGradGuard no_grad;
+  auto d = unique_parameters(dst), s = unique_parameters(src);
+  for (size_t i = 0; i < d.size(); ++i) d[i].copy_(s[i]);
+}
+
+struct Setup {
+  torch::Tensor x, y;     // the whole batch, identical on every rank
+  double lr = 0.1;
+  int steps = 5;
+  bool shuffle = true;    // CS336 reshuffles with seed 42 + step
+  double rtol = 1e-5, atol = 1e-8;
+};
+
+// Trains `baseline` on the whole batch and `ddp_model` (wrapped by `sync`) on this rank's rows, with
+// the same SGD, and compares every parameter after every step.
+void train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_ptr<ToyBase>& ddp_model,
+                       GradSync& sync, Setup s, bool verbose) {
+  auto base_params = unique_named_parameters(baseline);
+  auto ddp_params = unique_named_parameters(*ddp_model);
+  std::vector<torch::Tensor> frozen_before;
+  for (auto& [name, p] : ddp_params) frozen_before.push_back(p.detach().clone());
+  torch::optim::SGD base_opt(unique_parameters(baseline), torch::optim::SGDOptions(s.lr));
+  torch::optim::SGD ddp_opt(unique_parameters(*ddp_model), torch::optim::SGDOptions(s.lr));
+  const int64_t local = s.x.size(0) / pg.world_size();
+
+  for (int step = 0; step < s.steps; ++step) {
+    sync.on_train_batch_start();
+    base_opt.zero_grad();
+    ddp_opt.zero_grad();
+    // Reference: one process, every row.
+    torch::mse_loss(baseline.forward(s.x), s.y).backward();
+    base_opt.step();
+    // DDP: this rank's rows only; mean-MSE over W equal shards averages to the full-batch mean.
+    auto x = s.x.narrow(0, pg.rank() * local, local), y = s.y.narrow(0, pg.rank() * local, local);
+    torch::mse_loss(ddp_model->forward(x), y).backward();
+    sync.after_backward();
+    ddp_opt.step();
+
+    for (size_t i = 0; i < ddp_params.size(); ++i) {
+      auto& [name, p] = ddp_params[i];
+      const auto& ref = p.requires_grad() ? base_params[i].second : frozen_before[i];
+      if (!torch::allclose(p, ref, s.rtol, s.atol)) {
+        double d = (p - ref).abs().max().item<double>();
+        throw CheckFailed(fmt::format("step {}: parameter {} differs from single-process training by {:.3g} "
+                                      "(rtol {}, atol {}){}", step, name, d, s.rtol, s.atol,
+                                      p.requires_grad() ? "" : " - a frozen parameter moved"));
+      }
+    }
+    if (s.shuffle) {
+      auto idx = torch::randperm(s.x.size(0), torch::make_generator<at::CPUGeneratorImpl>(42 + step));
+      s.x = s.x.index_select(0, idx);
+      s.y = s.y.index_select(0, idx);
+    }
+  }
+  if (verbose && pg.rank() == 0)
+    for (size_t i = 0; i < ddp_params.size(); ++i)
+      print0("  {:<22} max |ddp - single| = {:.3g}", ddp_params[i].first,
+             (ddp_params[i].second - base_params[i].second).abs().max().item<double>());
+  if (!parameters_identical_across_ranks(pg, *ddp_model))
+    throw CheckFailed("ranks ended with different parameters");
+}
+
+}  // namespace
+
+void check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const MakeGradSync& make, int steps,
+                          bool verbose) {
+  const int W = pg.world_size();
+  if (20 % W != 0)
+    throw UsageError(fmt::format("the CS336 check splits 20 rows over the ranks; world size {} does not divide 20. "
+                                 "Use 1, 2, 4, 5, 10 or 20 ranks", W));
+  std::shared_ptr<ToyBase> baseline, ddp_model;
+  {
+    std::lock_guard<std::mutex> lock(model_init_mutex());
+    torch::manual_seed(pg.rank());  // every rank starts from *different* weights
+    baseline = make_toy_model(model_name);
+    ddp_model = make_toy_model(model_name);
+    copy_parameters(*ddp_model, *baseline);
+  }
+  auto sync = make(pg, ddp_model);
+  // The wrapper must have replaced this rank's weights with rank 0's (frozen ones included).
+  auto mine = unique_named_parameters(*baseline);
+  auto now = unique_named_parameters(*ddp_model);
+  for (size_t i = 0; i < now.size(); ++i) {
+    bool same = torch::equal(now[i].second, mine[i].second);
+    if (pg.rank() == 0 && !same) throw CheckFailed("rank 0's parameter " + now[i].first + " changed at construction");
+    if (pg.rank() != 0 && same && now[i].first != "no_grad_fixed_param")
+      throw CheckFailed("parameter " + now[i].first + " was not broadcast from rank 0");
+  }
+  if (!parameters_identical_across_ranks(pg, *ddp_model))
+    throw CheckFailed("ranks hold different parameters after construction");
+  copy_parameters(*baseline, *ddp_model);  // the reference starts where DDP starts: rank 0's weights
+
+  auto [x, y] = regression_batch(20, kToyIn, kToyOut, 2025);  // same fixed batch on every rank
+  train_and_compare(pg, *baseline, ddp_model, *sync, {x, y, 0.1, steps, true}, verbose);
+}
+
+void check_toy_mlp_experiment(ProcessGroup& pg, const MakeGradSync& make, bool verbose) {
+  const int W = pg.world_size();
+  if (100 % W != 0)
+    throw UsageError(fmt::format("the toy-MLP check splits a batch of 100 over the ranks; world size {} does not "
+                                 "divide 100", W));
+  std::shared_ptr<ToyBase> baseline, ddp_model;
+  {
+    std::lock_guard<std::mutex> lock(model_init_mutex());
+    torch::manual_seed(pg.rank());
+    baseline = make_toy_model("mlp");
+    ddp_model = make_toy_model("mlp");
+  }
+  auto sync = make(pg, ddp_model);
+  copy_parameters(*baseline, *ddp_model);
+  auto [x, y] = regression_batch(100, kToyIn, kToyOut, 7);
+  Setup s{x, y, 0.01, 10, false};
+  s.rtol = 0;
+  s.atol = 1e-5;  // the criterion: max difference under 1e-5
+  train_and_compare(pg, *baseline, ddp_model, *sync, s, verbose);
+}
+
+}  // namespace dp
