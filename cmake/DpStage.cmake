@@ -47,6 +47,13 @@ function(dp_add_gtest target)
   endif()
   set_target_properties(${target} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
   gtest_discover_tests(${target}
-    PROPERTIES TIMEOUT ${G_TIMEOUT} LABELS "${G_LABELS}"
+    PROPERTIES TIMEOUT ${G_TIMEOUT}
+    TEST_LIST ${target}_TESTS
     DISCOVERY_TIMEOUT 60)
+  # gtest_discover_tests splits list-valued PROPERTIES, so the labels are set by a script that ctest
+  # runs after the discovered tests are defined.
+  set(labels_script ${CMAKE_CURRENT_BINARY_DIR}/${target}_labels.cmake)
+  file(WRITE ${labels_script}
+    "foreach(t IN LISTS ${target}_TESTS)\n  set_tests_properties(\"\${t}\" PROPERTIES LABELS \"${G_LABELS}\")\nendforeach()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${labels_script})
 endfunction()

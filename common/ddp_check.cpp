@@ -54,6 +54,13 @@ void copy_parameters(torch::nn::Module& dst, torch::nn::Module& src) {
   for (size_t i = 0; i < d.size(); ++i) d[i].copy_(s[i]);
 }
 
+// Every rank votes; all ranks throw together, so no rank is left waiting in the next collective.
+void fail_together(ProcessGroup& pg, const std::string& problem) {
+  auto votes = pg.all_gather(problem.empty() ? 1.0 : 0.0);
+  if (std::count(votes.begin(), votes.end(), 1.0) == pg.world_size()) return;
+  throw CheckFailed(problem.empty() ? "another rank's check failed (see its message)" : problem);
+}
+
 struct Setup {
   torch::Tensor x, y;     // the whole batch, identical on every rank
   double lr = 0.1;
@@ -87,16 +94,16 @@ void train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_pt
     sync.after_backward();
     ddp_opt.step();
 
-    for (size_t i = 0; i < ddp_params.size(); ++i) {
+    std::string problem;
+    for (size_t i = 0; i < ddp_params.size() && problem.empty(); ++i) {
       auto& [name, p] = ddp_params[i];
       const auto& ref = p.requires_grad() ? base_params[i].second : frozen_before[i];
-      if (!torch::allclose(p, ref, s.rtol, s.atol)) {
-        double d = (p - ref).abs().max().item<double>();
-        throw CheckFailed(fmt::format("step {}: parameter {} differs from single-process training by {:.3g} "
-                                      "(rtol {}, atol {}){}", step, name, d, s.rtol, s.atol,
-                                      p.requires_grad() ? "" : " - a frozen parameter moved"));
-      }
+      if (!torch::allclose(p, ref, s.rtol, s.atol))
+        problem = fmt::format("step {}: parameter {} differs from single-process training by {:.3g} (rtol {}, "
+                              "atol {}){}", step, name, (p - ref).abs().max().item<double>(), s.rtol, s.atol,
+                              p.requires_grad() ? "" : " - a frozen parameter moved");
     }
+    fail_together(pg, problem);
     if (s.shuffle) {
       auto idx = torch::randperm(s.x.size(0), torch::make_generator<at::CPUGeneratorImpl>(42 + step));
       s.x = s.x.index_select(0, idx);
@@ -129,14 +136,17 @@ void check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const
   }
   auto sync = make(pg, ddp_model);
   // The wrapper must have replaced this rank's weights with rank 0's (frozen ones included).
+  // Every rank votes, so all ranks fail together instead of leaving peers waiting in a collective.
   auto mine = unique_named_parameters(*baseline);
   auto now = unique_named_parameters(*ddp_model);
-  for (size_t i = 0; i < now.size(); ++i) {
+  std::string problem;
+  for (size_t i = 0; i < now.size() && problem.empty(); ++i) {
     bool same = torch::equal(now[i].second, mine[i].second);
-    if (pg.rank() == 0 && !same) throw CheckFailed("rank 0's parameter " + now[i].first + " changed at construction");
+    if (pg.rank() == 0 && !same) problem = "rank 0's parameter " + now[i].first + " changed at construction";
     if (pg.rank() != 0 && same && now[i].first != "no_grad_fixed_param")
-      throw CheckFailed("parameter " + now[i].first + " was not broadcast from rank 0");
+      problem = "parameter " + now[i].first + " was not broadcast from rank 0";
   }
+  fail_together(pg, problem);
   if (!parameters_identical_across_ranks(pg, *ddp_model))
     throw CheckFailed("ranks hold different parameters after construction");
   copy_parameters(*baseline, *ddp_model);  // the reference starts where DDP starts: rank 0's weights

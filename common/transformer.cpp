@@ -32,14 +32,18 @@ constexpr PresetRow kPresets[] = {
     {"large", 1280, 5120, 36, 20},   {"xl", 1600, 6400, 48, 25},   {"2.7b", 2560, 10240, 32, 32},
 };
 
-// Truncated normal N(0, std^2) cut at +-3 std, drawn from the global RNG. Like PyTorch's
-// trunc_normal_: draw uniformly between the normal CDF values of the cut points and map back through
-// the inverse CDF (erfinv), so no sample is ever rejected and the result is deterministic.
+// Truncated normal N(0, std^2) cut at +-3 std, drawn from the global RNG (deterministic under
+// torch::manual_seed). Draw normals, then redraw the ~0.27% that fall outside the cut until none is
+// left; a few cheap rounds, where PyTorch's inverse-CDF method (erfinv) costs ~6x more on CPU.
 void trunc_normal_(torch::Tensor w, double std) {
   torch::NoGradGuard no_grad;
-  auto cdf = [](double z) { return 0.5 * (1.0 + std::erf(z / std::sqrt(2.0))); };
-  const double lo = cdf(-3.0), hi = cdf(3.0);
-  w.uniform_(2 * lo - 1, 2 * hi - 1).erfinv_().mul_(std * std::sqrt(2.0)).clamp_(-3 * std, 3 * std);
+  w.normal_(0.0, std);
+  for (;;) {
+    auto outside = w.abs() > 3 * std;
+    const int64_t n = outside.sum().item<int64_t>();
+    if (n == 0) break;
+    w.masked_scatter_(outside, torch::randn({n}, w.options()) * std);
+  }
 }
 
 // Bias-free Linear with CS336's init: its std sqrt(2 / (d_in + d_out)) keeps activations at unit

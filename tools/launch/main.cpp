@@ -21,7 +21,11 @@
 // launcher returns only once every rank and every process they started has been reaped.
 //
 // Output: each line of a rank's stdout/stderr goes to the launcher's stdout/stderr, prefixed with
-// "[rank r/W] " unless it already starts with "[rank " or --no-prefix is given.
+// "[rank r/W] " unless it already starts with "[rank " or --no-prefix is given. The ranks' stdin is
+// /dev/null: they run in background process groups, where reading the terminal would stop them.
+//
+// Limits (shared with torchrun): a process that leaves its rank's group (setsid) is not tracked, and
+// if the launcher itself is SIGKILLed only the ranks die (PDEATHSIG), not what they forked.
 //
 // Exit codes: 0 all ranks succeeded; 2 bad options; 127 program not found; otherwise as above.
 #include "options.hpp"

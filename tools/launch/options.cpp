@@ -50,22 +50,27 @@ same way and exits 130. Exit 2 means bad options; 127 means the program could no
 Examples:
   ddp_launch --nproc 2 -- ./build/bin/stage01_allreduce
 
-  # two machines with two ranks each: run the first line on 10.0.0.1, the second on the other node
-  ddp_launch --nnodes 2 --node-rank 0 --nproc 2 --master-addr 10.0.0.1 --master-port 29500 -- ./build/bin/stage01_allreduce
-  ddp_launch --nnodes 2 --node-rank 1 --nproc 2 --master-addr 10.0.0.1 --master-port 29500 -- ./build/bin/stage01_allreduce
+  # two machines, two ranks each: node 0 is 10.0.0.1 and hosts rank 0's store
+  ddp_launch --nnodes 2 --node-rank 0 --nproc 2 --master-addr 10.0.0.1 --master-port 29500 \
+      -- ./build/bin/stage01_allreduce            # on 10.0.0.1
+  ddp_launch --nnodes 2 --node-rank 1 --nproc 2 --master-addr 10.0.0.1 --master-port 29500 \
+      -- ./build/bin/stage01_allreduce            # on the second machine
 )";
 
 // A whole number in [lo, hi], or a UsageError that names the flag, the value and the fix.
 int parse_int(const std::string& flag, const std::string& text, long lo, long hi, const std::string& remedy) {
   errno = 0;
   char* end = nullptr;
-  const bool starts_ok = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-' || text[0] == '+');
+  // strtol would skip leading blanks and accept "" as 0; neither is a number a user meant to type.
+  const bool starts_ok =
+      !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-' || text[0] == '+');
   const long value = starts_ok ? std::strtol(text.c_str(), &end, 10) : 0;
   if (!starts_ok || *end != '\0' || errno == ERANGE) {
     throw UsageError(fmt::format("{} expects a whole number, got '{}'; {}", flag, text, remedy));
   }
   if (value < lo || value > hi) {
-    const std::string range = hi == std::numeric_limits<int>::max() ? fmt::format(">= {}", lo) : fmt::format("{}..{}", lo, hi);
+    const std::string range =
+        hi == std::numeric_limits<int>::max() ? fmt::format(">= {}", lo) : fmt::format("{}..{}", lo, hi);
     throw UsageError(fmt::format("{} must be {}, got '{}'; {}", flag, range, text, remedy));
   }
   return static_cast<int>(value);
@@ -74,8 +79,8 @@ int parse_int(const std::string& flag, const std::string& text, long lo, long hi
 double parse_seconds(const std::string& flag, const std::string& text) {
   char* end = nullptr;
   const double value = text.empty() ? NAN : std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || !std::isfinite(value) || value < 0) {
-    throw UsageError(fmt::format("{} expects a number of seconds >= 0, got '{}'; e.g. {} 5", flag, text, flag));
+  if (text.empty() || *end != '\0' || !std::isfinite(value) || value < 0 || value > 86400) {
+    throw UsageError(fmt::format("{} expects seconds between 0 and 86400, got '{}'; e.g. {} 5", flag, text, flag));
   }
   return value;
 }
@@ -122,9 +127,12 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
   app.add_option("--nnodes", nnodes_s, "number of nodes (default 1)")->type_name("N");
   app.add_option("--node-rank", node_rank_s, "index of this node, 0 .. nnodes-1 (default 0)")->type_name("K");
   app.add_option("--master-addr", out.master_addr, "host of rank 0 (default 127.0.0.1)")->type_name("HOST");
-  app.add_option("--master-port", port_s, "port of rank 0's store (default: free port; 29500 if nnodes > 1)")->type_name("PORT");
-  app.add_option("--timeout", timeout_s, "seconds between SIGTERM and SIGKILL when stopping (default 5)")->type_name("SECONDS");
-  app.add_option("--threads", threads_s, "threads per rank (default: online cores / nproc, at least 1)")->type_name("T");
+  app.add_option("--master-port", port_s, "port of rank 0's store (default: a free port; 29500 if nnodes > 1)")
+      ->type_name("PORT");
+  app.add_option("--timeout", timeout_s, "seconds from SIGTERM to SIGKILL when stopping (default 5)")
+      ->type_name("SECONDS");
+  app.add_option("--threads", threads_s, "threads per rank (default: online cores / nproc, at least 1)")
+      ->type_name("T");
   app.add_flag("--no-prefix", no_prefix, "print the ranks' lines without the [rank r/W] tag");
 
   try {
@@ -140,7 +148,8 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
   // What CLI11 did not consume is the program's command line, possibly behind a "--".
   std::vector<std::string> rest = app.remaining();
   if (!rest.empty() && rest.front() != "--" && rest.front().rfind('-', 0) == 0) {
-    throw UsageError(fmt::format("unknown option '{}'; see ddp_launch --help, and put the program after '--'", rest.front()));
+    throw UsageError(
+        fmt::format("unknown option '{}'; see ddp_launch --help, and put the program after '--'", rest.front()));
   }
   if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
   if (rest.empty()) {

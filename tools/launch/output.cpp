@@ -24,6 +24,8 @@ bool write_all(int fd, std::string_view data) {
   return true;
 }
 
+void say(const std::string& line) { write_all(STDERR_FILENO, "ddp_launch: " + line + "\n"); }
+
 void LineForwarder::feed(const char* data, std::size_t n) {
   pending_.append(data, n);
   std::size_t start = 0;

@@ -12,6 +12,9 @@ namespace ddp_launch {
 // (EPIPE) or another error occurred; output is then dropped, the ranks keep running.
 bool write_all(int fd, std::string_view data);
 
+// The launcher's own messages: "ddp_launch: <line>" on stderr.
+void say(const std::string& line);
+
 // Collects the bytes of one rank's stdout (or stderr) and emits each complete line with one write(),
 // so lines of different ranks never interleave mid-line.
 //

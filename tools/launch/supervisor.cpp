@@ -10,6 +10,7 @@
 #include "supervisor.hpp"
 
 #include "output.hpp"
+#include "spawn.hpp"
 
 #include <fmt/format.h>
 
@@ -24,7 +25,6 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
-#include <deque>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -63,13 +63,25 @@ std::string signal_name(int sig) {
   return ::strsignal(sig);
 }
 
-void say(const std::string& line) { write_all(STDERR_FILENO, "ddp_launch: " + line + "\n"); }
+// Moves what one read() returns from a rank's pipe to its forwarder, closing the pipe at EOF (every
+// writer gone: the rank and anything it forked). Returns false when nothing more is there right now.
+bool pump(int& fd, LineForwarder& fwd) {
+  char buf[65536];
+  const ssize_t n = ::read(fd, buf, sizeof(buf));
+  if (n > 0) {
+    fwd.feed(buf, static_cast<std::size_t>(n));
+    return true;
+  }
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return false;
+  fwd.finish();
+  ::close(fd);
+  fd = -1;
+  return false;
+}
 
 struct Rank {
-  Rank(int local_rank, int global_rank, const LaunchOptions& o)
-      : local(local_rank), global(global_rank),
-        out(STDOUT_FILENO, o.prefix ? fmt::format("[rank {}/{}] ", global_rank, o.world_size()) : ""),
-        err(STDERR_FILENO, o.prefix ? fmt::format("[rank {}/{}] ", global_rank, o.world_size()) : "") {}
+  Rank(int local_rank, int global_rank, const std::string& tag)
+      : local(local_rank), global(global_rank), out(STDOUT_FILENO, tag), err(STDERR_FILENO, tag) {}
   int local, global;
   pid_t pid = -1;       // also the id of its process group
   bool reaped = true;   // true until it is started, so a rank that never ran is not waited for
@@ -80,7 +92,11 @@ struct Rank {
 class Supervisor {
  public:
   explicit Supervisor(const LaunchOptions& o) : opts_(o) {
-    for (int l = 0; l < o.nproc; ++l) ranks_.emplace_back(l, o.global_rank(l), o);
+    ranks_.reserve(o.nproc);
+    for (int l = 0; l < o.nproc; ++l) {
+      const int g = o.global_rank(l);
+      ranks_.emplace_back(l, g, o.prefix ? fmt::format("[rank {}/{}] ", g, o.world_size()) : std::string());
+    }
   }
   int run();
 
@@ -100,7 +116,7 @@ class Supervisor {
   void close_streams();
 
   const LaunchOptions& opts_;
-  std::deque<Rank> ranks_;  // deque: Rank holds non-movable state and must stay put
+  std::vector<Rank> ranks_;
   int wake_read_ = -1;
   int devnull_ = -1;
   Phase phase_ = Phase::Running;
@@ -125,55 +141,12 @@ void Supervisor::install_signal_handlers() {
 }
 
 bool Supervisor::start(Rank& r) {
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
-    say(fmt::format("cannot create pipes for rank {}: {}", r.global, std::strerror(errno)));
-    return false;
-  }
-  // Everything the child needs is built before fork(), so the child only makes system calls.
-  std::vector<std::string> env = rank_environment(opts_, r.local);
-  std::vector<char*> envp, argv;
-  for (auto& s : env) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  for (const auto& s : opts_.command) argv.push_back(const_cast<char*>(s.c_str()));
-  argv.push_back(nullptr);
-  const pid_t launcher = ::getpid();
-
-  // Block signals across fork() so our handlers never run in the child before it resets them.
-  sigset_t all, old;
-  sigfillset(&all);
-  ::sigprocmask(SIG_BLOCK, &all, &old);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::signal(sig, SIG_DFL);
-    ::sigprocmask(SIG_SETMASK, &old, nullptr);
-    ::setpgid(0, 0);                        // own group: Ctrl-C reaches only us; we forward it
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);     // launcher SIGKILLed -> the kernel kills the rank
-    if (::getppid() != launcher) ::_exit(1);  // the launcher died before prctl took effect
-    ::dup2(devnull_, STDIN_FILENO);         // a background group reading the tty would just stop
-    ::dup2(out[1], STDOUT_FILENO);
-    ::dup2(err[1], STDERR_FILENO);
-    ::execvpe(argv[0], argv.data(), envp.data());
-    const int e = errno;
-    ::dprintf(STDERR_FILENO, "ddp_launch: cannot run '%s': %s\n", argv[0], std::strerror(e));
-    ::_exit(127);
-  }
-  const int fork_errno = errno;
-  ::sigprocmask(SIG_SETMASK, &old, nullptr);
-  ::close(out[1]);
-  ::close(err[1]);
-  if (pid < 0) {
-    ::close(out[0]);
-    ::close(err[0]);
-    say(fmt::format("cannot start rank {}: {}", r.global, std::strerror(fork_errno)));
-    return false;
-  }
-  ::setpgid(pid, pid);  // from this side too: the group must exist before we might signal it
-  r.pid = pid;
+  const Child child = spawn_rank(opts_.command, rank_environment(opts_, r.local), devnull_, r.global);
+  if (child.pid < 0) return false;
+  r.pid = child.pid;
   r.reaped = false;
-  r.out_fd = out[0];
-  r.err_fd = err[0];
-  for (int fd : {out[0], err[0]}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  r.out_fd = child.out_fd;
+  r.err_fd = child.err_fd;
   return true;
 }
 
@@ -204,6 +177,11 @@ void Supervisor::reap() {
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (ok || phase_ != Phase::Running) break;  // deaths we caused while stopping are not news
       failed_ = true;
+      // Print what the rank said last (usually why it failed) before our verdict on it.
+      while (r.out_fd >= 0 && pump(r.out_fd, r.out)) {
+      }
+      while (r.err_fd >= 0 && pump(r.err_fd, r.err)) {
+      }
       if (WIFEXITED(status)) {
         exit_code_ = WEXITSTATUS(status);
         say(fmt::format("rank {} exited with code {}", r.global, exit_code_));
@@ -222,7 +200,8 @@ void Supervisor::reap() {
 void Supervisor::stop() {
   if (phase_ != Phase::Running) return;
   phase_ = Phase::Terminating;
-  deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.timeout_s));
+  const std::chrono::duration<double> grace(opts_.timeout_s);
+  deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(grace);
   signal_groups(SIGTERM);
 }
 
@@ -276,22 +255,13 @@ void Supervisor::wait_and_forward() {
   }
   if (::poll(fds.data(), fds.size(), timeout_ms) < 0) return;  // EINTR: the self-pipe has the news
 
-  char buf[65536];
   if (fds[0].revents & POLLIN) {
+    char buf[256];
     while (::read(wake_read_, buf, sizeof(buf)) > 0) {
     }
   }
   for (std::size_t i = 0; i < streams.size(); ++i) {
-    if (!(fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-    auto [fd, fwd] = streams[i];
-    const ssize_t n = ::read(*fd, buf, sizeof(buf));
-    if (n > 0) {
-      fwd->feed(buf, static_cast<std::size_t>(n));
-    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {  // EOF: every writer has gone
-      fwd->finish();
-      ::close(*fd);
-      *fd = -1;
-    }
+    if (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) pump(*streams[i].first, *streams[i].second);
   }
 }
 

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Turns benchmark JSON (docs/results/*.json) into the PNG plots the docs show.
+
+    /usr/bin/python3 scripts/plot.py docs/results/allreduce.json docs/results/stage05.json ...
+Each file's "benchmark" field picks the plot; the PNG is written next to the JSON (same name, .png).
+"""
+import json, sys, pathlib
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+def allreduce(doc, ax):
+    rows = doc["rows"]
+    for w in sorted({r["world_size"] for r in rows}):
+        rs = sorted((r for r in rows if r["world_size"] == w), key=lambda r: r["bytes"])
+        ax.plot([r["bytes"] / 1e6 for r in rs], [r["busbw_GBps"] for r in rs], marker="o",
+                label=f"{rs[0]['backend']}, {w} ranks")
+    ax.set_xscale("log")
+    ax.set_xlabel("tensor size (MB, float32)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("all-reduce bus bandwidth")
+    ax.legend()
+
+def ddp(doc, ax):
+    rows = doc["rows"]
+    names = [r["variant"] for r in rows]
+    compute = [r["step_s"] - r["comm_s"] for r in rows]
+    comm = [r["comm_s"] for r in rows]
+    ax.barh(names, compute, label="forward + backward + optimizer")
+    ax.barh(names, comm, left=compute, label="waiting for gradient sync")
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds per step (median, slowest rank)")
+    r0 = rows[0]
+    ax.set_title(f"{r0['preset']} Transformer, batch {r0['global_batch']}, context {r0['context']}, "
+                 f"{r0['world_size']} ranks")
+    ax.legend(loc="lower right")
+
+def memory(doc, ax):
+    rows = doc["rows"]
+    names = [r["variant"] for r in rows]
+    keys = [k for k in ("params_MB", "grads_MB", "optimizer_state_MB") if k in rows[0]]
+    left = [0.0] * len(rows)
+    for k in keys:
+        vals = [r[k] for r in rows]
+        ax.barh(names, vals, left=left, label=k.replace("_MB", "").replace("_", " "))
+        left = [a + b for a, b in zip(left, vals)]
+    if "peak_rss_MB" in rows[0]:
+        ax.scatter([r["peak_rss_MB"] for r in rows], names, color="k", zorder=3, label="peak RSS")
+    ax.invert_yaxis()
+    ax.set_xlabel("MB per rank")
+    ax.set_title("memory per rank")
+    ax.legend(loc="lower right")
+
+PLOTS = {"allreduce": allreduce, "memory": memory}
+
+def main(paths):
+    for p in map(pathlib.Path, paths):
+        doc = json.loads(p.read_text())
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        PLOTS.get(doc["benchmark"].split(":")[0], ddp)(doc, ax)
+        fig.text(0.01, 0.01, doc.get("machine", ""), fontsize=7, color="gray")
+        fig.tight_layout(rect=(0, 0.03, 1, 1))
+        out = p.with_suffix(".png")
+        fig.savefig(out, dpi=110)
+        print(f"wrote {out}")
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

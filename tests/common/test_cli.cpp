@@ -1,0 +1,86 @@
+// Options: sizes with units, durations, and every bad value ends in exit code 2 with a message.
+#include "common/cli.hpp"
+#include "common/runtime.hpp"
+
+#include <gtest/gtest.h>
+
+using dp::parse_size;
+
+TEST(Sizes, DecimalAndBinaryUnits) {
+  EXPECT_EQ(parse_size("1MB"), 1000000u);
+  EXPECT_EQ(parse_size("10MiB"), 10u * 1048576u);
+  EXPECT_EQ(parse_size("1GB"), 1000000000u);
+  EXPECT_EQ(parse_size("1gib"), 1073741824u);
+  EXPECT_EQ(parse_size("512"), 512u);
+  EXPECT_EQ(parse_size("0.5kB"), 500u);
+  EXPECT_EQ(parse_size("2 KiB"), 2048u);
+}
+
+TEST(Sizes, BadSizesNameThemselves) {
+  for (const char* bad : {"", "MB", "abc", "10XB", "-1MB", "0", "0MB", "nanMB"}) {
+    try {
+      parse_size(bad, "--sizes");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const dp::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("--sizes"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Durations, Units) {
+  EXPECT_DOUBLE_EQ(dp::parse_seconds("30s"), 30);
+  EXPECT_DOUBLE_EQ(dp::parse_seconds("500ms"), 0.5);
+  EXPECT_DOUBLE_EQ(dp::parse_seconds("2m"), 120);
+  EXPECT_DOUBLE_EQ(dp::parse_seconds("45"), 45);
+  EXPECT_THROW(dp::parse_seconds("soon"), dp::UsageError);
+  EXPECT_THROW(dp::parse_seconds("5h"), dp::UsageError);
+  EXPECT_THROW(dp::parse_seconds("-3s"), dp::UsageError);
+}
+
+TEST(FormatBytes, DecimalUnits) {
+  EXPECT_EQ(dp::format_bytes(100e6), "100 MB");
+  EXPECT_EQ(dp::format_bytes(1.5e9), "1.5 GB");
+  EXPECT_EQ(dp::format_bytes(512), "512 B");
+}
+
+namespace {
+int parse(std::vector<std::string> args, int* iters = nullptr) {
+  dp::Cli cli("prog", "test program");
+  int n = 1;
+  std::vector<std::string> sizes;
+  cli.app().add_option("--iters", n)->check(dp::PositiveInt);
+  cli.app().add_option("--sizes", sizes)->delimiter(',')->check(dp::SizeText);
+  std::vector<char*> argv{const_cast<char*>("prog")};
+  for (auto& a : args) argv.push_back(a.data());
+  int rc = cli.parse(static_cast<int>(argv.size()), argv.data());
+  if (iters) *iters = n;
+  return rc;
+}
+}  // namespace
+
+TEST(Cli, GoodInputContinues) {
+  int iters = 0;
+  EXPECT_EQ(parse({"--iters", "7", "--sizes", "1MB,10MiB", "--backend", "gloo", "--timeout", "30s"}, &iters), -1);
+  EXPECT_EQ(iters, 7);
+}
+
+TEST(Cli, HelpExitsZero) { EXPECT_EQ(parse({"--help"}), 0); }
+
+TEST(Cli, BadInputExitsTwo) {
+  EXPECT_EQ(parse({"--iters", "0"}), 2);
+  EXPECT_EQ(parse({"--iters", "-3"}), 2);
+  EXPECT_EQ(parse({"--iters", "many"}), 2);
+  EXPECT_EQ(parse({"--sizes", "1MB,7QB"}), 2);
+  EXPECT_EQ(parse({"--backend", "mpi"}), 2);
+  EXPECT_EQ(parse({"--timeout", "soon"}), 2);
+  EXPECT_EQ(parse({"--no-such-option"}), 2);
+  EXPECT_EQ(parse({"--iters"}), 2);  // missing value
+}
+
+TEST(Cli, NcclOnCpuBuildExitsTwo) {
+#ifndef DP_WITH_NCCL
+  EXPECT_EQ(parse({"--backend", "nccl"}), 2);
+#else
+  EXPECT_EQ(parse({"--backend", "nccl"}), -1);
+#endif
+}

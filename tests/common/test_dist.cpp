@@ -1,0 +1,145 @@
+// Collectives against closed forms, for 1 to 4 ranks (threads as ranks over an in-process store).
+#include "common/dist.hpp"
+#include "common/runtime.hpp"
+#include "tests/support/ranks.hpp"
+
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <atomic>
+#include <thread>
+
+using dp::ProcessGroup;
+using dp::testing::run_ranks;
+
+class Collectives : public ::testing::TestWithParam<int> {};
+
+TEST_P(Collectives, AllReduceSumsRanks) {
+  const int W = GetParam();
+  run_ranks(W, [&](ProcessGroup& pg) {
+    auto t = torch::full({1000}, static_cast<float>(pg.rank()));
+    pg.all_reduce(t);
+    EXPECT_TRUE(torch::all(t == W * (W - 1) / 2.0f).item<bool>()) << "rank " << pg.rank();
+  });
+}
+
+TEST_P(Collectives, AllReduceIntegersExact) {
+  const int W = GetParam();
+  run_ranks(W, [&](ProcessGroup& pg) {
+    auto t = torch::arange(10, torch::kInt64) * (pg.rank() + 1);
+    pg.all_reduce(t);
+    EXPECT_TRUE(torch::equal(t, torch::arange(10, torch::kInt64) * (W * (W + 1) / 2)));
+  });
+}
+
+TEST_P(Collectives, BroadcastFromLastRank) {
+  const int W = GetParam();
+  run_ranks(W, [&](ProcessGroup& pg) {
+    const int root = W - 1;  // a non-zero root whenever W > 1
+    auto t = torch::full({3, 4}, static_cast<float>(pg.rank() * 10 + 1));
+    pg.broadcast(t, root);
+    EXPECT_TRUE(torch::all(t == root * 10 + 1.0f).item<bool>());
+  });
+}
+
+TEST_P(Collectives, AllGatherKeepsRankOrder) {
+  const int W = GetParam();
+  run_ranks(W, [&](ProcessGroup& pg) {
+    auto parts = pg.all_gather(torch::full({2}, static_cast<double>(pg.rank() * 7)));
+    ASSERT_EQ(static_cast<int>(parts.size()), W);
+    for (int r = 0; r < W; ++r) EXPECT_EQ(parts[r][0].item<double>(), r * 7.0);
+    auto values = pg.all_gather(0.5 + pg.rank());
+    for (int r = 0; r < W; ++r) EXPECT_EQ(values[r], 0.5 + r);
+    auto vecs = pg.all_gather(std::vector<double>{1.0 * pg.rank(), -1.0 * pg.rank()});
+    for (int r = 0; r < W; ++r) EXPECT_EQ(vecs[r], (std::vector<double>{1.0 * r, -1.0 * r}));
+  });
+}
+
+TEST_P(Collectives, AsyncHandlesCompleteInAnyWaitOrder) {
+  const int W = GetParam();
+  run_ranks(W, [&](ProcessGroup& pg) {
+    std::vector<torch::Tensor> ts;
+    std::vector<dp::Work> works;
+    for (int i = 0; i < 8; ++i) ts.push_back(torch::full({100 + i}, static_cast<float>(i + pg.rank())));
+    for (auto& t : ts) works.push_back(pg.all_reduce_async(t));
+    for (int i = 7; i >= 0; --i) works[i].wait();  // wait in reverse order: still correct
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_TRUE(works[i].completed());
+      EXPECT_TRUE(torch::all(ts[i] == static_cast<float>(W * i + W * (W - 1) / 2)).item<bool>());
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(1, 2, 3, 4));
+
+TEST(Barrier, NobodyPassesBeforeEveryoneArrives) {
+  std::atomic<int> arrived{0};
+  std::atomic<bool> early{false};
+  run_ranks(3, [&](ProcessGroup& pg) {
+    if (pg.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    arrived++;
+    pg.barrier();
+    if (arrived.load() != 3) early = true;
+  });
+  EXPECT_FALSE(early.load());
+}
+
+TEST(Timeout, MissingPeerIsAnErrorNotAHang) {
+  // Rank 1 never joins the all-reduce: rank 0 must fail after the collective timeout.
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    run_ranks(
+        2,
+        [&](ProcessGroup& pg) {
+          if (pg.rank() == 0) {
+            auto t = torch::ones({4});
+            pg.all_reduce(t);
+          } else {
+            std::this_thread::sleep_for(std::chrono::seconds(4));
+            throw std::runtime_error("rank 1 gave up");
+          }
+        },
+        std::chrono::milliseconds(1500));
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("all_reduce"), std::string::npos) << msg;  // names the collective
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
+}
+
+TEST(Backends, NcclOnCpuBuildIsAUsageError) {
+#ifndef DP_WITH_NCCL
+  EXPECT_FALSE(dp::backend_available("nccl"));
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  EXPECT_THROW(ProcessGroup::init_with_store(store, 0, 1, {"nccl", std::chrono::milliseconds(1000)}), dp::UsageError);
+#endif
+  EXPECT_TRUE(dp::backend_available("gloo"));
+  auto store2 = c10::make_intrusive<c10d::HashStore>();
+  EXPECT_THROW(ProcessGroup::init_with_store(store2, 0, 1, {"mpi", std::chrono::milliseconds(1000)}), dp::UsageError);
+}
+
+TEST(LaunchEnv, ReadsTorchrunVariablesAndRejectsBadOnes) {
+  setenv("RANK", "3", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("LOCAL_RANK", "1", 1);
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  setenv("MASTER_ADDR", "10.1.2.3", 1);
+  setenv("MASTER_PORT", "29999", 1);
+  auto env = dp::LaunchEnv::from_environment();
+  EXPECT_TRUE(env.launched);
+  EXPECT_EQ(env.rank, 3);
+  EXPECT_EQ(env.world_size, 4);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.local_world_size, 2);
+  EXPECT_EQ(env.master_addr, "10.1.2.3");
+  EXPECT_EQ(env.master_port, 29999);
+  setenv("RANK", "4", 1);
+  EXPECT_THROW(dp::LaunchEnv::from_environment(), dp::UsageError);
+  setenv("RANK", "x", 1);
+  EXPECT_THROW(dp::LaunchEnv::from_environment(), dp::UsageError);
+  for (auto v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(v);
+  env = dp::LaunchEnv::from_environment();
+  EXPECT_FALSE(env.launched);
+  EXPECT_EQ(env.world_size, 1);
+}

@@ -1,0 +1,134 @@
+// launch_probe: a stand-in "training program" for the launcher tests. No torch: it only reads the
+// environment the launcher gave it and misbehaves on request.
+//
+//   launch_probe env                 print the contract's variables as KEY=VALUE lines
+//   launch_probe exit R C            rank R says so on stderr, exits with code C; the others sleep 60 s
+//   launch_probe kill R              rank R sends itself SIGKILL; the other ranks sleep 60 s
+//   launch_probe stubborn R C        like exit, but the other ranks (and children) ignore SIGTERM
+//   launch_probe spawn               fork a grandchild that sleeps 60 s, then sleep 60 s
+//   launch_probe straggler           fork a grandchild that sleeps 60 s, then exit 0 at once
+//   launch_probe sleep S             sleep S seconds, exit 0
+//   launch_probe partial             print a line without the final newline
+//   launch_probe lines               print to stdout and stderr, one line with its own [rank tag
+//
+// exit, kill, stubborn, spawn and straggler fork a grandchild in every rank. If PROBE_PID_DIR is set,
+// each rank writes rank<R>.pid and grandchild<R>.pid there, so a test can check afterwards that all
+// of them are gone; the failing rank fails only once every rank has written both files, so no process
+// can be missed.
+#include <dirent.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+namespace {
+
+int env_int(const char* key) {
+  const char* v = std::getenv(key);
+  return v ? std::atoi(v) : 0;
+}
+
+void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
+
+// Written to a temporary name and renamed, so a reader never sees a half-written pid.
+void record_pid(const std::string& name, pid_t pid) {
+  const char* dir = std::getenv("PROBE_PID_DIR");
+  if (!dir) return;
+  const std::string final_path = std::string(dir) + "/" + name + ".pid";
+  const std::string tmp = final_path + ".tmp";
+  if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+    std::fprintf(f, "%d\n", static_cast<int>(pid));
+    std::fclose(f);
+    std::rename(tmp.c_str(), final_path.c_str());
+  }
+}
+
+int count_pid_files() {
+  const char* dir = std::getenv("PROBE_PID_DIR");
+  DIR* d = dir ? ::opendir(dir) : nullptr;
+  if (!d) return 0;
+  int n = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".pid") == 0) ++n;
+  }
+  ::closedir(d);
+  return n;
+}
+
+// Each rank forks one grandchild that just sleeps: the launcher must take it down with the rank.
+void spawn_grandchild(int rank) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    sleep_s(60);
+    ::_exit(0);
+  }
+  record_pid("grandchild" + std::to_string(rank), child);
+  record_pid("rank" + std::to_string(rank), ::getpid());
+}
+
+// The failing rank waits (at most 10 s) until every rank and grandchild has recorded its pid.
+void wait_for_everyone(int world) {
+  if (!std::getenv("PROBE_PID_DIR")) return;
+  for (int i = 0; i < 1000 && count_pid_files() < 2 * world; ++i) sleep_s(0.01);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const int rank = env_int("RANK");
+  const int world = env_int("WORLD_SIZE");
+  const auto arg = [&](int i) { return argc > i ? std::atoi(argv[i]) : 0; };
+
+  if (mode == "env") {
+    for (const char* key : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                            "MASTER_PORT", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                            "DP_LAUNCHER"}) {
+      const char* v = std::getenv(key);
+      std::printf("%s=%s\n", key, v ? v : "<unset>");
+    }
+    return 0;
+  }
+  if (mode == "exit" || mode == "kill" || mode == "stubborn") {
+    const int failing = arg(2);
+    if (mode == "stubborn" && rank != failing) std::signal(SIGTERM, SIG_IGN);  // inherited by the grandchild
+    spawn_grandchild(rank);
+    if (rank != failing) {
+      sleep_s(60);
+      return 0;
+    }
+    wait_for_everyone(world);
+    std::fprintf(stderr, "probe: rank %d fails on purpose\n", rank);  // the launcher must show this first
+    if (mode == "kill") ::raise(SIGKILL);
+    return arg(3);
+  }
+  if (mode == "spawn" || mode == "straggler") {
+    spawn_grandchild(rank);
+    if (mode == "spawn") sleep_s(60);
+    return 0;
+  }
+  if (mode == "sleep") {
+    sleep_s(argc > 2 ? std::atof(argv[2]) : 0);
+    return 0;
+  }
+  if (mode == "partial") {
+    std::printf("no newline here");
+    return 0;
+  }
+  if (mode == "lines") {
+    std::printf("hello from stdout\n");
+    std::printf("[rank %d] own tag\n", rank);
+    std::fflush(stdout);
+    std::fprintf(stderr, "hello from stderr\n");
+    return 0;
+  }
+  std::fprintf(stderr, "launch_probe: unknown mode '%s'\n", mode.c_str());
+  return 64;
+}

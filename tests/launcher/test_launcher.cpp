@@ -1,0 +1,233 @@
+// End-to-end tests of ddp_launch: run the real binary on launch_probe and check what the ranks saw,
+// what the launcher printed, how it exited, and that no process outlived it.
+//
+// Every run is bounded by a watchdog (finish() SIGKILLs a launcher still running after 30 s), so a
+// hang fails the test instead of blocking the suite; ctest adds its own 60 s timeout on top.
+#include "harness.hpp"
+
+#include <algorithm>
+
+using namespace launcher_test;
+
+namespace {
+
+int thread_share(int nproc) { return static_cast<int>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN) / nproc)); }
+
+const std::string kProbe = DP_PROBE_BIN;
+
+}  // namespace
+
+TEST(LauncherEnv, FourRanksSeeTheContract) {
+  Sandbox box;
+  const Result r = run(box, {"--nproc", "4", "--", kProbe, "env"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  const auto ranks = parse_env(r.out);
+  ASSERT_EQ(ranks.size(), 4u) << r.out;
+  const std::string port = ranks.at(0).at("MASTER_PORT");
+  EXPECT_GE(std::stoi(port), 1);
+  EXPECT_LE(std::stoi(port), 65535);
+  for (const auto& [rank, env] : ranks) {
+    EXPECT_EQ(env.at("RANK"), std::to_string(rank));
+    EXPECT_EQ(env.at("LOCAL_RANK"), std::to_string(rank));
+    EXPECT_EQ(env.at("WORLD_SIZE"), "4");
+    EXPECT_EQ(env.at("LOCAL_WORLD_SIZE"), "4");
+    EXPECT_EQ(env.at("GROUP_RANK"), "0");
+    EXPECT_EQ(env.at("MASTER_ADDR"), "127.0.0.1");
+    EXPECT_EQ(env.at("MASTER_PORT"), port) << "all ranks must meet at one port";
+    EXPECT_EQ(env.at("DP_LAUNCHER"), "1");
+    for (const char* key : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"}) {
+      EXPECT_EQ(env.at(key), std::to_string(thread_share(4))) << key;
+    }
+  }
+}
+
+TEST(LauncherEnv, ThreadsFlagAndUserValue) {
+  Sandbox box;
+  auto ranks = parse_env(run(box, {"--nproc", "2", "--threads", "3", "--", kProbe, "env"}).out);
+  ASSERT_EQ(ranks.size(), 2u);
+  EXPECT_EQ(ranks[1]["OMP_NUM_THREADS"], "3");
+  // A value the user exported is left alone; the variables they did not set still get the share.
+  ranks = parse_env(run(box, {"--nproc", "2", "--", kProbe, "env"}, {{"OMP_NUM_THREADS", "7"}}).out);
+  ASSERT_EQ(ranks.size(), 2u);
+  for (auto& [rank, env] : ranks) {
+    EXPECT_EQ(env["OMP_NUM_THREADS"], "7");
+    EXPECT_EQ(env["MKL_NUM_THREADS"], std::to_string(thread_share(2)));
+  }
+}
+
+TEST(LauncherEnv, MultiNodeRankMath) {
+  Sandbox box;
+  const Result r = run(box, {"--nnodes", "2", "--node-rank", "1", "--nproc", "2", "--master-addr", "10.0.0.1",
+                             "--master-port", "29555", "--", kProbe, "env"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  auto ranks = parse_env(r.out);
+  ASSERT_EQ(ranks.size(), 2u) << r.out;
+  for (int local = 0; local < 2; ++local) {
+    auto& env = ranks[2 + local];
+    EXPECT_EQ(env["RANK"], std::to_string(2 + local));
+    EXPECT_EQ(env["LOCAL_RANK"], std::to_string(local));
+    EXPECT_EQ(env["WORLD_SIZE"], "4");
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "2");
+    EXPECT_EQ(env["GROUP_RANK"], "1");
+    EXPECT_EQ(env["MASTER_ADDR"], "10.0.0.1");
+    EXPECT_EQ(env["MASTER_PORT"], "29555");
+  }
+  EXPECT_NE(r.out.find("[rank 3/4] "), std::string::npos);
+  // Several nodes without --master-port: all of them fall back to the same fixed port.
+  ranks = parse_env(run(box, {"--nnodes", "2", "--node-rank", "0", "--", kProbe, "env"}).out);
+  EXPECT_EQ(ranks[0]["MASTER_PORT"], "29500");
+}
+
+TEST(LauncherEnv, ProgramWithoutDoubleDash) {
+  Sandbox box;
+  const Result r = run(box, {"--nproc", "2", kProbe, "env"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(parse_env(r.out).size(), 2u);
+}
+
+TEST(LauncherOutput, PrefixRules) {
+  Sandbox box;
+  const Result r = run(box, {"--nproc", "2", "--", kProbe, "lines"});
+  EXPECT_EQ(r.code, 0);
+  for (const char* line : {"[rank 0/2] hello from stdout\n", "[rank 1/2] hello from stdout\n", "[rank 0] own tag\n",
+                           "[rank 1] own tag\n"}) {
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << " missing from\n" << r.out;
+  }
+  EXPECT_EQ(r.out.find("/2] [rank"), std::string::npos) << "a self-tagged line was tagged again";
+  EXPECT_NE(r.err.find("[rank 1/2] hello from stderr\n"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("hello from stderr"), std::string::npos) << "stderr must stay on stderr";
+}
+
+TEST(LauncherOutput, NoPrefixAndPartialLine) {
+  Sandbox box;
+  Result r = run(box, {"--nproc", "1", "--no-prefix", "--", kProbe, "lines"});
+  EXPECT_EQ(r.out, "hello from stdout\n[rank 0] own tag\n");
+  r = run(box, {"--nproc", "1", "--", kProbe, "partial"});
+  EXPECT_EQ(r.out, "[rank 0/1] no newline here\n");
+}
+
+TEST(LauncherSupervision, SuccessPrintsNothingOfItsOwn) {
+  Sandbox box;
+  const Result r = run(box, {"--nproc", "3", "--", kProbe, "sleep", "0.1"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(LauncherSupervision, FailingRankCodeIsPropagated) {
+  Sandbox box;
+  const Result r = run(box, {"--nproc", "2", "--", kProbe, "exit", "1", "3"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 3);
+  const auto verdict = r.err.find("ddp_launch: rank 1 exited with code 3\n");
+  EXPECT_NE(verdict, std::string::npos) << r.err;
+  // The rank's own last words come before the launcher's verdict on it.
+  EXPECT_LT(r.err.find("[rank 1/2] probe: rank 1 fails on purpose\n"), verdict) << r.err;
+  EXPECT_LT(r.seconds, 8.0);
+  expect_all_gone(box, 4);  // 2 ranks + 2 grandchildren
+}
+
+TEST(LauncherSupervision, KilledRankIsReportedAs137) {
+  Sandbox box;
+  const Result r = run(box, {"--nproc", "3", "--", kProbe, "kill", "1"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 137);
+  EXPECT_NE(r.err.find("ddp_launch: rank 1 was killed by signal 9 (SIGKILL)"), std::string::npos) << r.err;
+  EXPECT_LT(r.seconds, 8.0);
+  expect_all_gone(box, 6);
+}
+
+TEST(LauncherSupervision, RanksIgnoringSigtermGetSigkillAfterTimeout) {
+  Sandbox box;
+  const Result r = run(box, {"--nproc", "2", "--timeout", "1", "--", kProbe, "stubborn", "0", "5"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 5);
+  EXPECT_NE(r.err.find("rank 0 exited with code 5"), std::string::npos) << r.err;
+  EXPECT_GE(r.seconds, 0.9) << "SIGKILL came before the grace period ended";
+  EXPECT_LT(r.seconds, 6.0);
+  expect_all_gone(box, 4);
+}
+
+TEST(LauncherSupervision, LeftoverGrandchildrenAreReapedOnSuccess) {
+  Sandbox box;
+  const Result r = run(box, {"--nproc", "2", "--", kProbe, "straggler"});
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.err, "");
+  EXPECT_LT(r.seconds, 8.0);
+  expect_all_gone(box, 4);
+}
+
+namespace {
+// Sends `sig` to a launcher whose ranks (and their grandchildren) are all up.
+Result interrupt(const Sandbox& box, int sig) {
+  const Running run = start(box, {"--nproc", "2", "--", kProbe, "spawn"});
+  for (int i = 0; i < 1000 && box.recorded_pids().size() < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(run.pid, sig);
+  return finish(run);
+}
+}  // namespace
+
+TEST(LauncherSignals, SigintStopsEveryRank) {
+  Sandbox box;
+  const Result r = interrupt(box, SIGINT);
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 130);
+  EXPECT_NE(r.err.find("ddp_launch: interrupted, stopping 2 ranks"), std::string::npos) << r.err;
+  EXPECT_LT(r.seconds, 8.0);
+  expect_all_gone(box, 4);
+}
+
+TEST(LauncherSignals, SigtermStopsEveryRank) {
+  Sandbox box;
+  const Result r = interrupt(box, SIGTERM);
+  EXPECT_EQ(r.code, 143);
+  expect_all_gone(box, 4);
+}
+
+namespace {
+// Bad input: exit 2 and exactly one line that names the offending value.
+void expect_usage_error(const std::vector<std::string>& args, const std::string& needle) {
+  Sandbox box;
+  const Result r = run(box, args);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_EQ(r.err.rfind("ddp_launch: error: ", 0), 0u) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "'" << needle << "' not in: " << r.err;
+}
+}  // namespace
+
+TEST(LauncherUsage, BadValuesExit2) {
+  expect_usage_error({"--nproc", "0", "--", kProbe, "env"}, "'0'");
+  expect_usage_error({"--nproc", "-3", "--", kProbe, "env"}, "'-3'");
+  expect_usage_error({"--nproc", "abc", "--", kProbe, "env"}, "'abc'");
+  expect_usage_error({"--nnodes", "2", "--node-rank", "2", "--", kProbe, "env"}, "--node-rank 2");
+  expect_usage_error({"--master-port", "70000", "--", kProbe, "env"}, "'70000'");
+  expect_usage_error({"--timeout", "soon", "--", kProbe, "env"}, "'soon'");
+  expect_usage_error({"--nproc", "2"}, "no program");
+  expect_usage_error({"--nproc", "2", "--"}, "no program");
+  expect_usage_error({"--frobnicate", "--", kProbe}, "--frobnicate");
+  expect_usage_error({"--nproc"}, "--nproc");  // value missing: CLI11's own error, still exit 2
+}
+
+TEST(LauncherUsage, MissingProgramExits127) {
+  Sandbox box;
+  const Result r = run(box, {"--nproc", "2", "--", "/nonexistent/program"});
+  EXPECT_EQ(r.code, 127);
+  EXPECT_NE(r.err.find("cannot run '/nonexistent/program'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("exited with code 127"), std::string::npos) << r.err;
+}
+
+TEST(LauncherUsage, HelpExplainsTheContract) {
+  Sandbox box;
+  const Result r = run(box, {"--help"});
+  EXPECT_EQ(r.code, 0);
+  for (const char* text : {"LOCAL_WORLD_SIZE", "MASTER_PORT", "OMP_NUM_THREADS", "DP_LAUNCHER",
+                           "--nproc 2 -- ./build/bin/stage01_allreduce", "--nnodes 2 --node-rank 1",
+                           "--master-addr 10.0.0.1 --master-port 29500"}) {
+    EXPECT_NE(r.out.find(text), std::string::npos) << text;
+  }
+}
