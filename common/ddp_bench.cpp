@@ -10,12 +10,17 @@
 
 namespace dp {
 
+void validate_bench_config(const BenchConfig& cfg, int world) {
+  TransformerConfig::preset(cfg.preset, cfg.context).validate();
+  if (cfg.global_batch % world != 0)
+    throw UsageError(fmt::format("--batch {} cannot be split evenly over {} ranks; use a multiple of {}",
+                                 cfg.global_batch, world, world));
+}
+
 BenchRow bench_ddp(ProcessGroup& pg, const BenchConfig& cfg, const std::string& variant, const MakeGradSync& make,
                    int64_t calls_per_step) {
   const int W = pg.world_size();
-  if (cfg.global_batch % W != 0)
-    throw UsageError(fmt::format("--batch {} cannot be split evenly over {} ranks; use a multiple of {}",
-                                 cfg.global_batch, W, W));
+  validate_bench_config(cfg, W);
   auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
   torch::manual_seed(0);
   auto model = TransformerLM(mcfg);
@@ -41,6 +46,7 @@ BenchRow bench_ddp(ProcessGroup& pg, const BenchConfig& cfg, const std::string& 
     opt.step();
     double s = step.seconds();
     if (i >= cfg.warmup) step_s.push_back(s), comm_s.push_back(c);
+    if (i == 0) maybe_inject_fault(pg.rank());  // hardening tests: a rank dies or hangs mid-training
     // Agree on stopping: every rank must run the same number of steps or the collectives mismatch.
     bool over = budget.seconds() > cfg.budget_s && i + 1 >= cfg.warmup + 1;
     auto votes = pg.all_gather(over ? 1.0 : 0.0);

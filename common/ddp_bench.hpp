@@ -35,6 +35,10 @@ struct BenchRow {
 BenchRow bench_ddp(ProcessGroup& pg, const BenchConfig& cfg, const std::string& variant, const MakeGradSync& make,
                    int64_t calls_per_step = -1);
 
+/// Throws dp::UsageError when `cfg` names an unknown preset or a batch that W ranks cannot split.
+/// Programs call it before their checks, so bad input fails in a second, not after minutes.
+void validate_bench_config(const BenchConfig& cfg, int world);
+
 /// Adds the standard CLI options (--preset, --batch, --context, --warmup, --steps, --budget) to `app`.
 void add_bench_options(CLI::App& app, BenchConfig& cfg, std::string& budget_text);
 

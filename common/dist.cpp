@@ -166,7 +166,7 @@ ProcessGroup ProcessGroup::init_from_env(const DistOptions& opts) {
     if (env.rank == 0 && (msg.find("in use") != std::string::npos || msg.find("bind") != std::string::npos))
       throw UsageError(fmt::format("rank 0 cannot listen on {}:{} ({}); pick a free --master-port "
                                    "or let ddp_launch choose one", env.master_addr, env.master_port, msg));
-    throw std::runtime_error(fmt::format(
+    throw UsageError(fmt::format(
         "rank {}: rendezvous at {}:{} failed within {:.0f} s ({}). Is rank 0 running and MASTER_ADDR reachable? "
         "All {} ranks must start; raise --timeout if they start slowly",
         env.rank, env.master_addr, env.master_port, opts.timeout.count() / 1000.0, msg, env.world_size));

@@ -20,6 +20,7 @@ void Results::add(nlohmann::json row) { rows_.push_back(std::move(row)); }
 void Results::write_json(const std::string& path, const std::string& command) const {
   nlohmann::json doc = {{"benchmark", benchmark_}, {"machine", machine_description()}, {"command", command},
                         {"rows", rows_}};
+  doc.update(meta);
   // Write next to the target and rename: readers never see a half-written file.
   std::string tmp = path + ".tmp";
   {

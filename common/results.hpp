@@ -15,6 +15,8 @@ class Results {
   /// Adds one configuration's measurements.
   void add(nlohmann::json row);
   const std::vector<nlohmann::json>& rows() const { return rows_; }
+  /// Extra top-level fields written beside the rows (e.g. a fitted model).
+  nlohmann::json meta = nlohmann::json::object();
   /// Writes {"benchmark", "machine", "command", "rows": [...]} to `path` (atomically: temp file + rename).
   void write_json(const std::string& path, const std::string& command) const;
   /// A Markdown table with the given columns (JSON keys) and headers; numbers get `precision` digits.

@@ -45,8 +45,13 @@ void print_rank(fmt::format_string<Args...> f, Args&&... args) {
 /// it) torch uses that many threads; otherwise cores / LOCAL_WORLD_SIZE. Returns the count.
 int configure_cpu_threads();
 
-/// Times a 1024x1024 float matmul. Below `warn_below` GFLOP/s it prints a warning with the remedy
-/// (install libopenblas0-pthread). Returns the measured GFLOP/s.
-double check_blas(double warn_below = 8.0, bool quiet = false);
+/// Times a 1024x1024 float matmul and looks at which BLAS library is loaded. With Debian's reference
+/// BLAS (about 2 GFLOP/s instead of tens), or below `warn_below` GFLOP/s, it prints a warning with the
+/// remedy (install libopenblas0-pthread). Returns the measured GFLOP/s.
+double check_blas(double warn_below = 1.0, bool quiet = false);
+
+/// Fault injection for the hardening tests: with DP_FAULT=hang@R rank R blocks forever here, with
+/// DP_FAULT=die@R it is killed by SIGKILL here. Does nothing when DP_FAULT is unset.
+void maybe_inject_fault(int rank);
 
 }  // namespace dp

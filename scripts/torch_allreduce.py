@@ -8,7 +8,7 @@ timed iterations, the slowest rank per iteration, the median), and prints bus ba
     /usr/bin/python3 scripts/torch_allreduce.py --size 100MB --world 2
 Needs Debian's python3-torch (not installed by install_deps.sh; only this comparison uses it).
 """
-import argparse, os, socket, statistics, time
+import argparse, json, os, socket, statistics, sys, time
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 
 UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -46,6 +46,7 @@ def main():
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--json", help="append a row to this results file (benchmark 'allreduce')")
     a = ap.parse_args()
     nbytes = parse_size(a.size)
     with socket.socket() as s:
@@ -59,6 +60,13 @@ def main():
     busbw = algbw * 2 * (a.world - 1) / a.world
     print(f"pytorch {torch.__version__} gloo: {a.size} x {a.world} ranks: median {med*1e3:.3f} ms, "
           f"algbw {algbw:.2f} GB/s, busbw {busbw:.2f} GB/s")
+    if a.json:
+        doc = json.load(open(a.json)) if os.path.exists(a.json) else {"benchmark": "allreduce", "rows": []}
+        doc["rows"].append({"backend": f"gloo (PyTorch {torch.__version__}, Python)", "device": "cpu",
+                            "world_size": a.world, "size": a.size, "bytes": nbytes, "iters": a.iters,
+                            "latency_median_s": med, "algbw_GBps": algbw, "busbw_GBps": busbw})
+        doc["command"] = doc.get("command", "") + "; " + " ".join(["python3"] + sys.argv)
+        json.dump(doc, open(a.json, "w"), indent=2)
 
 if __name__ == "__main__":
     main()

@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
     configure_cpu_threads();
     check_blas();
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
+    if (bench) validate_bench_config(cfg, pg.world_size());  // fail fast on bad input
     run_checks(pg);
 
     if (bench) {

@@ -1,6 +1,7 @@
 // Stages 02 and 03 against single-process training (ranks as threads).
 #include "common/ddp_check.hpp"
 #include "common/runtime.hpp"
+#include "common/models.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
 #include "stages/03_flat/flat_ddp.hpp"
 #include "tests/support/ranks.hpp"
@@ -71,4 +72,24 @@ TEST(CheckCanFail, MissingDivisionIsCaught) {
 TEST(CheckCanFail, MissingBroadcastIsCaught) {
   EXPECT_THROW(dp::testing::run_ranks(2, [&](ProcessGroup& pg) { check_cs336_scenario(pg, "toy", make<NoBroadcast>); }),
                dp::CheckFailed);
+}
+
+// Ranks that built different models are refused at construction, naming the first mismatch.
+TEST(Construction, DifferentModelsAreRefused) {
+  std::vector<std::string> messages(2);
+  dp::testing::run_ranks(2, [&](ProcessGroup& pg) {
+    std::shared_ptr<torch::nn::Module> m;
+    {
+      std::lock_guard<std::mutex> lock(model_init_mutex());
+      m = pg.rank() == 0 ? std::shared_ptr<torch::nn::Module>(make_toy_model("toy"))
+                         : std::shared_ptr<torch::nn::Module>(make_toy_model("mlp"));
+    }
+    try {
+      NaiveDdp ddp(pg, m);
+      ADD_FAILURE() << "construction succeeded on rank " << pg.rank();
+    } catch (const UsageError& e) {
+      messages[pg.rank()] = e.what();
+    }
+  });
+  for (auto& msg : messages) EXPECT_NE(msg.find("different models"), std::string::npos) << msg;
 }

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The tour: every stage in order through the launcher (CPU, Gloo, 2 ranks), each checking itself and
+# printing its key numbers, then one summary table. A few minutes on a 2-core machine.
+#   bash scripts/tour.sh            # the tour (sizes that finish quickly)
+#   bash scripts/tour.sh --full     # also re-run every benchmark behind docs/ and regenerate tables and plots
+set -euo pipefail
+cd "$(dirname "$0")/.."
+full=0
+for a in "$@"; do
+  case $a in
+    --full) full=1 ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    *) echo "tour.sh: unknown option '$a'; use --full or nothing" >&2; exit 2 ;;
+  esac
+done
+bash scripts/build.sh
+PY=/usr/bin/python3; [ -x $PY ] || PY=python3
+L="./build/bin/ddp_launch --nproc ${NPROC:-2} --"
+B=./build/bin
+out=build/tour
+mkdir -p "$out"
+rm -f "$out"/*.json
+
+step() { echo; echo "==== [$1/6] $2"; }
+step 1 "stage 01: all-reduce (demo checked against the closed form, then a short benchmark)"
+$L $B/stage01_allreduce --bench --sizes 1MB,10MB,100MB --iters 10 --json $out/stage01.json
+T="--bench --preset tiny --warmup 1 --steps 3"
+step 2 "stage 02: naive DDP (checked against single-process training, then the tiny Transformer)"
+$L $B/stage02_naive_ddp $T --json $out/stage02.json
+step 3 "stage 03: one flattened all-reduce"
+$L $B/stage03_flat $T --json $out/stage03.json
+step 4 "stage 04: all-reduce from gradient hooks, overlapped with backward"
+$L $B/stage04_overlap $T --json $out/stage04.json
+step 5 "stage 05: gradient buckets"
+$L $B/stage05_bucketed $T --caps 1,10,100 --json $out/stage05.json
+step 6 "stage 06: ZeRO-1 optimizer-state sharding"
+$L $B/stage06_sharded_opt $T --json $out/stage06.json
+
+echo
+echo "==== summary (tiny Transformer, 2 ranks, this machine)"
+$PY scripts/tour_summary.py $out
+
+if [ $full = 1 ]; then
+  echo; echo "==== --full: regenerating every benchmark behind docs/ (small Transformer; takes a while)"
+  bash scripts/bench_docs.sh
+fi

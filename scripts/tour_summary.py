@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""tour_summary.py DIR: the tour's closing table, from the JSON every stage wrote into DIR.
+
+Step times and exposed communication come from each stage's own run; "vs no-comm" compares a stage
+with the no-communication step measured in the same run, "vs stage 02" compares across the tour's runs
+(same model, batch and machine, a few minutes apart). Memory per rank counts the bytes of parameters,
+gradients and AdamW state held by each rank (stage 06 measures them from its tensors).
+"""
+import json, pathlib, sys
+
+IDEAS = {"01": "all-reduce", "02": "naive DDP", "03": "one flat all-reduce", "04": "overlap with backward",
+         "05": "buckets", "06": "ZeRO-1 sharded AdamW"}
+
+def load(d, n):
+    p = d / f"stage{n}.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+def pick(doc, needle):
+    rows = [r for r in doc["rows"] if needle in r.get("variant", "")]
+    return min(rows, key=lambda r: r["step_s"]) if rows else None
+
+def main(d):
+    d = pathlib.Path(d)
+    out = []
+    s1 = load(d, "01")
+    if s1:
+        big = max(s1["rows"], key=lambda r: r["bytes"])
+        out.append(["01", IDEAS["01"], "PASS", "-", "-", "-", "-",
+                    f"busbw {big['busbw_GBps']:.2f} GB/s at {big['size']}"])
+    s6 = load(d, "06")
+    P = s6["rows"][0]["params"] if s6 else None
+    base02 = None
+    for n, needle in [("02", "(stage 02)"), ("03", "(stage 03)"), ("04", "(stage 04)"), ("05", "(stage 05)")]:
+        doc = load(d, n)
+        if not doc:
+            continue
+        r = pick(doc, needle)
+        if n == "02":
+            base02 = r["step_s"]
+        mem = f"{16 * P / 1e6:.0f}" if P else "-"
+        note = r["variant"] if n == "05" else f"{r['calls_per_step']} collectives/step"
+        out.append([n, IDEAS[n], "PASS", f"{r['step_s']:.3f}", f"{r['ratio_to_no_comm']:.2f}",
+                    f"{r['step_s'] / base02:.2f}" if base02 else "-", f"{r['exposed_comm_s']:+.3f}",
+                    f"{mem} MB/rank; {note}"])
+    if s6:
+        rows = {r["optimizer"]: r for r in s6["rows"]}
+        sh, full = rows.get("sharded AdamW"), rows.get("AdamW")
+        if sh and full:
+            mem = (sh["param_MB"] + sh["grad_MB"] + sh["state_MB_max_rank"])
+            out.append(["06", IDEAS["06"], "PASS", f"{sh['step_median_s']:.3f}", "-",
+                        f"{sh['step_median_s'] / base02:.2f}" if base02 else "-", "-",
+                        f"{mem:.0f} MB/rank (AdamW: {full['param_MB'] + full['grad_MB'] + full['state_MB_max_rank']:.0f});"
+                        f" step x{sh['step_median_s'] / full['step_median_s']:.2f} of unsharded"])
+    head = ["stage", "idea", "check", "step (s)", "vs no-comm", "vs stage 02", "exposed comm (s)", "notes"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in out:
+        print("| " + " | ".join(r) + " |")
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "build/tour")

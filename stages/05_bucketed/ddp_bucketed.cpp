@@ -1,0 +1,190 @@
+#include "stages/05_bucketed/ddp_bucketed.hpp"
+
+#include "common/models.hpp"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+namespace dp {
+
+namespace {
+const char* kTwiceMessage =
+    "backward ran twice before finish_gradient_synchronization(): call it after every backward "
+    "(gradient accumulation over several backward passes is not supported)";
+}
+
+DdpBucketed::DdpBucketed(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m, double bucket_cap_mb)
+    : module(std::move(m)), pg_(pg), cap_mb_(bucket_cap_mb) {
+  if (!module) throw std::invalid_argument("DdpBucketed: module is null");
+  // Check the cap before the broadcast: a bad option fails fast and identically on every rank.
+  std::vector<int64_t> bytes;
+  std::vector<bool> trainable;
+  for (auto& [name, p] : unique_named_parameters(*module)) {
+    names_.push_back(name);
+    params_.push_back(p);
+    bytes.push_back(p.numel() * static_cast<int64_t>(p.element_size()));
+    trainable.push_back(p.requires_grad());
+  }
+  assignment_ = assign_buckets(bytes, trainable, cap_mb_);
+  broadcast_parameters(pg_, *module);  // every rank starts from rank 0's weights (frozen ones too)
+
+  // [buffers]
+  slots_.resize(params_.size());
+  for (size_t b = 0; b < assignment_.size(); ++b) {
+    Bucket bucket;
+    bucket.params = assignment_[b];
+    const auto& first = params_[bucket.params.front()];
+    int64_t numel = 0;
+    for (size_t i : bucket.params) {
+      if (params_[i].scalar_type() != first.scalar_type() || params_[i].device() != first.device())
+        throw std::invalid_argument(fmt::format("DdpBucketed: bucket {} mixes dtypes or devices ({} and {})", b,
+                                                names_[bucket.params.front()], names_[i]));
+      slots_[i] = {b, numel, params_[i].numel()};
+      numel += params_[i].numel();
+    }
+    bucket.buffer = torch::zeros({numel}, first.options().requires_grad(false));
+    buckets_.push_back(std::move(bucket));
+  }
+  // [buffers]
+
+  std::vector<torch::Tensor> hooked_params;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].requires_grad()) {
+      hooked_.push_back(i);
+      hooked_params.push_back(params_[i]);
+    }
+  ready_.assign(params_.size(), 0);
+  hooks_ = std::make_unique<AccumulateGradHooks>(
+      hooked_params, [this](size_t h) { check_not_ready(hooked_[h]); },
+      [this](size_t h) { on_gradient_ready(hooked_[h]); });
+}
+
+DdpBucketed::~DdpBucketed() { hooks_.reset(); }
+
+int64_t DdpBucketed::bucket_bytes(size_t b) const {
+  return buckets_.at(b).buffer.numel() * static_cast<int64_t>(buckets_.at(b).buffer.element_size());
+}
+
+std::string DdpBucketed::describe_buckets() const {
+  std::string out;
+  for (size_t b = 0; b < assignment_.size(); ++b) {
+    if (b > 0) out += "\n";
+    out += fmt::format("bucket {}: {} B =", b, bucket_bytes(b));
+    for (size_t i : assignment_[b]) out += " " + names_[i];
+  }
+  return out;
+}
+
+void DdpBucketed::on_train_batch_start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_step_)
+    throw std::logic_error(
+        "DdpBucketed: a new step started while the previous one still has gradients in flight: call "
+        "finish_gradient_synchronization() after every backward");
+}
+
+std::vector<LaunchRecord> DdpBucketed::launches() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return launches_;
+}
+
+// Before AccumulateGrad adds into .grad(). A parameter already copied into its bucket this step means
+// a second backward: its bucket may be on the wire, and the sums would mix two backward passes.
+void DdpBucketed::check_not_ready(size_t i) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ready_[i]) throw std::logic_error(std::string("DdpBucketed: ") + kTwiceMessage + "; parameter " + names_[i]);
+}
+
+// Copy, not view. The bucket holds its own copy of each gradient, and .grad() stays a separate tensor.
+// The alternative (PyTorch's gradient_as_bucket_view=True) makes .grad() a view into the bucket, which
+// saves this copy and one gradient's worth of memory, but only works if nothing ever replaces the
+// .grad() tensor: LibTorch's AccumulateGrad installs a new tensor whenever .grad() is undefined (after
+// zero_grad() in torch 2.x, which sets gradients to undefined by default), and the view is silently
+// lost. A copy is correct whatever the training loop does with .grad(); it costs one memcpy per gradient.
+void DdpBucketed::copy_into_slot(size_t i) {
+  const Slot& s = slots_[i];
+  auto slot = buckets_[s.bucket].buffer.narrow(0, s.offset, s.numel).view(params_[i].sizes());
+  const auto grad = params_[i].grad();
+  if (grad.defined())
+    slot.copy_(grad);
+  else
+    slot.zero_();  // only from finish: a parameter with no gradient at all counts as zero
+}
+
+void DdpBucketed::on_gradient_ready(size_t i) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!in_step_) {  // first gradient of a new backward
+    in_step_ = true;
+    launches_.clear();
+  }
+  // [ready]
+  copy_into_slot(i);
+  ready_[i] = 1;
+  ++buckets_[slots_[i].bucket].ready;
+  launch_complete_buckets_in_order(/*during_backward=*/true);
+  // [ready]
+}
+
+// Launch bucket 0, 1, 2, ... strictly in index order: a complete bucket waits while an earlier one is
+// still incomplete. Gloo matches collectives by their position in each rank's sequence, so every rank
+// must issue the same all-reduces in the same order. Readiness order need not follow bucket order (a
+// parameter registered late but used early in forward, or a tied weight, which is ready only once its
+// use nearest the input has been differentiated), and it is only as deterministic as the autograd
+// engine; bucket index order depends on nothing but the model. Had two ranks launched their buckets in
+// different orders, Gloo would add bucket 1 of one rank to bucket 2 of another: wrong sums if the sizes
+// happen to match, an error or a hang if not.
+void DdpBucketed::launch_complete_buckets_in_order(bool during_backward) {
+  // [launch]
+  while (next_to_launch_ < buckets_.size()) {
+    Bucket& b = buckets_[next_to_launch_];
+    if (b.ready < b.params.size()) break;  // not complete: later buckets wait for it
+    b.work = pg_.all_reduce_async(b.buffer);  // one collective for all of the bucket's gradients
+    launches_.push_back({next_to_launch_, std::chrono::steady_clock::now(), during_backward});
+    ++launched_total_;
+    ++next_to_launch_;
+  }
+  // [launch]
+}
+
+void DdpBucketed::finish_gradient_synchronization() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!in_step_) return;  // no backward since the last call: nothing to do
+  // [finish]
+  // Parameters whose hook did not run (unused in this forward) still owe their slot: fill it with their
+  // current .grad() (zeros if none) so that every bucket completes and every rank launches the same
+  // collectives. As in stage 04 this is only consistent if the same parameters are unused on all ranks.
+  for (size_t i : hooked_)
+    if (!ready_[i]) {
+      copy_into_slot(i);
+      ready_[i] = 1;
+      ++buckets_[slots_[i].bucket].ready;
+    }
+  launch_complete_buckets_in_order(/*during_backward=*/false);
+
+  const int world = pg_.world_size();
+  for (auto& b : buckets_) {
+    b.work.wait();
+    b.buffer.div_(world);  // one division per bucket, not per parameter
+    for (size_t i : b.params) {
+      const Slot& s = slots_[i];
+      auto averaged = b.buffer.narrow(0, s.offset, s.numel).view(params_[i].sizes());
+      if (params_[i].grad().defined())
+        params_[i].mutable_grad().copy_(averaged);
+      else
+        params_[i].mutable_grad() = averaged.clone();
+    }
+  }
+  // [finish]
+  // Reset the per-step state here rather than only in on_train_batch_start(), so that a loop that never
+  // calls on_train_batch_start() still works.
+  for (auto& b : buckets_) {
+    b.ready = 0;
+    b.work = Work();
+  }
+  std::fill(ready_.begin(), ready_.end(), 0);
+  next_to_launch_ = 0;
+  in_step_ = false;
+}
+
+}  // namespace dp

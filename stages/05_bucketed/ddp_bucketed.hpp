@@ -1,0 +1,109 @@
+// Stage 05: bucketed data parallelism. Stage 04 launched one all-reduce per parameter and paid the
+// fixed cost of a collective once per tensor. Here gradients are copied into a few flat buffers
+// ("buckets"), and each bucket is all-reduced with one collective as soon as all its gradients are
+// final, still during backward. The bucket size trades per-call overhead (few large buckets) against
+// overlap (the first bucket can only start once it is full).
+#pragma once
+
+#include "common/ddp_check.hpp"
+#include "common/dist.hpp"
+#include "stages/04_overlap/ddp_overlap.hpp"  // AccumulateGradHooks, LaunchRecord
+#include "stages/05_bucketed/buckets.hpp"
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace dp {
+
+/// Data parallelism with gradient buckets launched from autograd hooks, in bucket order.
+///
+/// Usage, on every rank (the same loop as DdpOverlap):
+///   DdpBucketed ddp(pg, model, 25.0);   // 25 MB buckets
+///   loop: ddp.on_train_batch_start(); opt.zero_grad(); model->forward(...).backward();
+///         ddp.finish_gradient_synchronization(); opt.step();
+/// The process group must outlive this object. All trainable parameters of one bucket must share a
+/// dtype and device (the constructor checks; a std::invalid_argument otherwise).
+class DdpBucketed : public GradSync {
+ public:
+  /// Broadcasts rank 0's parameters and buffers, assigns buckets with assign_buckets() over the unique
+  /// parameters, allocates one flat buffer per bucket and hooks every trainable parameter.
+  /// Throws dp::UsageError when bucket_cap_mb is not positive and finite.
+  DdpBucketed(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module, double bucket_cap_mb);
+  /// Removes the hooks. Does not wait for collectives still in flight (they keep their buffers alive).
+  ~DdpBucketed() override;
+  DdpBucketed(const DdpBucketed&) = delete;
+  DdpBucketed& operator=(const DdpBucketed&) = delete;
+
+  /// The wrapped model (call forward on your own typed pointer to it).
+  std::shared_ptr<torch::nn::Module> module;
+
+  /// Start of a step. The per-step state (ready counts, launched flags) is already reset at the end of
+  /// finish_gradient_synchronization(); this throws std::logic_error if the previous step never finished.
+  void on_train_batch_start() override;
+  /// Same as finish_gradient_synchronization().
+  void after_backward() override { finish_gradient_synchronization(); }
+  /// Completes and launches the buckets not launched yet (a parameter that got no gradient this step
+  /// contributes its current .grad(), zeros if none), waits for all of them, divides by the world size
+  /// and copies each bucket back into the parameters' .grad(). Does nothing when no hook ran since the
+  /// last call.
+  void finish_gradient_synchronization();
+
+  /// Unique parameters (frozen ones too, tied weights once) in registration order; buckets() indexes them.
+  const std::vector<torch::Tensor>& parameters() const { return params_; }
+  const std::vector<std::string>& parameter_names() const { return names_; }
+  /// Indices into parameters() per bucket, bucket 0 (launched first) first.
+  const std::vector<std::vector<size_t>>& buckets() const { return assignment_; }
+  size_t bucket_count() const { return assignment_.size(); }
+  /// Size of bucket b's flat buffer in bytes.
+  int64_t bucket_bytes(size_t b) const;
+  double bucket_cap_mb() const { return cap_mb_; }
+  /// One line per bucket: "bucket 0: 1000 B = fc3.weight" (for printing).
+  std::string describe_buckets() const;
+  /// Bucket all-reduces launched since construction. Lock-free: may be read from another autograd hook.
+  int64_t launched_count() const { return launched_total_.load(); }
+  /// Launches (index = bucket) of the step in progress or, between steps, of the last finished step.
+  std::vector<LaunchRecord> launches() const;
+
+ private:
+  void check_not_ready(size_t param);   // pre-hook: second backward before finish?
+  void on_gradient_ready(size_t param); // post-hook: copy .grad() into its slot, launch what is complete
+  void copy_into_slot(size_t param);
+  void launch_complete_buckets_in_order(bool during_backward);
+
+  struct Bucket {
+    std::vector<size_t> params;  // indices into params_
+    torch::Tensor buffer;        // flat, contiguous: every gradient of the bucket back to back
+    size_t ready = 0;            // gradients copied in this step
+    Work work;                   // this step's all-reduce, once launched
+  };
+  struct Slot {
+    size_t bucket = 0;
+    int64_t offset = 0;  // in elements, into the bucket's buffer
+    int64_t numel = 0;
+  };
+
+  ProcessGroup& pg_;
+  double cap_mb_;
+  std::vector<torch::Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<std::vector<size_t>> assignment_;
+  std::vector<Slot> slots_;            // per parameter in params_ (meaningful for trainable ones)
+  std::vector<size_t> hooked_;         // hook index -> index in params_
+
+  mutable std::mutex mu_;  // hooks run on autograd's thread (another thread for CUDA tensors)
+  std::vector<Bucket> buckets_;
+  std::vector<char> ready_;            // per parameter in params_, this step
+  size_t next_to_launch_ = 0;          // buckets [0, next_to_launch_) are launched this step
+  bool in_step_ = false;
+  std::vector<LaunchRecord> launches_;
+  std::atomic<int64_t> launched_total_{0};
+
+  std::unique_ptr<AccumulateGradHooks> hooks_;  // last member: destroyed first
+};
+
+}  // namespace dp

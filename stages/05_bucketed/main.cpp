@@ -1,0 +1,136 @@
+// Stage 05: gradient buckets. Gradients are copied into a few flat buckets (reverse registration
+// order, about --bucket-mb each); each bucket is all-reduced with one collective as soon as its last
+// gradient is ready, while backward goes on.
+//
+// What it adds: stage 04 overlapped communication with backward but paid a collective's fixed cost
+// once per parameter tensor; stage 03 paid it once but could not overlap. Buckets pay it once per
+// bucket and keep the overlap. The bucket size trades the two: the overhead model below predicts it.
+//
+// Run it:
+//   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed                      # checks only
+//   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed --bench --preset small
+// Correct output: bucket assignments and PASS lines for caps 0.0016, 0.0001 and 0.01 MB; with --bench
+// the overhead model's prediction and one table: no communication, stages 02, 03, 04, and stage 05
+// at each cap in --caps, all measured in the same run.
+//
+// What it leaves for the next stage: every rank still keeps a full copy of the optimizer state
+// (AdamW: two floats per parameter, twice the model). Stage 06 shards it across ranks.
+#include "common/cli.hpp"
+#include "common/ddp_bench.hpp"
+#include "common/runtime.hpp"
+#include "common/transformer.hpp"
+#include "stages/02_naive_ddp/naive_ddp.hpp"
+#include "stages/03_flat/flat_ddp.hpp"
+#include "stages/04_overlap/ddp_overlap.hpp"
+#include "stages/05_bucketed/ddp_bucketed.hpp"
+
+using namespace dp;
+
+template <typename Sync>
+static std::unique_ptr<GradSync> make(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) {
+  return std::make_unique<Sync>(pg, std::move(m));
+}
+
+static void run_checks(ProcessGroup& pg) {
+  // [checks]
+  for (double cap : {0.0016, 0.0001, 0.01}) {
+    for (const char* model : {"toy", "tied"}) {
+      auto make_bucketed = [&](ProcessGroup& g, std::shared_ptr<torch::nn::Module> m) -> std::unique_ptr<GradSync> {
+        auto ddp = std::make_unique<DdpBucketed>(g, std::move(m), cap);
+        print0("{} model, {} MB buckets:\n{}", model, cap, ddp->describe_buckets());
+        return ddp;
+      };
+      check_cs336_scenario(pg, model, make_bucketed);
+      print0("PASS CS336 scenario ({}, {} MB buckets): equals single-process training", model, cap);
+    }
+  }
+  // [checks]
+}
+
+// The overhead model: one all-reduce of b bytes takes about o + b / w. A 4 kB all-reduce is all
+// overhead (4 kB at GB/s is microseconds), so its time is o; a 32 MB one is mostly bytes, so w follows.
+struct CommModel {
+  double o = 0, w = 0;  // seconds per call, bytes per second
+};
+static double median_allreduce_s(ProcessGroup& pg, int64_t bytes) {
+  auto t = torch::zeros({bytes / 4});
+  auto mine = time_iterations([&] { pg.all_reduce(t); }, 3, 15, 5.0);
+  auto counts = pg.all_gather(static_cast<double>(mine.size()));
+  mine.resize(static_cast<size_t>(*std::min_element(counts.begin(), counts.end())));
+  return summarize(max_over_ranks(pg, mine)).median;
+}
+static CommModel measure_comm_model(ProcessGroup& pg) {
+  // [model]
+  const double small = 4e3, large = 32e6;  // bytes
+  const double t_small = median_allreduce_s(pg, static_cast<int64_t>(small));
+  const double t_large = median_allreduce_s(pg, static_cast<int64_t>(large));
+  CommModel m;
+  m.o = t_small;
+  m.w = (large - small) / std::max(t_large - t_small, 1e-9);
+  // [model]
+  return m;
+}
+
+int main(int argc, char** argv) {
+  Cli cli("stage05_bucketed", "Stage 05: bucketed DDP overlapped with backward, with the bucket-size overhead model");
+  BenchConfig cfg;
+  std::string budget = "120s";
+  bool bench = false;
+  std::vector<double> caps{1, 10, 100, 1000};
+  cli.app().add_flag("--bench", bench, "After the checks, benchmark the Transformer");
+  cli.app().add_option("--caps", caps, "Bucket caps to benchmark, in MB (10^6 bytes)")
+      ->delimiter(',')->check(CLI::PositiveNumber);
+  add_bench_options(cli.app(), cfg, budget);
+  if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
+
+  return run_main([&] {
+    cfg.budget_s = parse_seconds(budget, "--budget");
+    configure_cpu_threads();
+    check_blas();
+    auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
+    if (bench) validate_bench_config(cfg, pg.world_size());  // fail fast on bad input
+    run_checks(pg);
+
+    if (bench) {
+      const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
+      const double s = 4.0 * mcfg.num_parameters();  // fp32 gradient bytes per step
+      auto m = measure_comm_model(pg);
+      // After backward, the last bucket (s / n_b bytes) is still to send, and every call costs o:
+      //   t(n_b) = s / (n_b w) + n_b o,  minimised at n_b = sqrt(s / (w o)), i.e. a cap of sqrt(s w o).
+      const double best_cap_mb = std::sqrt(s * m.w * std::max(m.o, 1e-9)) / 1e6;
+      print0("\noverhead model: o = {:.3f} ms per call, w = {:.2f} GB/s, s = {:.1f} MB of gradients -> best cap "
+             "sqrt(s w o) = {:.1f} MB", m.o * 1e3, m.w / 1e9, s / 1e6, best_cap_mb);
+      print0("benchmark: {} Transformer, global batch {}, context {}, AdamW, {} ranks ({})", cfg.preset,
+             cfg.global_batch, cfg.context, pg.world_size(), pg.backend());
+      Results results("stage05");
+      const int W = pg.world_size();
+      const int64_t tensors = mcfg.num_parameter_tensors();
+      // [bench]
+      auto base = bench_ddp(pg, cfg, "no communication", nullptr, 0);
+      record(results, base, base, cfg, W);
+      record(results, bench_ddp(pg, cfg, "naive (stage 02)", make<NaiveDdp>, tensors), base, cfg, W);
+      record(results, bench_ddp(pg, cfg, "flat (stage 03)", make<FlatDdp>, 1), base, cfg, W);
+      record(results, bench_ddp(pg, cfg, "overlap (stage 04)", make<DdpOverlap>, tensors), base, cfg, W);
+      for (double cap : caps) {
+        size_t buckets = 0;
+        auto make_bucketed = [&](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod) -> std::unique_ptr<GradSync> {
+          auto ddp = std::make_unique<DdpBucketed>(g, std::move(mod), cap);
+          buckets = ddp->bucket_count();
+          return ddp;
+        };
+        auto row = bench_ddp(pg, cfg, fmt::format("bucketed {:g} MB (stage 05)", cap), make_bucketed);
+        row.calls = static_cast<int64_t>(buckets);
+        record(results, row, base, cfg, W);
+      }
+      // [bench]
+      results.meta["overhead_model"] = {{"o_s", m.o}, {"w_Bps", m.w}, {"grad_bytes", s},
+                                        {"predicted_best_cap_mb", best_cap_mb}};
+      print0("\n{}", ddp_table(results));
+      if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
+    }
+    pg.barrier();
+    print0("PASS stage 05: bucketed DDP matches single-process training");
+    pg.shutdown();
+    return 0;
+  });
+}

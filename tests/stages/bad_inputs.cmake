@@ -1,0 +1,48 @@
+# Hardening: bad inputs get a message naming the problem and the fix and exit code 2; dead or hung
+# ranks end the run with an error instead of a hang; nothing is left running (expect_exit.sh checks).
+set(S01 $<TARGET_FILE:stage01_allreduce>)
+set(S02 $<TARGET_FILE:stage02_naive_ddp>)
+set(TINY --bench --preset tiny --context 16 --warmup 0 --steps 2)
+
+# name | expected exit | output regex | command...
+function(dp_bad_input name code regex)
+  dp_add_test(bad_input_${name} LABELS "hardening;cli" TIMEOUT 90 COMMAND ${EXPECT} ${code} ${regex} -- ${ARGN})
+endfunction()
+
+foreach(prog stage01_allreduce stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt)
+  set(P $<TARGET_FILE:${prog}>)
+  dp_bad_input(${prog}_unknown_option 2 "--no-such-option" ${P} --no-such-option)
+  dp_bad_input(${prog}_missing_value 2 "--timeout" ${P} --timeout)
+  dp_bad_input(${prog}_bad_timeout 2 "soon" ${P} --timeout soon)
+  dp_bad_input(${prog}_nccl_on_cpu 2 "no NCCL" ${P} --backend nccl)
+  dp_bad_input(${prog}_unknown_backend 2 "mpi" ${P} --backend mpi)
+  dp_bad_input(${prog}_help 0 "Options" ${P} --help)
+  dp_bad_input(${prog}_unreachable_master 2 "rendezvous at 127.0.0.1:9 failed"
+    env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=9 ${P} --timeout 2s)
+  dp_bad_input(${prog}_bad_rank_env 2 "RANK=5 is not below WORLD_SIZE=2" env RANK=5 WORLD_SIZE=2 ${P})
+  dp_add_test(bad_input_${prog}_port_in_use LABELS "hardening;cli" TIMEOUT 90
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/../port_in_use.sh ${P})
+endforeach()
+
+dp_bad_input(stage01_size_unit 2 "unknown unit 'xb'" ${S01} --sizes 1MB,10XB)
+dp_bad_input(stage01_zero_iters 2 "positive" ${S01} --iters 0)
+dp_bad_input(stage01_negative_warmup 2 "warmup" ${S01} --warmup -1)
+dp_bad_input(stage01_bad_budget 2 "budget" ${S01} --budget 5h)
+foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt)
+  set(P $<TARGET_FILE:${prog}>)
+  dp_bad_input(${prog}_zero_steps 2 "steps" ${P} --bench --steps 0)
+  dp_bad_input(${prog}_negative_batch 2 "batch" ${P} --bench --batch -4)
+  dp_bad_input(${prog}_unknown_preset 2 "unknown model size 'huge'" ${P} --bench --preset huge)
+  dp_bad_input(${prog}_batch_not_divisible 2 "cannot be split" ${LAUNCH} --nproc 2 -- ${P} --bench --batch 3)
+endforeach()
+dp_bad_input(stage05_zero_cap 2 "caps" $<TARGET_FILE:stage05_bucketed> --caps 0)
+# A world size the CS336 check cannot split 20 rows over.
+dp_bad_input(stage02_world_size_3 2 "does not divide" ${LAUNCH} --nproc 3 -- ${S02})
+
+# A rank that hangs inside a collective: its peer fails after --timeout, naming the collective.
+dp_add_test(hardening_hung_rank LABELS "hardening;e2e" TIMEOUT 60 COMMAND
+  env DP_FAULT=hang@1 ${EXPECT} 1 "all_gather of [0-9]+ bytes failed" -- ${LAUNCH} --nproc 2 -- ${S01} --timeout 3s)
+# A rank that dies mid-training ends the run within seconds.
+dp_add_test(hardening_dead_rank LABELS "hardening;e2e" TIMEOUT 60 COMMAND
+  env DP_FAULT=die@1 ${EXPECT} "1|137" "rank 1 was killed by signal 9|rank 0 exited with code 1" --
+  ${LAUNCH} --nproc 2 -- ${S02} ${TINY})

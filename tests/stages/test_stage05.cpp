@@ -1,0 +1,357 @@
+// Stage 05 (assign_buckets, DdpBucketed): bucket assignment as a pure function, equivalence with
+// single-process training at the CS336 bucket sizes, in-order launches during backward, misuse
+// errors, and hook removal. Ranks are threads.
+#include "common/ddp_check.hpp"
+#include "common/models.hpp"
+#include "common/runtime.hpp"
+#include "stages/05_bucketed/buckets.hpp"
+#include "stages/05_bucketed/ddp_bucketed.hpp"
+#include "tests/support/ranks.hpp"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace {
+
+using dp::assign_buckets;
+using dp::DdpBucketed;
+using dp::GradSync;
+using dp::ProcessGroup;
+using dp::testing::rng_mutex;
+using dp::testing::run_ranks;
+using Buckets = std::vector<std::vector<size_t>>;
+
+constexpr int kRepeats = 5;  // the CS336 handout: run the DDP tests several times to catch flakiness
+const double kCsCaps[] = {0.0016, 0.0001, 0.01};  // MB, the caps of CS336's test_ddp.py
+
+// Bucket assignment of a model's unique parameters (what DdpBucketed does), without ranks.
+Buckets assignment_of(const torch::nn::Module& m, double cap_mb) {
+  std::vector<int64_t> bytes;
+  std::vector<bool> trainable;
+  for (auto& p : dp::unique_parameters(m)) {
+    bytes.push_back(p.numel() * static_cast<int64_t>(p.element_size()));
+    trainable.push_back(p.requires_grad());
+  }
+  return assign_buckets(bytes, trainable, cap_mb);
+}
+
+std::vector<std::vector<std::string>> names_of(const torch::nn::Module& m, const Buckets& buckets) {
+  auto named = dp::unique_named_parameters(m);
+  std::vector<std::vector<std::string>> out;
+  for (auto& b : buckets) {
+    out.emplace_back();
+    for (size_t i : b) out.back().push_back(named[i].first);
+  }
+  return out;
+}
+
+bool same_on_all_ranks(ProcessGroup& pg, const torch::Tensor& t) {
+  bool same = true;
+  for (auto& other : pg.all_gather(t.contiguous())) same = same && torch::equal(other, t);
+  return same;
+}
+
+struct Local {
+  std::shared_ptr<dp::ToyMLPImpl> model;
+  torch::Tensor x;
+};
+Local make_local(int rank) {
+  std::lock_guard<std::mutex> lock(rng_mutex());
+  torch::manual_seed(100 + rank);
+  return {std::make_shared<dp::ToyMLPImpl>(), torch::randn({8, dp::kToyIn})};
+}
+
+std::shared_ptr<dp::ToyMLPImpl> copy_of(dp::ToyMLPImpl& src) {
+  std::shared_ptr<dp::ToyMLPImpl> dst;
+  {
+    std::lock_guard<std::mutex> lock(rng_mutex());
+    dst = std::make_shared<dp::ToyMLPImpl>();
+  }
+  torch::NoGradGuard no_grad;
+  auto d = dp::unique_parameters(*dst), s = dp::unique_parameters(src);
+  for (size_t i = 0; i < d.size(); ++i) d[i].copy_(s[i]);
+  return dst;
+}
+
+// `late` is registered after `early` but used before it in forward, so its gradient is ready last:
+// with one parameter per bucket, bucket 0 (late) completes after bucket 1 (early).
+// `unused` (registered first, so in the last bucket) is never used in forward.
+struct OutOfOrderImpl : torch::nn::Module {
+  OutOfOrderImpl() {
+    unused = register_parameter("unused", torch::ones({3}));
+    early = register_parameter("early", torch::randn({dp::kToyIn, dp::kToyOut}));
+    late = register_parameter("late", torch::randn({dp::kToyIn, dp::kToyIn}));
+  }
+  torch::Tensor forward(torch::Tensor x) { return torch::matmul(torch::matmul(x, late), early); }
+  torch::Tensor unused, early, late;
+};
+
+// ================================ assign_buckets (no ranks) ========================================
+
+TEST(Stage05Buckets, ReverseOrderAndCapBoundary) {
+  // Reverse order: 3 (400 B) alone, since 400 + 300 > 500; then 2 + 1 = 500 B fits exactly; then 0.
+  EXPECT_EQ(assign_buckets({100, 200, 300, 400}, {true, true, true, true}, 0.0005), (Buckets{{3}, {2, 1}, {0}}));
+  EXPECT_EQ(assign_buckets({100, 200, 300, 400}, {true, true, true, true}, 1.0), (Buckets{{3, 2, 1, 0}}));
+  EXPECT_TRUE(assign_buckets({}, {}, 1.0).empty());
+}
+
+TEST(Stage05Buckets, MegabyteIsTenToTheSixBytes) {
+  EXPECT_EQ(assign_buckets({600000, 400000}, {true, true}, 1.0).size(), 1u);  // exactly 10^6 bytes
+  EXPECT_EQ(assign_buckets({600000, 400001}, {true, true}, 1.0).size(), 2u);
+  EXPECT_EQ(assign_buckets({600000, 448576}, {true, true}, 1.0).size(), 2u);  // 2^20 B would still fit in a MiB
+}
+
+TEST(Stage05Buckets, OversizedParameterGetsItsOwnBucket) {
+  EXPECT_EQ(assign_buckets({5000, 10, 10}, {true, true, true}, 0.001), (Buckets{{2, 1}, {0}}));
+  EXPECT_EQ(assign_buckets({10, 5000, 10}, {true, true, true}, 0.001), (Buckets{{2}, {1}, {0}}));
+  EXPECT_EQ(assign_buckets({5000}, {true}, 0.001), (Buckets{{0}}));
+}
+
+TEST(Stage05Buckets, FrozenParametersAreSkipped) {
+  EXPECT_EQ(assign_buckets({100, 200, 300}, {true, false, true}, 1.0), (Buckets{{2, 0}}));
+  // A frozen parameter takes no room: 300 + 100 fit in 400 B although 200 B sit between them.
+  EXPECT_EQ(assign_buckets({100, 200, 300}, {true, false, true}, 0.0004), (Buckets{{2, 0}}));
+  EXPECT_TRUE(assign_buckets({100, 200}, {false, false}, 1.0).empty());
+}
+
+TEST(Stage05Buckets, BadCapOrInputThrows) {
+  for (double cap : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    try {
+      assign_buckets({100}, {true}, cap);
+      ADD_FAILURE() << "no error for cap " << cap;
+    } catch (const dp::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("MB"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(assign_buckets({100, 200}, {true}, 1.0), std::invalid_argument);
+  EXPECT_THROW(assign_buckets({-1}, {true}, 1.0), std::invalid_argument);
+}
+
+// CS336's ToyModel: trainable fc1.weight 400 B, fc2.fc.weight 2000 B, fc3.weight 1000 B.
+TEST(Stage05Buckets, ToyModelAtCs336Caps) {
+  dp::ToyModel model;
+  using Names = std::vector<std::vector<std::string>>;
+  EXPECT_EQ(names_of(*model, assignment_of(*model, 0.0016)),
+            (Names{{"fc3.weight"}, {"fc2.fc.weight"}, {"fc1.weight"}}));
+  EXPECT_EQ(assignment_of(*model, 0.0001).size(), 3u);
+  EXPECT_EQ(names_of(*model, assignment_of(*model, 0.01)), (Names{{"fc3.weight", "fc2.fc.weight", "fc1.weight"}}));
+}
+
+// CS336's ToyModelWithTiedWeights: fc4.weight is fc2.weight and must be counted once.
+TEST(Stage05Buckets, TiedModelAtCs336CapsCountsTiedWeightOnce) {
+  dp::ToyModelWithTiedWeights model;
+  using Names = std::vector<std::vector<std::string>>;
+  EXPECT_EQ(names_of(*model, assignment_of(*model, 0.0016)),
+            (Names{{"fc5.weight"}, {"fc3.weight"}, {"fc2.weight"}, {"fc1.weight"}}));
+  EXPECT_EQ(assignment_of(*model, 0.0001).size(), 4u);
+  auto one = assignment_of(*model, 0.01);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].size(), 4u);  // 400 + 2000 + 2000 + 1000 = 5400 B, not 7400
+  // Even with an unlimited cap, fc2.weight appears once.
+  EXPECT_EQ(names_of(*model, assignment_of(*model, 1e9)),
+            (Names{{"fc5.weight", "fc3.weight", "fc2.weight", "fc1.weight"}}));
+}
+
+// ================================ DdpBucketed (ranks as threads) ===================================
+
+void scenario(int world, const char* model) {
+  for (double cap : kCsCaps) {
+    auto make = [cap](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) -> std::unique_ptr<GradSync> {
+      return std::make_unique<DdpBucketed>(pg, std::move(m), cap);
+    };
+    for (int rep = 0; rep < kRepeats; ++rep) {
+      SCOPED_TRACE(::testing::Message() << model << ", " << cap << " MB, repeat " << rep);
+      run_ranks(world, [&](ProcessGroup& pg) { dp::check_cs336_scenario(pg, model, make); });
+    }
+  }
+}
+
+TEST(Stage05Bucketed, Cs336ToyWorld2) { scenario(2, "toy"); }
+TEST(Stage05Bucketed, Cs336TiedWorld2) { scenario(2, "tied"); }
+TEST(Stage05Bucketed, Cs336ToyWorld4) { scenario(4, "toy"); }
+TEST(Stage05Bucketed, Cs336TiedWorld4) { scenario(4, "tied"); }
+
+TEST(Stage05Bucketed, ToyMlpExperimentWorld2) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    dp::check_toy_mlp_experiment(pg, [](ProcessGroup& g, std::shared_ptr<torch::nn::Module> m) {
+      return std::unique_ptr<GradSync>(std::make_unique<DdpBucketed>(g, std::move(m), 0.0005));
+    });
+  });
+}
+
+TEST(Stage05Bucketed, BucketCountsMatchAssignment) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    const std::vector<std::pair<const char*, std::vector<size_t>>> expected = {{"toy", {3, 3, 1}}, {"tied", {4, 4, 1}}};
+    for (auto& [name, counts] : expected)
+      for (size_t c = 0; c < 3; ++c) {
+        std::shared_ptr<dp::ToyBase> model;
+        {
+          std::lock_guard<std::mutex> lock(rng_mutex());
+          model = dp::make_toy_model(name);
+        }
+        DdpBucketed ddp(pg, model, kCsCaps[c]);
+        EXPECT_EQ(ddp.bucket_count(), counts[c]) << name << " at " << kCsCaps[c] << " MB\n" << ddp.describe_buckets();
+      }
+  });
+}
+
+TEST(Stage05Bucketed, BadCapThrowsUsageErrorBeforeAnyCollective) {
+  dp::ToyModel model;
+  run_ranks(1, [&](ProcessGroup& pg) {
+    EXPECT_THROW(DdpBucketed(pg, model.ptr(), 0.0), dp::UsageError);
+    EXPECT_THROW(DdpBucketed(pg, model.ptr(), std::nan("")), dp::UsageError);
+  });
+}
+
+// --- Overlap: the first bucket is sent while backward still runs ----------------------------------
+
+TEST(Stage05Bucketed, FirstBucketLaunchedBeforeBackwardFinishes) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto [model, x] = make_local(pg.rank());
+    DdpBucketed ddp(pg, model, 0.0001);  // 100 B: every tensor of the MLP in its own bucket
+    ASSERT_EQ(ddp.bucket_count(), 6u);
+    for (int step = 0; step < 3; ++step) {
+      ddp.on_train_batch_start();
+      model->zero_grad();
+      const int64_t before = ddp.launched_count();
+      int64_t launched_when_fc1_reached = -1;
+      auto h1 = torch::relu(model->fc1(x));
+      h1.register_hook([&](torch::Tensor) { launched_when_fc1_reached = ddp.launched_count() - before; });
+      model->fc3(torch::relu(model->fc2(h1))).pow(2).mean().backward();
+      const auto backward_returned = std::chrono::steady_clock::now();
+      EXPECT_GT(launched_when_fc1_reached, 0) << "no bucket was launched before backward reached fc1";
+      EXPECT_LT(launched_when_fc1_reached, 6);
+      auto launches = ddp.launches();
+      ASSERT_EQ(launches.size(), 6u);
+      EXPECT_EQ(launches.front().index, 0u);
+      EXPECT_LT(launches.front().time, backward_returned);
+      ddp.finish_gradient_synchronization();
+      for (auto& p : dp::unique_parameters(*model)) EXPECT_TRUE(same_on_all_ranks(pg, p.grad()));
+    }
+  });
+}
+
+// A bucket that completes before an earlier one waits for it: launches go 0, 1, 2, ... always.
+TEST(Stage05Bucketed, CompleteBucketWaitsForEarlierOnes) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    std::shared_ptr<OutOfOrderImpl> model;
+    {
+      std::lock_guard<std::mutex> lock(rng_mutex());
+      torch::manual_seed(pg.rank());
+      model = std::make_shared<OutOfOrderImpl>();
+    }
+    // Record the order in which gradients become final, with our own hooks on the same nodes.
+    std::vector<std::string> ready_order;
+    std::vector<std::shared_ptr<torch::autograd::Node>> nodes;
+    for (auto& [name, p] : dp::unique_named_parameters(*model, true)) {
+      nodes.push_back(torch::autograd::impl::grad_accumulator(p));
+      nodes.back()->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [&ready_order, n = name](const torch::autograd::variable_list& out, const torch::autograd::variable_list&) {
+            ready_order.push_back(n);
+            return out;
+          }));
+    }
+    DdpBucketed ddp(pg, model, 0.0001);
+    ASSERT_EQ(ddp.bucket_count(), 3u);
+    EXPECT_EQ(ddp.parameter_names()[ddp.buckets()[0][0]], "late");
+    EXPECT_EQ(ddp.parameter_names()[ddp.buckets()[1][0]], "early");
+    EXPECT_EQ(ddp.parameter_names()[ddp.buckets()[2][0]], "unused");
+    auto x = torch::ones({2, dp::kToyIn}) * (pg.rank() + 1);
+    for (int step = 0; step < 2; ++step) {
+      ready_order.clear();
+      ddp.on_train_batch_start();
+      model->forward(x).pow(2).sum().backward();
+      EXPECT_EQ(ready_order, (std::vector<std::string>{"early", "late"}));  // bucket 1 completes first
+      auto during = ddp.launches();
+      ASSERT_EQ(during.size(), 2u);  // bucket 2 (unused) cannot complete during backward
+      EXPECT_EQ(during[0].index, 0u);
+      EXPECT_EQ(during[1].index, 1u);
+      ddp.finish_gradient_synchronization();
+      auto all = ddp.launches();
+      ASSERT_EQ(all.size(), 3u);
+      EXPECT_EQ(all[2].index, 2u);
+      EXPECT_FALSE(all[2].during_backward);  // completed by finish with a zero gradient
+      ASSERT_TRUE(model->unused.grad().defined());
+      EXPECT_TRUE(torch::equal(model->unused.grad(), torch::zeros({3})));
+      EXPECT_TRUE(same_on_all_ranks(pg, model->late.grad()));
+      EXPECT_TRUE(same_on_all_ranks(pg, model->early.grad()));
+    }
+  });
+}
+
+// --- Misuse: a second backward before finish ------------------------------------------------------
+
+TEST(Stage05Bucketed, SecondBackwardBeforeFinishThrowsWithMessage) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto [model, x] = make_local(pg.rank());
+    DdpBucketed ddp(pg, model, 0.0005);
+    auto copy = copy_of(*model);  // this rank's local gradient, from an unhooked copy
+    copy->forward(x).pow(2).mean().backward();
+    auto first = copy->fc3->weight.grad();
+    ddp.on_train_batch_start();
+    model->forward(x).pow(2).mean().backward();
+    std::string message;
+    try {
+      model->forward(x).pow(2).mean().backward();
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("backward ran twice before finish_gradient_synchronization(): call it after every "
+                           "backward"),
+              std::string::npos)
+        << "message was: " << message;
+    EXPECT_THROW(ddp.on_train_batch_start(), std::logic_error);
+    ddp.finish_gradient_synchronization();
+    auto locals = pg.all_gather(first);
+    EXPECT_TRUE(torch::allclose(model->fc3->weight.grad(), (locals[0] + locals[1]) / 2));
+    EXPECT_NO_THROW(ddp.on_train_batch_start());
+  });
+}
+
+// --- Hooks are removed by the destructor ----------------------------------------------------------
+
+TEST(Stage05Bucketed, DestructorRemovesItsHooksOnly) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto [model, x] = make_local(pg.rank());
+    std::vector<std::shared_ptr<torch::autograd::Node>> nodes;
+    for (auto& p : dp::unique_parameters(*model, true)) nodes.push_back(torch::autograd::impl::grad_accumulator(p));
+    int foreign_calls = 0;
+    nodes[0]->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [&](const torch::autograd::variable_list& out, const torch::autograd::variable_list&) {
+          ++foreign_calls;
+          return out;
+        }));
+    int64_t launched = 0;
+    {
+      DdpBucketed ddp(pg, model, 0.0005);
+      for (size_t i = 0; i < nodes.size(); ++i) {
+        EXPECT_EQ(nodes[i]->post_hooks().size(), i == 0 ? 2u : 1u);
+        EXPECT_EQ(nodes[i]->pre_hooks().size(), 1u);
+      }
+      ddp.on_train_batch_start();
+      model->forward(x).pow(2).mean().backward();
+      ddp.finish_gradient_synchronization();
+      launched = ddp.launched_count();
+      EXPECT_EQ(launched, static_cast<int64_t>(ddp.bucket_count()));
+    }
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      EXPECT_EQ(nodes[i]->post_hooks().size(), i == 0 ? 1u : 0u);
+      EXPECT_TRUE(nodes[i]->pre_hooks().empty());
+    }
+    model->zero_grad();
+    model->forward(x).pow(2).mean().backward();
+    EXPECT_FALSE(same_on_all_ranks(pg, model->fc1->weight.grad()));
+    EXPECT_EQ(foreign_calls, 2);
+  });
+}
+
+}  // namespace

@@ -1,0 +1,42 @@
+// train_probe: a short bucketed-DDP training run that prints a fingerprint of the final parameters,
+// so two launches (for example 1 node x 4 ranks and 2 nodes x 2 ranks) can be compared exactly.
+#include "common/data.hpp"
+#include "common/models.hpp"
+#include "common/runtime.hpp"
+#include "stages/05_bucketed/ddp_bucketed.hpp"
+
+#include <functional>
+
+using namespace dp;
+
+int main() {
+  return run_main([] {
+    configure_cpu_threads();
+    auto pg = ProcessGroup::init_from_env({"gloo", std::chrono::milliseconds(30000)});
+    torch::manual_seed(100 + pg.rank());  // different starts: the broadcast must unify them
+    auto model = make_toy_model("tied");
+    DdpBucketed ddp(pg, model, 0.0016);
+    torch::optim::SGD opt(unique_parameters(*model), torch::optim::SGDOptions(0.05));
+    auto [x, y] = regression_batch(40, kToyIn, kToyOut, 11);
+    for (int step = 0; step < 10; ++step) {
+      ddp.on_train_batch_start();
+      opt.zero_grad();
+      torch::mse_loss(model->forward(shard_rows(x, pg.rank(), pg.world_size())),
+                      shard_rows(y, pg.rank(), pg.world_size()))
+          .backward();
+      ddp.after_backward();
+      opt.step();
+    }
+    // FNV-1a over the raw bytes of every parameter: equal only if bit-identical.
+    uint64_t h = 1469598103934665603ull;
+    for (auto& p : unique_parameters(*model)) {
+      auto c = p.detach().contiguous();
+      auto* b = static_cast<const uint8_t*>(c.data_ptr());
+      for (int64_t i = 0; i < c.numel() * c.element_size(); ++i) h = (h ^ b[i]) * 1099511628211ull;
+    }
+    print0("PARAMS {:016x} world {}", h, pg.world_size());
+    pg.barrier();
+    pg.shutdown();
+    return 0;
+  });
+}
