@@ -37,21 +37,21 @@ def ddp(doc, ax):
 
 def memory(doc, ax):
     rows = doc["rows"]
-    names = [r["variant"] for r in rows]
-    keys = [k for k in ("params_MB", "grads_MB", "optimizer_state_MB") if k in rows[0]]
+    names = [f"{r['optimizer']} ({r['world_size']} ranks)" for r in rows]
+    parts = [("param_MB", "parameters"), ("grad_MB", "gradients"), ("state_MB_max_rank", "optimizer state")]
     left = [0.0] * len(rows)
-    for k in keys:
-        vals = [r[k] for r in rows]
-        ax.barh(names, vals, left=left, label=k.replace("_MB", "").replace("_", " "))
+    for key, label in parts:
+        vals = [r[key] for r in rows]
+        ax.barh(names, vals, left=left, label=label)
         left = [a + b for a, b in zip(left, vals)]
-    if "peak_rss_MB" in rows[0]:
-        ax.scatter([r["peak_rss_MB"] for r in rows], names, color="k", zorder=3, label="peak RSS")
+    ax.scatter([r["expected_MB"] for r in rows], names, color="k", marker="|", s=400, zorder=3,
+               label="4P + 4P + 8P/N")
     ax.invert_yaxis()
-    ax.set_xlabel("MB per rank")
-    ax.set_title("memory per rank")
+    ax.set_xlabel("MB per rank (tensor bytes)")
+    ax.set_title(f"{rows[0]['preset']} Transformer: memory per rank with and without ZeRO-1")
     ax.legend(loc="lower right")
 
-PLOTS = {"allreduce": allreduce, "memory": memory}
+PLOTS = {"allreduce": allreduce, "sharded_optimizer": memory}
 
 def main(paths):
     for p in map(pathlib.Path, paths):

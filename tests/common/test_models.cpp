@@ -193,6 +193,7 @@ TEST(Rope, RotatesInterleavedPairsAndDependsOnlyOnRelativePosition) {
 TEST(TransformerLM, LossDecreasesWithAdam) {
   torch::manual_seed(0);
   auto cfg = dp::TransformerConfig::preset("tiny", 16);
+  cfg.vocab_size = 1000;  // the tiny shape with a smaller vocabulary keeps the test fast
   dp::TransformerLM lm(cfg);
   auto [x, y] = dp::token_batch(4, 16, cfg.vocab_size, 5, 0);
   torch::optim::Adam opt(dp::unique_parameters(*lm), torch::optim::AdamOptions(3e-3));
@@ -206,7 +207,8 @@ TEST(TransformerLM, LossDecreasesWithAdam) {
   }
   // Small initial logits: the first loss is close to ln(V), the loss of a uniform guess.
   EXPECT_NEAR(first, std::log(double(cfg.vocab_size)), 1.0);
-  EXPECT_LT(last, first - 1.0);
+  // Twenty steps on one fixed batch: memorising it should at least halve the loss.
+  EXPECT_LT(last, 0.5 * first);
 }
 
 // --- Data -----------------------------------------------------------------------------------------

@@ -1,0 +1,345 @@
+// ZeRO-1 as ZeroRedundancyOptimizer does it: whole parameters, greedy balance, a plain local optimizer,
+// broadcast from each owner after the step.
+#include "stages/06_sharded_opt/sharded_optimizer.hpp"
+
+#include "common/cli.hpp"
+#include "common/runtime.hpp"
+#include "common/transformer.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <malloc.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+#include <typeinfo>
+#include <unordered_set>
+
+#ifdef DP_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace dp {
+
+namespace optim = torch::optim;
+
+// [partition]
+std::vector<int> partition_greedy(const std::vector<int64_t>& sizes, std::vector<int64_t>& loads) {
+  if (loads.empty()) throw std::invalid_argument("partition_greedy: need at least one rank");
+  std::vector<size_t> order(sizes.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  // Largest first; stable_sort keeps equal sizes in input order, so the result is deterministic.
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
+  std::vector<int> owner(sizes.size(), -1);
+  for (size_t i : order) {
+    // min_element returns the first minimum: ties go to the lowest rank.
+    auto least = std::min_element(loads.begin(), loads.end());
+    owner[i] = static_cast<int>(least - loads.begin());
+    *least += sizes[i];
+  }
+  return owner;
+}
+// [partition]
+
+namespace {
+
+std::string shape_text(const torch::Tensor& t) { return fmt::format("[{}]", fmt::join(t.sizes(), ", ")); }
+
+std::string kind_of(const optim::Optimizer* opt) {
+  if (dynamic_cast<const optim::AdamW*>(opt)) return "adamw";
+  if (dynamic_cast<const optim::Adam*>(opt)) return "adam";
+  if (dynamic_cast<const optim::SGD*>(opt)) return "sgd";
+  return "custom";
+}
+
+template <typename Opt, typename Options>
+MakeLocalOptimizer factory(const Options& defaults) {
+  return [defaults](std::vector<optim::OptimizerParamGroup> groups) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<Opt>(std::move(groups), defaults);
+  };
+}
+
+std::vector<optim::OptimizerParamGroup> one_group(std::vector<torch::Tensor> params) {
+  return {optim::OptimizerParamGroup(std::move(params))};
+}
+
+}  // namespace
+
+ShardedOptimizer::ShardedOptimizer(ProcessGroup& pg, std::vector<optim::OptimizerParamGroup> groups,
+                                   MakeLocalOptimizer make_local)
+    : pg_(&pg), loads_(static_cast<size_t>(pg.world_size()), 0) {
+  // The local optimizer starts empty and receives each group's owned part through add_param_group,
+  // so the constructor and a later add_param_group follow one code path.
+  local_ = make_local({});
+  if (!local_) throw UsageError("ShardedOptimizer: make_local returned no optimizer");
+  kind_ = kind_of(local_.get());
+  for (const auto& g : groups) add_param_group(g);
+}
+
+ShardedOptimizer ShardedOptimizer::adamw(ProcessGroup& pg, std::vector<torch::Tensor> params,
+                                         const optim::AdamWOptions& opts) {
+  return ShardedOptimizer(pg, one_group(std::move(params)), factory<optim::AdamW>(opts));
+}
+ShardedOptimizer ShardedOptimizer::adamw(ProcessGroup& pg, std::vector<optim::OptimizerParamGroup> groups,
+                                         const optim::AdamWOptions& defaults) {
+  return ShardedOptimizer(pg, std::move(groups), factory<optim::AdamW>(defaults));
+}
+ShardedOptimizer ShardedOptimizer::adam(ProcessGroup& pg, std::vector<torch::Tensor> params,
+                                        const optim::AdamOptions& opts) {
+  return ShardedOptimizer(pg, one_group(std::move(params)), factory<optim::Adam>(opts));
+}
+ShardedOptimizer ShardedOptimizer::adam(ProcessGroup& pg, std::vector<optim::OptimizerParamGroup> groups,
+                                        const optim::AdamOptions& defaults) {
+  return ShardedOptimizer(pg, std::move(groups), factory<optim::Adam>(defaults));
+}
+ShardedOptimizer ShardedOptimizer::sgd(ProcessGroup& pg, std::vector<torch::Tensor> params,
+                                       const optim::SGDOptions& opts) {
+  return ShardedOptimizer(pg, one_group(std::move(params)), factory<optim::SGD>(opts));
+}
+ShardedOptimizer ShardedOptimizer::sgd(ProcessGroup& pg, std::vector<optim::OptimizerParamGroup> groups,
+                                       const optim::SGDOptions& defaults) {
+  return ShardedOptimizer(pg, std::move(groups), factory<optim::SGD>(defaults));
+}
+
+// [add_param_group]
+void ShardedOptimizer::add_param_group(const optim::OptimizerParamGroup& group) {
+  const size_t g = groups_.size();
+  // Check everything before changing anything, so a refused group leaves the optimizer as it was.
+  std::vector<torch::Tensor> params;  // this group's distinct new tensors, in the order given
+  std::unordered_set<const void*> seen;
+  for (const auto& p : group.params()) {
+    if (!p.defined()) throw UsageError(fmt::format("add_param_group: group {} holds an undefined tensor", g));
+    const void* key = p.unsafeGetTensorImpl();
+    if (!seen.insert(key).second) continue;  // tied weight listed twice: keep it once
+    if (auto it = slot_of_.find(key); it != slot_of_.end())
+      throw UsageError(fmt::format("add_param_group: a parameter of shape {} is already in group {}",
+                                   shape_text(p), slots_[it->second].group));
+    if (!p.is_leaf())
+      throw UsageError(fmt::format("add_param_group: a tensor of shape {} is not a leaf (can't optimize it)",
+                                   shape_text(p)));
+    params.push_back(p);
+  }
+
+  if (group.has_options() && typeid(group.options()) != typeid(local_->defaults()))
+    throw UsageError(fmt::format("add_param_group: group {} has options of another optimizer than the local {}", g,
+                                 kind_));
+
+  // Owners for the trainable tensors, given what every rank already owns (earlier owners stay).
+  std::vector<size_t> trainable;
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].requires_grad()) trainable.push_back(i), sizes.push_back(params[i].numel());
+  const std::vector<int> owners = partition_greedy(sizes, loads_);
+
+  std::vector<int> owner(params.size(), -1);
+  for (size_t k = 0; k < trainable.size(); ++k) owner[trainable[k]] = owners[k];
+  std::vector<torch::Tensor> mine;
+  for (size_t i = 0; i < params.size(); ++i) {
+    slot_of_[params[i].unsafeGetTensorImpl()] = slots_.size();
+    slots_.push_back({params[i], owner[i], g});
+    if (owner[i] == pg_->rank()) mine.push_back(params[i]);
+  }
+
+  // The wrapper remembers the whole group with its options; the local optimizer gets the owned part.
+  auto options = group.has_options() ? group.options().clone() : local_->defaults().clone();
+  if (mine.empty()) {
+    local_group_.push_back(-1);
+  } else {
+    local_->add_param_group(optim::OptimizerParamGroup(mine, options->clone()));
+    local_group_.push_back(static_cast<int>(local_->param_groups().size()) - 1);
+  }
+  groups_.emplace_back(params, std::move(options));
+}
+// [add_param_group]
+
+// [step]
+void ShardedOptimizer::step() {
+  local_->step();  // only the owned parameters: same per-tensor arithmetic as the unsharded optimizer
+  if (pg_->world_size() == 1) return;
+  // Every rank walks the slots in the same order, so the i-th broadcast matches on every rank.
+  // detach() aliases the parameter's storage without autograd: the broadcast writes into the model.
+  std::vector<torch::Tensor> data;
+  std::vector<Work> pending;
+  data.reserve(slots_.size());
+  for (const auto& s : slots_) {
+    if (s.owner < 0) continue;  // frozen: identical everywhere and never changes
+    data.push_back(s.param.detach());
+    pending.push_back(pg_->broadcast_async(data.back(), s.owner));
+  }
+  for (auto& w : pending) w.wait();
+}
+// [step]
+
+void ShardedOptimizer::zero_grad(bool set_to_none) {
+  for (auto& s : slots_) {
+    auto& grad = s.param.mutable_grad();
+    if (!grad.defined()) continue;
+    if (set_to_none) {
+      grad.reset();
+    } else {
+      grad.detach_();
+      grad.zero_();
+    }
+  }
+}
+
+void ShardedOptimizer::set_lr(size_t g, double lr) {
+  if (g >= groups_.size())
+    throw UsageError(fmt::format("set_lr: group {} does not exist ({} groups)", g, groups_.size()));
+  groups_[g].options().set_lr(lr);
+  if (local_group_[g] >= 0) local_->param_groups()[static_cast<size_t>(local_group_[g])].options().set_lr(lr);
+}
+
+std::vector<torch::Tensor> ShardedOptimizer::parameters() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& s : slots_) out.push_back(s.param);
+  return out;
+}
+
+std::vector<torch::Tensor> ShardedOptimizer::owned_parameters() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& s : slots_)
+    if (s.owner == pg_->rank()) out.push_back(s.param);
+  return out;
+}
+
+int ShardedOptimizer::owner_of(const torch::Tensor& p) const {
+  auto it = slot_of_.find(p.unsafeGetTensorImpl());
+  return it == slot_of_.end() ? -1 : slots_[it->second].owner;
+}
+
+int ShardedOptimizer::group_of(const torch::Tensor& p) const {
+  auto it = slot_of_.find(p.unsafeGetTensorImpl());
+  return it == slot_of_.end() ? -1 : static_cast<int>(slots_[it->second].group);
+}
+
+std::vector<RankShare> ShardedOptimizer::shares() const {
+  std::vector<RankShare> out(static_cast<size_t>(pg_->world_size()));
+  for (size_t r = 0; r < out.size(); ++r) out[r].rank = static_cast<int>(r);
+  for (const auto& s : slots_) {
+    if (s.owner < 0) continue;
+    auto& sh = out[static_cast<size_t>(s.owner)];
+    sh.params += 1;
+    sh.elements += s.param.numel();
+    sh.bytes += s.param.numel() * static_cast<int64_t>(s.param.element_size());
+  }
+  return out;
+}
+
+std::string ShardedOptimizer::describe() const {
+  int64_t trainable = 0, frozen = 0, elements = 0;
+  for (const auto& s : slots_) {
+    if (s.owner < 0) {
+      ++frozen;
+    } else {
+      ++trainable;
+      elements += s.param.numel();
+    }
+  }
+  std::string out = fmt::format("sharded {} over {} ranks: {} trainable tensors, {} elements", kind_,
+                                pg_->world_size(), trainable, with_commas(elements));
+  if (frozen > 0) out += fmt::format(" ({} frozen tensors not sharded)", frozen);
+  for (const auto& sh : shares())
+    out += fmt::format("\n  rank {}: {} tensors, {} elements, {} of parameters", sh.rank, sh.params,
+                       with_commas(sh.elements), format_bytes(static_cast<double>(sh.bytes)));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Memory accounting
+// ---------------------------------------------------------------------------------------------------
+
+int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors) {
+  int64_t n = 0;
+  for (const auto& t : tensors)
+    if (t.defined()) n += t.numel() * static_cast<int64_t>(t.element_size());
+  return n;
+}
+
+int64_t optimizer_state_bytes(const optim::Optimizer& opt) {
+  int64_t n = 0;
+  for (const auto& kv : opt.state()) {
+    const auto* st = kv.second.get();
+    if (auto* a = dynamic_cast<const optim::AdamWParamState*>(st))
+      n += tensor_bytes({a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()});
+    else if (auto* b = dynamic_cast<const optim::AdamParamState*>(st))
+      n += tensor_bytes({b->exp_avg(), b->exp_avg_sq(), b->max_exp_avg_sq()});
+    else if (auto* c = dynamic_cast<const optim::SGDParamState*>(st))
+      n += tensor_bytes({c->momentum_buffer()});
+  }
+  return n;
+}
+
+TrainingBytes count_training_bytes(const torch::nn::Module& model, const optim::Optimizer& opt) {
+  TrainingBytes b;
+  std::unordered_set<const void*> seen;
+  for (const auto& p : model.parameters()) {
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // tied weights once
+    b.params += tensor_bytes({p});
+    b.grads += tensor_bytes({p.grad()});
+  }
+  b.state = optimizer_state_bytes(opt);
+  return b;
+}
+
+// [arithmetic]
+TrainingBytes zero1_expected_bytes(int64_t num_params, int world_size) {
+  TrainingBytes b;
+  b.params = 4 * num_params;                 // fp32 weights: every rank keeps the whole model
+  b.grads = 4 * num_params;                  // fp32 gradients: all-reduced in full, also everywhere
+  b.state = 8 * num_params / world_size;     // AdamW's exp_avg + exp_avg_sq, only for the owned 1/N
+  return b;
+}
+// [arithmetic]
+
+namespace {
+int64_t proc_status_kb(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) != 0) continue;
+    std::istringstream ss(line.substr(field.size() + 1));
+    int64_t kb = 0;
+    ss >> kb;
+    return kb;
+  }
+  return -1;
+}
+}  // namespace
+
+int64_t peak_rss_bytes() {
+  int64_t kb = proc_status_kb("VmHWM");
+  if (kb < 0) {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    kb = ru.ru_maxrss;  // kilobytes on Linux
+  }
+  return kb * 1024;
+}
+
+int64_t current_rss_bytes() {
+  int64_t kb = proc_status_kb("VmRSS");
+  return kb < 0 ? 0 : kb * 1024;
+}
+
+bool reset_peak_rss() {
+  malloc_trim(0);  // freed tensors may still sit in malloc's free lists and count as resident
+  std::ofstream f("/proc/self/clear_refs");
+  if (!f) return false;
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+#ifdef DP_WITH_CUDA
+int64_t cuda_peak_allocated_bytes(int device) {
+  // Index 0 of the stat arrays is the aggregate over small and large pools.
+  return c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[0].peak;
+}
+void reset_cuda_peak(int device) { c10::cuda::CUDACachingAllocator::resetPeakStats(device); }
+#endif
+
+}  // namespace dp

@@ -1,0 +1,592 @@
+// Stage 06: the sharded optimizer (ZeRO-1) must be indistinguishable from the optimizer it wraps, at any
+// world size, and its checkpoints must resume training exactly. Ranks run as threads (run_ranks).
+#include "common/ddp_check.hpp"
+#include "common/models.hpp"
+#include "common/runtime.hpp"
+#include "common/transformer.hpp"
+#include "stages/06_sharded_opt/checkpoint.hpp"
+#include "stages/06_sharded_opt/sharded_optimizer.hpp"
+#include "tests/support/ranks.hpp"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace optim = torch::optim;
+using dp::ProcessGroup;
+using dp::ShardedOptimizer;
+using dp::UsageError;
+using dp::testing::rng_mutex;
+using dp::testing::run_ranks;
+using Groups = std::vector<optim::OptimizerParamGroup>;
+
+// ---------------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------------
+
+template <typename Fn>
+void expect_usage_error(Fn fn, const std::vector<std::string>& needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected dp::UsageError";
+  } catch (const UsageError& e) {
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
+}
+
+// Inside a rank: a failed check throws, so run_ranks reports it (an ASSERT would only leave the thread).
+void require(bool ok, const std::string& what) {
+  if (!ok) throw dp::CheckFailed(what);
+}
+
+// The three optimizers of the tests, with the options of CS336's test for AdamW.
+std::unique_ptr<optim::OptimizerOptions> options_for(const std::string& kind, double lr) {
+  if (kind == "adamw")
+    return std::make_unique<optim::AdamWOptions>(
+        optim::AdamWOptions(lr).weight_decay(0.1).betas(std::make_tuple(0.9, 0.999)).eps(1e-8));
+  if (kind == "adam") return std::make_unique<optim::AdamOptions>(optim::AdamOptions(lr).weight_decay(0.01));
+  return std::make_unique<optim::SGDOptions>(optim::SGDOptions(lr).momentum(0.9));
+}
+
+std::unique_ptr<optim::Optimizer> plain_optimizer(const std::string& kind, Groups groups) {
+  auto d = options_for(kind, 0.1);
+  if (kind == "adamw") return std::make_unique<optim::AdamW>(std::move(groups), static_cast<optim::AdamWOptions&>(*d));
+  if (kind == "adam") return std::make_unique<optim::Adam>(std::move(groups), static_cast<optim::AdamOptions&>(*d));
+  return std::make_unique<optim::SGD>(std::move(groups), static_cast<optim::SGDOptions&>(*d));
+}
+
+dp::MakeLocalOptimizer local_factory(const std::string& kind) {
+  return [kind](Groups groups) { return plain_optimizer(kind, std::move(groups)); };
+}
+
+// The C++ stand-in for Python's deepcopy of the parameters.
+void copy_parameters(torch::nn::Module& dst, torch::nn::Module& src) {
+  torch::NoGradGuard no_grad;
+  auto d = dp::unique_parameters(dst), s = dp::unique_parameters(src);
+  for (size_t i = 0; i < d.size(); ++i) d[i].copy_(s[i]);
+}
+
+struct Batch {
+  torch::Tensor x, y;
+};
+
+// Every rank: seed 42, build the reference model, a second instance with the same values, and the batches
+// (rand(32, 10) inputs, rand(32, 5) targets) from the same generator, so all ranks see the same data.
+struct Pair {
+  std::shared_ptr<dp::ToyBase> ref, shd;
+  std::vector<Batch> batches;
+};
+Pair build_pair(const std::string& model, int steps) {
+  std::lock_guard<std::mutex> lock(rng_mutex());
+  torch::manual_seed(42);
+  Pair p;
+  p.ref = dp::make_toy_model(model);
+  p.shd = dp::make_toy_model(model);
+  copy_parameters(*p.shd, *p.ref);
+  for (int i = 0; i < steps; ++i) {
+    auto x = torch::rand({32, 10});
+    p.batches.push_back({x, torch::rand({32, 5})});
+  }
+  return p;
+}
+
+torch::Tensor loss_of(dp::ToyBase& m, const Batch& b) { return (b.y - m.forward(b.x)).pow(2).sum(); }
+
+// Parameter groups over a model: "one" group of m.parameters() as LibTorch lists them (tied weights
+// twice: the sharded optimizer must dedupe), or "two": fc1.* at lr 0.1 and the rest at lr 0.01.
+Groups make_groups(const std::string& kind, torch::nn::Module& m, const std::string& layout, bool raw_list) {
+  if (layout == "one") {
+    return {optim::OptimizerParamGroup(raw_list ? m.parameters() : dp::unique_parameters(m), options_for(kind, 0.1))};
+  }
+  std::vector<torch::Tensor> first, rest;
+  for (auto& [name, p] : dp::unique_named_parameters(m)) (name.rfind("fc1.", 0) == 0 ? first : rest).push_back(p);
+  Groups g;
+  g.emplace_back(first, options_for(kind, 0.1));
+  g.emplace_back(rest, options_for(kind, 0.01));
+  return g;
+}
+
+// Bit-identical: the CS336 test demands rtol 1e-7 with atol 0, below float32's epsilon.
+void require_same(torch::nn::Module& a, torch::nn::Module& b, const std::string& when) {
+  auto na = dp::unique_named_parameters(a), nb = dp::unique_named_parameters(b);
+  require(na.size() == nb.size(), "models differ in structure");
+  for (size_t i = 0; i < na.size(); ++i) {
+    const auto& x = na[i].second;
+    const auto& y = nb[i].second;
+    if (!torch::equal(x, y)) {
+      double diff = (x - y).abs().max().item<double>();
+      throw dp::CheckFailed(fmt::format("{}: parameter {} differs (max |diff| {:.3g})", when, na[i].first, diff));
+    }
+  }
+}
+
+struct Scenario {
+  std::string model = "toy";
+  std::string kind = "adamw";
+  int world = 2;
+  std::string layout = "one";  // "one" or "two" groups
+  int add_rest_after = -1;     // >= 0: start with fc1.* only, add the other group after this many steps
+  int steps = 10;
+};
+
+std::string describe(const Scenario& s) {
+  return fmt::format("{} {} W={} groups={} add_after={}", s.model, s.kind, s.world, s.layout, s.add_rest_after);
+}
+
+// The CS336 sharded-optimizer test, generalised: after EVERY step the sharded model must equal the model
+// trained by the plain optimizer, frozen parameters must not move, and all ranks must agree.
+void run_scenario(const Scenario& s) {
+  run_ranks(s.world, [&](ProcessGroup& pg) {
+    auto p = build_pair(s.model, s.steps);
+    std::vector<torch::Tensor> frozen_before;
+    for (auto& t : dp::unique_parameters(*p.shd))
+      if (!t.requires_grad()) frozen_before.push_back(t.detach().clone());
+
+    const std::string layout = s.add_rest_after >= 0 ? "two" : s.layout;
+    Groups ref_groups = make_groups(s.kind, *p.ref, layout, false);
+    Groups shd_groups = make_groups(s.kind, *p.shd, layout, true);
+    Groups ref_later, shd_later;
+    if (s.add_rest_after >= 0) {
+      ref_later.push_back(ref_groups.back());
+      shd_later.push_back(shd_groups.back());
+      ref_groups.pop_back();
+      shd_groups.pop_back();
+    }
+    auto ref_opt = plain_optimizer(s.kind, ref_groups);
+    ShardedOptimizer sharded(pg, shd_groups, local_factory(s.kind));
+    require(sharded.kind() == s.kind, "kind() is " + sharded.kind());
+
+    for (int step = 0; step < s.steps; ++step) {
+      if (step == s.add_rest_after) {
+        ref_opt->add_param_group(ref_later[0]);
+        sharded.add_param_group(shd_later[0]);
+      }
+      ref_opt->zero_grad();
+      sharded.zero_grad();
+      loss_of(*p.ref, p.batches[step]).backward();
+      loss_of(*p.shd, p.batches[step]).backward();
+      ref_opt->step();
+      sharded.step();
+      require_same(*p.ref, *p.shd, fmt::format("{}: rank {} after step {}", describe(s), pg.rank(), step + 1));
+    }
+    size_t k = 0;
+    for (auto& t : dp::unique_parameters(*p.shd))
+      if (!t.requires_grad()) require(torch::equal(t, frozen_before[k++]), "a frozen parameter changed");
+    require(dp::parameters_identical_across_ranks(pg, *p.shd), "ranks disagree");
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Partition
+// ---------------------------------------------------------------------------------------------------
+
+TEST(Partition, LargestFirstToLeastLoadedRank) {
+  std::vector<int64_t> loads(2, 0);
+  // 50 -> r0, 40 -> r1, 30 -> r1 (40 < 50), 20 -> r0 (50 < 70), 10 -> r0 (tie 70/70: lowest rank)
+  auto owner = dp::partition_greedy({10, 50, 20, 30, 40}, loads);
+  EXPECT_EQ(owner, (std::vector<int>{0, 0, 0, 1, 1}));
+  EXPECT_EQ(loads, (std::vector<int64_t>{80, 70}));
+}
+
+TEST(Partition, TiesGoToLowestRankAndEqualSizesKeepInputOrder) {
+  std::vector<int64_t> loads(3, 0);
+  EXPECT_EQ(dp::partition_greedy({5, 5, 5, 5}, loads), (std::vector<int>{0, 1, 2, 0}));
+}
+
+TEST(Partition, MoreRanksThanParameters) {
+  std::vector<int64_t> loads(4, 0);
+  EXPECT_EQ(dp::partition_greedy({3, 7}, loads), (std::vector<int>{1, 0}));
+  EXPECT_EQ(loads, (std::vector<int64_t>{7, 3, 0, 0}));
+  std::vector<int64_t> none(4, 0);
+  EXPECT_TRUE(dp::partition_greedy({}, none).empty());
+}
+
+TEST(Partition, StartsFromCurrentLoads) {
+  std::vector<int64_t> loads{100, 0};
+  EXPECT_EQ(dp::partition_greedy({10, 10}, loads), (std::vector<int>{1, 1}));
+}
+
+TEST(Partition, DeterministicAndBalanced) {
+  std::mt19937 gen(7);
+  std::uniform_int_distribution<int64_t> size(1, 1000);
+  std::vector<int64_t> sizes(200);
+  for (auto& s : sizes) s = size(gen);
+  std::vector<int64_t> a(5, 0), b(5, 0);
+  EXPECT_EQ(dp::partition_greedy(sizes, a), dp::partition_greedy(sizes, b));
+  // Greedy largest-first: the spread between ranks never exceeds the largest item.
+  EXPECT_LE(*std::max_element(a.begin(), a.end()) - *std::min_element(a.begin(), a.end()),
+            *std::max_element(sizes.begin(), sizes.end()));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Ownership, zero_grad, errors, memory accounting
+// ---------------------------------------------------------------------------------------------------
+
+TEST(ShardedOptimizer, FourRanksOverToyModelOneRankOwnsNothing) {
+  run_ranks(4, [](ProcessGroup& pg) {
+    auto p = build_pair("toy", 1);
+    auto opt = ShardedOptimizer::adamw(pg, p.shd->parameters(), optim::AdamWOptions(0.1));
+    const auto named = dp::unique_named_parameters(*p.shd);
+    // Trainable sizes: fc1.weight 100, fc2.fc.weight 500, fc3.weight 250 -> ranks 2, 0, 1; rank 3 owns none.
+    std::map<std::string, int> want{{"no_grad_fixed_param", -1}, {"fc1.weight", 2}, {"fc2.fc.weight", 0},
+                                    {"fc2.fc.bias", -1}, {"fc3.weight", 1}};
+    for (const auto& [name, t] : named) require(opt.owner_of(t) == want[name], "owner of " + name);
+    auto shares = opt.shares();
+    require(shares[3].params == 0 && shares[0].elements == 500 && shares[1].bytes == 1000, "shares");
+    require(opt.describe().find("rank 3: 0 tensors") != std::string::npos, opt.describe());
+    // The rank that owns nothing still steps (a no-op) and receives every broadcast.
+    loss_of(*p.shd, p.batches[0]).backward();
+    opt.step();
+    require(pg.rank() != 3 || opt.local().state().empty(), "rank 3 has state");
+    require(dp::parameters_identical_across_ranks(pg, *p.shd), "ranks disagree");
+  });
+}
+
+TEST(ShardedOptimizer, TiedWeightIsOwnedAndSteppedOnce) {
+  run_ranks(4, [](ProcessGroup& pg) {
+    auto p = build_pair("tied", 1);
+    require(p.shd->parameters().size() == 5, "LibTorch lists the tied weight twice");
+    auto opt = ShardedOptimizer::adamw(pg, p.shd->parameters(), optim::AdamWOptions(0.1));
+    require(opt.parameters().size() == 4, "4 distinct tensors");
+    for (const auto& sh : opt.shares()) require(sh.params == 1, "one tensor per rank");
+  });
+}
+
+TEST(ShardedOptimizer, ZeroGradClearsEveryParameterNotOnlyOwned) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto p = build_pair("tied", 1);
+    auto opt = ShardedOptimizer::sgd(pg, p.shd->parameters(), optim::SGDOptions(0.1));
+    loss_of(*p.shd, p.batches[0]).backward();
+    opt.zero_grad();
+    for (auto& t : dp::unique_parameters(*p.shd))
+      require(t.grad().defined() && t.grad().abs().sum().item<double>() == 0, "grad not zero");
+    opt.zero_grad(/*set_to_none=*/true);
+    for (auto& t : dp::unique_parameters(*p.shd)) require(!t.grad().defined(), "grad not cleared");
+  });
+}
+
+TEST(ShardedOptimizer, RefusesDuplicatesNonLeafTensorsAndForeignOptions) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto p = build_pair("toy", 1);
+    auto opt = ShardedOptimizer::adamw(pg, p.shd->parameters(), optim::AdamWOptions(0.1));
+    const size_t before = opt.parameters().size();
+    auto fc1 = dp::unique_named_parameters(*p.shd)[1].second;
+    expect_usage_error([&] { opt.add_param_group(optim::OptimizerParamGroup({fc1})); }, {"already in group 0"});
+    auto non_leaf = fc1 * 2;
+    expect_usage_error([&] { opt.add_param_group(optim::OptimizerParamGroup({non_leaf})); }, {"not a leaf"});
+    require(opt.parameters().size() == before && opt.param_groups().size() == 1, "refused group left traces");
+    expect_usage_error([&] { opt.set_lr(5, 0.1); }, {"group 5"});
+    auto extra = torch::zeros({3}, torch::requires_grad());
+    expect_usage_error(
+        [&] { opt.add_param_group(optim::OptimizerParamGroup({extra}, std::make_unique<optim::SGDOptions>(0.1))); },
+        {"options of another optimizer"});
+  });
+}
+
+TEST(ShardedOptimizer, StateBytesAreOneShareOfTheUnshardedState) {
+  run_ranks(3, [](ProcessGroup& pg) {
+    auto p = build_pair("toy", 1);
+    auto opt = ShardedOptimizer::adamw(pg, p.shd->parameters(), optim::AdamWOptions(0.1));
+    loss_of(*p.shd, p.batches[0]).backward();
+    opt.step();
+    const int64_t owned = dp::count_elements(opt.owned_parameters());
+    auto bytes = dp::count_training_bytes(*p.shd, opt.local());
+    require(bytes.state == 8 * owned, fmt::format("state {} bytes for {} owned elements", bytes.state, owned));
+    require(bytes.params == 4 * (850 + 2 + 50), "params bytes");  // frozen ones are weights too
+    require(bytes.grads == 4 * 850, "grad bytes");
+    auto all = pg.all_gather(static_cast<double>(bytes.state));
+    require(std::accumulate(all.begin(), all.end(), 0.0) == 8.0 * 850, "states must add up to the unsharded state");
+  });
+  auto e = dp::zero1_expected_bytes(1000, 4);
+  EXPECT_EQ(e.params, 4000);
+  EXPECT_EQ(e.grads, 4000);
+  EXPECT_EQ(e.state, 2000);
+  EXPECT_EQ(dp::zero1_expected_bytes(1000, 1).total(), 16000);
+  EXPECT_GT(dp::peak_rss_bytes(), 0);
+  EXPECT_GT(dp::current_rss_bytes(), 0);
+  EXPECT_GE(dp::peak_rss_bytes(), dp::current_rss_bytes());
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Equivalence with the unsharded optimizer (CS336 and variations)
+// ---------------------------------------------------------------------------------------------------
+
+TEST(Cs336, ShardedAdamWEqualsAdamWOnToyModel) { run_scenario({"toy", "adamw", 2}); }
+TEST(Cs336, ShardedAdamWEqualsAdamWOnTiedModel) { run_scenario({"tied", "adamw", 2}); }
+
+// The exact CS336 construction: the convenience constructor and the model's raw parameter list.
+TEST(Cs336, ConvenienceConstructorMatchesPlainAdamW) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    for (const std::string model : {"toy", "tied"}) {
+      auto p = build_pair(model, 10);
+      const auto opts = optim::AdamWOptions(0.1).weight_decay(0.1).betas(std::make_tuple(0.9, 0.999)).eps(1e-8);
+      optim::AdamW ref(dp::unique_parameters(*p.ref), opts);
+      auto shd = ShardedOptimizer::adamw(pg, p.shd->parameters(), opts);
+      for (int step = 0; step < 10; ++step) {
+        ref.zero_grad();
+        shd.zero_grad();
+        loss_of(*p.ref, p.batches[step]).backward();
+        loss_of(*p.shd, p.batches[step]).backward();
+        ref.step();
+        shd.step();
+        require_same(*p.ref, *p.shd, fmt::format("{} step {}", model, step + 1));
+      }
+    }
+  });
+}
+
+using Combo = std::tuple<std::string, std::string, int>;  // model, optimizer, world size
+class Equivalence : public ::testing::TestWithParam<Combo> {};
+
+TEST_P(Equivalence, EveryStepEqualsUnsharded) {
+  auto [model, kind, world] = GetParam();
+  run_scenario({model, kind, world});
+}
+TEST_P(Equivalence, ParamGroupsWithDifferentLearningRates) {
+  auto [model, kind, world] = GetParam();
+  run_scenario({model, kind, world, "two"});
+}
+TEST_P(Equivalence, GroupAddedAfterStep3) {
+  auto [model, kind, world] = GetParam();
+  run_scenario({model, kind, world, "two", 3});
+}
+
+INSTANTIATE_TEST_SUITE_P(Stage06, Equivalence,
+                         ::testing::Combine(::testing::Values("toy", "tied"), ::testing::Values("adamw", "adam", "sgd"),
+                                            ::testing::Values(1, 2, 3, 4)),
+                         [](const ::testing::TestParamInfo<Combo>& info) {
+                           return fmt::format("{}_{}_W{}", std::get<0>(info.param), std::get<1>(info.param),
+                                              std::get<2>(info.param));
+                         });
+
+// ---------------------------------------------------------------------------------------------------
+// DDP + sharded AdamW on the tiny Transformer
+// ---------------------------------------------------------------------------------------------------
+
+TEST(Transformer, DdpWithShardedAdamWEqualsDdpWithAdamW) {
+  constexpr int kWorld = 2, kSteps = 3, kPerRank = 2, kT = 16;
+  run_ranks(kWorld, [&](ProcessGroup& pg) {
+    auto cfg = dp::TransformerConfig::preset("tiny", kT);
+    dp::TransformerLM ref{nullptr}, shd{nullptr};
+    torch::Tensor tokens;
+    {
+      std::lock_guard<std::mutex> lock(rng_mutex());
+      torch::manual_seed(42);
+      ref = dp::TransformerLM(cfg);
+      shd = dp::TransformerLM(cfg);
+      copy_parameters(*shd, *ref);
+      tokens = torch::randint(0, cfg.vocab_size, {kSteps, kWorld * kPerRank, kT + 1}, torch::kInt64);
+    }
+    dp::broadcast_parameters(pg, *ref);
+    dp::broadcast_parameters(pg, *shd);
+    const auto opts = optim::AdamWOptions(1e-3).weight_decay(0.1);
+    optim::AdamW plain(dp::unique_parameters(*ref), opts);
+    auto sharded = ShardedOptimizer::adamw(pg, dp::unique_parameters(*shd), opts);
+    // Data parallel by hand: each rank's rows, gradients summed over ranks and divided by W.
+    auto ddp_step = [&](dp::TransformerLM& m, auto& opt, const torch::Tensor& batch) {
+      opt.zero_grad();
+      auto rows = batch.narrow(0, pg.rank() * kPerRank, kPerRank);
+      dp::lm_loss(m->forward(rows.narrow(1, 0, kT)), rows.narrow(1, 1, kT)).backward();
+      for (auto& p : dp::unique_parameters(*m, true)) {
+        auto g = p.grad();
+        pg.all_reduce(g);
+        g.div_(kWorld);
+      }
+      opt.step();
+    };
+    for (int step = 0; step < kSteps; ++step) {
+      ddp_step(ref, plain, tokens[step]);
+      ddp_step(shd, sharded, tokens[step]);
+      require_same(*ref, *shd, fmt::format("transformer step {}", step + 1));
+    }
+    require(dp::parameters_identical_across_ranks(pg, *shd), "ranks disagree");
+  });
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Checkpoints
+// ---------------------------------------------------------------------------------------------------
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& tag) {
+    path = fs::temp_directory_path() / fmt::format("dp_stage06_{}_{}", tag, ::getpid());
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+// Steps [from, to) of a training run with the batches of build_pair().
+void train(dp::ToyBase& m, ShardedOptimizer& opt, const std::vector<Batch>& batches, int from, int to) {
+  for (int step = from; step < to; ++step) {
+    opt.zero_grad();
+    loss_of(m, batches[step]).backward();
+    opt.step();
+  }
+}
+
+// Saves from a 2-rank run after 3 steps.
+void save_after_three_steps(const std::string& path, const std::string& model, const std::string& kind) {
+  run_ranks(2, [&](ProcessGroup& pg) {
+    auto p = build_pair(model, 6);
+    ShardedOptimizer opt(pg, make_groups(kind, *p.shd, "two", true), local_factory(kind));
+    train(*p.shd, opt, p.batches, 0, 3);
+    dp::save_checkpoint(path, pg, *p.shd, opt);
+  });
+}
+
+using ResumeCombo = std::tuple<std::string, std::string, int>;  // model, optimizer, world size at load
+class Resume : public ::testing::TestWithParam<ResumeCombo> {};
+
+TEST_P(Resume, SaveAtWorld2AfterThreeStepsThenThreeMoreEqualsSixSteps) {
+  auto [model, kind, load_world] = GetParam();
+  TempDir dir("resume");
+  const std::string path = dir.file("ckpt.bin");
+  save_after_three_steps(path, model, kind);
+  auto info = dp::read_checkpoint_info(path);
+  EXPECT_EQ(info.world_size, 2);
+  EXPECT_EQ(info.optimizer, kind);
+  EXPECT_EQ(info.max_step, kind == "sgd" ? 0 : 3);
+
+  // Uninterrupted: the plain optimizer for 6 steps (equal to the sharded one, see the tests above).
+  auto u = build_pair(model, 6);
+  auto plain = plain_optimizer(kind, make_groups(kind, *u.ref, "two", false));
+  for (int step = 0; step < 6; ++step) {
+    plain->zero_grad();
+    loss_of(*u.ref, u.batches[step]).backward();
+    plain->step();
+  }
+
+  run_ranks(load_world, [&](ProcessGroup& pg) {
+    auto p = build_pair(model, 6);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& t : dp::unique_parameters(*p.shd)) t.zero_();  // the load must bring every value back
+    }
+    ShardedOptimizer opt(pg, make_groups(kind, *p.shd, "two", true), local_factory(kind));
+    opt.set_lr(1, 123.0);  // and the learning rates
+    auto got = dp::load_checkpoint(path, pg, *p.shd, opt);
+    require(got.world_size == 2, "saved world size");
+    train(*p.shd, opt, p.batches, 3, 6);
+    require_same(*u.ref, *p.shd, fmt::format("resumed at W={} rank {}", pg.world_size(), pg.rank()));
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Stage06, Resume,
+                         ::testing::Combine(::testing::Values("toy", "tied"), ::testing::Values("adamw", "sgd"),
+                                            ::testing::Values(1, 2, 3)),
+                         [](const ::testing::TestParamInfo<ResumeCombo>& info) {
+                           return fmt::format("{}_{}_loadW{}", std::get<0>(info.param), std::get<1>(info.param),
+                                              std::get<2>(info.param));
+                         });
+
+// Loads `path` into a fresh 2-rank toy model with AdamW and expects UsageError with `needles` on every rank.
+void expect_load_refused(const std::string& path, const std::string& model, const std::string& kind,
+                         const std::vector<std::string>& needles) {
+  std::mutex m;
+  int refused = 0;
+  run_ranks(2, [&](ProcessGroup& pg) {
+    auto p = build_pair(model, 1);
+    auto before = p.shd->parameters()[0].detach().clone();
+    ShardedOptimizer opt(pg, make_groups(kind, *p.shd, "two", true), local_factory(kind));
+    expect_usage_error([&] { dp::load_checkpoint(path, pg, *p.shd, opt); }, needles);
+    require(torch::equal(before, p.shd->parameters()[0]), "a refused load changed the model");
+    std::lock_guard<std::mutex> lock(m);
+    ++refused;
+  });
+  EXPECT_EQ(refused, 2);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+TEST(Checkpoint, TruncatedOrCorruptedFileIsRefusedAsDamaged) {
+  TempDir dir("damaged");
+  const std::string good = dir.file("good.bin"), bad = dir.file("bad.bin");
+  save_after_three_steps(good, "toy", "adamw");
+  const std::string bytes = read_file(good);
+
+  write_file(bad, bytes.substr(0, bytes.size() / 2));
+  expect_load_refused(bad, "toy", "adamw", {"damaged", "truncated"});
+  write_file(bad, bytes.substr(0, 20));
+  expect_load_refused(bad, "toy", "adamw", {"damaged", "header"});
+  std::string flipped = bytes;
+  flipped[flipped.size() - 100] ^= 0x01;  // one bit inside the tensor payload
+  write_file(bad, flipped);
+  expect_load_refused(bad, "toy", "adamw", {"damaged", "checksum"});
+  std::string magic = bytes;
+  magic[0] = 'X';
+  write_file(bad, magic);
+  expect_load_refused(bad, "toy", "adamw", {"damaged", "magic"});
+  expect_load_refused(dir.file("missing.bin"), "toy", "adamw", {"cannot read", "missing.bin"});
+  EXPECT_THROW(dp::read_checkpoint_info(bad), UsageError);
+}
+
+TEST(Checkpoint, OtherModelOrOptimizerIsRefusedNamingTheMismatch) {
+  TempDir dir("mismatch");
+  const std::string tied = dir.file("tied.bin");
+  save_after_three_steps(tied, "tied", "adamw");
+  // ToyMLP's first parameter is also fc1.weight, but [20, 10] instead of [10, 10].
+  expect_load_refused(tied, "mlp", "adamw", {"'fc1.weight'", "[10, 10]", "[20, 10]"});
+  expect_load_refused(tied, "toy", "adamw", {"parameter 0", "'fc1.weight'", "'no_grad_fixed_param'"});
+  expect_load_refused(tied, "tied", "sgd", {"adamw state", "optimizer is sgd"});
+}
+
+TEST(Checkpoint, FailedSaveLeavesThePreviousCheckpointIntact) {
+  TempDir dir("atomic");
+  const std::string path = dir.file("ckpt.bin");
+  save_after_three_steps(path, "toy", "adamw");
+  const std::string before = read_file(path);
+  // PATH.tmp is a directory: creating the temporary file fails (also when running as root, where an
+  // unwritable directory would not stop us).
+  fs::create_directories(path + ".tmp");
+  int failed = 0;
+  std::mutex m;
+  run_ranks(2, [&](ProcessGroup& pg) {
+    auto p = build_pair("toy", 6);
+    ShardedOptimizer opt(pg, make_groups("adamw", *p.shd, "two", true), local_factory("adamw"));
+    train(*p.shd, opt, p.batches, 0, 5);
+    expect_usage_error([&] { dp::save_checkpoint(path, pg, *p.shd, opt); }, {"cannot write checkpoint"});
+    expect_usage_error([&] { dp::save_checkpoint(dir.file("no/such/dir/ckpt.bin"), pg, *p.shd, opt); },
+                       {"cannot write checkpoint", "No such file or directory"});
+    std::lock_guard<std::mutex> lock(m);
+    ++failed;
+  });
+  EXPECT_EQ(failed, 2);
+  EXPECT_EQ(read_file(path), before);
+  EXPECT_EQ(dp::read_checkpoint_info(path).max_step, 3);
+  EXPECT_FALSE(fs::exists(dir.file("no/such/dir/ckpt.bin.tmp")));
+  // A successful save replaces the file and leaves no temporary file behind.
+  fs::remove(path + ".tmp");
+  run_ranks(2, [&](ProcessGroup& pg) {
+    auto p = build_pair("toy", 6);
+    ShardedOptimizer opt(pg, make_groups("adamw", *p.shd, "two", true), local_factory("adamw"));
+    train(*p.shd, opt, p.batches, 0, 5);
+    dp::save_checkpoint(path, pg, *p.shd, opt);
+  });
+  EXPECT_EQ(dp::read_checkpoint_info(path).max_step, 5);
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+}
+
+}  // namespace
