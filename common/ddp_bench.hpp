@@ -21,19 +21,30 @@ struct BenchConfig {
   double budget_s = 120;         ///< stop timing a variant after this long
 };
 
+/// One way of synchronizing gradients to benchmark. `make` is nullptr for the no-communication baseline.
+struct Variant {
+  std::string name;
+  MakeGradSync make;
+};
+
 /// One variant's measurements (seconds; medians over timed steps of the slowest rank).
 struct BenchRow {
   std::string variant;
-  Stats step;     ///< whole step: forward, backward, gradient sync, optimizer
-  Stats comm;     ///< time spent inside GradSync::after_backward (communication not hidden by backward)
-  int64_t calls = 0;  ///< collectives per step (reported by the variant, -1 if unknown)
+  Stats step;            ///< whole step: forward, backward, gradient sync, optimizer
+  Stats comm;            ///< time inside GradSync::after_backward (communication not hidden by backward)
+  int64_t calls = 0;     ///< collectives per step, from GradSync::calls_per_step() (0 for the baseline)
+  double ratio = 1;      ///< median over rounds of (this step / the baseline's step in the same round)
+  int group = 0;         ///< which group of interleaved variants it was measured in
+  double exposed_s = 0;  ///< median step minus the group's no-communication median step
 };
 
-/// Trains the Transformer with AdamW for warmup + steps steps, synchronizing gradients with the
-/// GradSync that `make` builds (nullptr: no communication at all, the baseline every variant is
-/// compared with). Every rank must call it with the same arguments.
-BenchRow bench_ddp(ProcessGroup& pg, const BenchConfig& cfg, const std::string& variant, const MakeGradSync& make,
-                   int64_t calls_per_step = -1);
+/// Benchmarks every variant on the same Transformer, batch and AdamW, with the no-communication
+/// baseline. Variants are *interleaved*: step i of every variant runs before step i+1 of any, so a
+/// machine that drifts (other load, clock changes) shifts all variants alike, and each variant's
+/// ratio to the baseline is taken round by round. When all models do not fit in memory at once (about
+/// 20 bytes per parameter each), the variants are split into groups, each with its own baseline.
+/// Every rank must call it with the same arguments. Rows: the baseline first, then the variants.
+std::vector<BenchRow> bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vector<Variant>& variants);
 
 /// Throws dp::UsageError when `cfg` names an unknown preset or a batch that W ranks cannot split.
 /// Programs call it before their checks, so bad input fails in a second, not after minutes.
@@ -42,8 +53,13 @@ void validate_bench_config(const BenchConfig& cfg, int world);
 /// Adds the standard CLI options (--preset, --batch, --context, --warmup, --steps, --budget) to `app`.
 void add_bench_options(CLI::App& app, BenchConfig& cfg, std::string& budget_text);
 
-/// Adds `row` to `results` with ratios against `baseline` (the no-communication step) and prints a line.
-void record(Results& results, const BenchRow& row, const BenchRow& baseline, const BenchConfig& cfg, int world);
+/// Prints (rank 0) what is benchmarked: model, parameter count and bytes of parameters, gradients and
+/// AdamW state, batch, context and ranks.
+void print_bench_header(const ProcessGroup& pg, const BenchConfig& cfg);
+
+/// Adds every row to `results` (exposed communication and ratios against its group's baseline) and
+/// prints one line per row.
+void record(Results& results, const std::vector<BenchRow>& rows, const BenchConfig& cfg, int world);
 
 /// The table every DDP stage prints.
 std::string ddp_table(const Results& results);

@@ -24,6 +24,8 @@ class GradSync {
   /// Called after loss.backward() and before optimizer.step(): afterwards every trainable
   /// parameter's .grad() holds the average over ranks.
   virtual void after_backward() = 0;
+  /// Collectives this variant issues per training step (for benchmark tables).
+  virtual int64_t calls_per_step() const = 0;
 };
 
 /// Builds a stage's GradSync for `model`. It must make every rank start from rank 0's parameters.

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
+#include <malloc.h>
 #include <thread>
 
 namespace dp {
@@ -51,7 +52,17 @@ int run_main(const std::function<int()>& body) {
   }
 }
 
+// glibc hands large freed blocks back to the kernel (munmap, or trimming the heap) and the next step
+// page-faults them in again: hundreds of MB per training step, and the first steps of a process are
+// slower than later ones while its thresholds adapt. Keeping freed memory in the heap makes step times
+// steady (the reason PyTorch suggests jemalloc or tcmalloc for CPU training).
+static void keep_freed_memory() {
+  mallopt(M_MMAP_THRESHOLD, 512 << 20);  // blocks below 512 MiB come from the heap...
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);    // ...and stay there once freed (up to 1 GiB of slack)
+}
+
 int configure_cpu_threads() {
+  keep_freed_memory();
   // torchrun's rule: ranks that share a machine split its cores, or they oversubscribe and every
   // rank runs slower than one alone. Our launcher exports OMP_NUM_THREADS; honour it (and a user's).
   int n = env_positive("OMP_NUM_THREADS");

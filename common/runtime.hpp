@@ -42,7 +42,8 @@ void print_rank(fmt::format_string<Args...> f, Args&&... args) {
 }
 
 /// Gives this rank its share of the CPU: if OMP_NUM_THREADS is set (our launcher and torchrun set
-/// it) torch uses that many threads; otherwise cores / LOCAL_WORLD_SIZE. Returns the count.
+/// it) torch uses that many threads; otherwise cores / LOCAL_WORLD_SIZE. Also keeps freed memory in
+/// the heap (glibc otherwise returns big blocks to the kernel every step). Returns the thread count.
 int configure_cpu_threads();
 
 /// Times a 1024x1024 float matmul and looks at which BLAS library is loaded. With Debian's reference

@@ -24,7 +24,7 @@ rm -f "$out"/*.json
 step() { echo; echo "==== [$1/6] $2"; }
 step 1 "stage 01: all-reduce (demo checked against the closed form, then a short benchmark)"
 $L $B/stage01_allreduce --bench --sizes 1MB,10MB,100MB --iters 10 --json $out/stage01.json
-T="--bench --preset tiny --warmup 1 --steps 3"
+T="--bench --preset tiny --context 128 --warmup 1 --steps 3"
 step 2 "stage 02: naive DDP (checked against single-process training, then the tiny Transformer)"
 $L $B/stage02_naive_ddp $T --json $out/stage02.json
 step 3 "stage 03: one flattened all-reduce"

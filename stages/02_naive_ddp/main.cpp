@@ -17,7 +17,6 @@
 #include "common/cli.hpp"
 #include "common/ddp_bench.hpp"
 #include "common/runtime.hpp"
-#include "common/transformer.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
 
 using namespace dp;
@@ -58,14 +57,10 @@ int main(int argc, char** argv) {
     run_checks(pg);
 
     if (bench) {
-      print0("\nbenchmark: {} Transformer, global batch {}, context {}, AdamW, {} ranks ({})", cfg.preset,
-             cfg.global_batch, cfg.context, pg.world_size(), pg.backend());
+      print_bench_header(pg, cfg);
       Results results("stage02");
-      // The baseline: the same per-rank work with no communication at all.
-      auto base = bench_ddp(pg, cfg, "no communication", nullptr, 0);
-      record(results, base, base, cfg, pg.world_size());
-      const int64_t calls = TransformerConfig::preset(cfg.preset, cfg.context).num_parameter_tensors();
-      record(results, bench_ddp(pg, cfg, "naive (stage 02)", make_naive, calls), base, cfg, pg.world_size());
+      // The baseline, the same per-rank work with no communication at all, is measured alongside.
+      record(results, bench_variants(pg, cfg, {{"naive (stage 02)", make_naive}}), cfg, pg.world_size());
       print0("\n{}", ddp_table(results));
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     }

@@ -12,7 +12,7 @@ class NaiveDdp : public GradSync {
   NaiveDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module);
   void after_backward() override;
   /// Collectives per step: one per trainable parameter tensor.
-  int64_t calls_per_step() const { return static_cast<int64_t>(params_.size()); }
+  int64_t calls_per_step() const override { return static_cast<int64_t>(params_.size()); }
 
   std::shared_ptr<torch::nn::Module> module;
 

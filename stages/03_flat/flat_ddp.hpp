@@ -12,7 +12,7 @@ class FlatDdp : public GradSync {
   FlatDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module);
   void after_backward() override;
   /// Collectives per step: always one.
-  int64_t calls_per_step() const { return 1; }
+  int64_t calls_per_step() const override { return 1; }
 
   std::shared_ptr<torch::nn::Module> module;
 

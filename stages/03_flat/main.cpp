@@ -16,7 +16,6 @@
 #include "common/cli.hpp"
 #include "common/ddp_bench.hpp"
 #include "common/runtime.hpp"
-#include "common/transformer.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
 #include "stages/03_flat/flat_ddp.hpp"
 
@@ -59,16 +58,12 @@ int main(int argc, char** argv) {
     run_checks(pg);
 
     if (bench) {
-      print0("\nbenchmark: {} Transformer, global batch {}, context {}, AdamW, {} ranks ({})", cfg.preset,
-             cfg.global_batch, cfg.context, pg.world_size(), pg.backend());
+      print_bench_header(pg, cfg);
       Results results("stage03");
       // [bench]
-      // Stage 02's way and stage 03's way in the same run, on the same model: compare ratios.
-      auto base = bench_ddp(pg, cfg, "no communication", nullptr, 0);
-      record(results, base, base, cfg, pg.world_size());
-      const int64_t tensors = TransformerConfig::preset(cfg.preset, cfg.context).num_parameter_tensors();
-      record(results, bench_ddp(pg, cfg, "naive (stage 02)", make_naive, tensors), base, cfg, pg.world_size());
-      record(results, bench_ddp(pg, cfg, "flat (stage 03)", make_flat, 1), base, cfg, pg.world_size());
+      // Stage 02's way and stage 03's way in the same run, taking turns step by step: compare ratios.
+      record(results, bench_variants(pg, cfg, {{"naive (stage 02)", make_naive}, {"flat (stage 03)", make_flat}}),
+             cfg, pg.world_size());
       // [bench]
       print0("\n{}", ddp_table(results));
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));

@@ -89,6 +89,8 @@ class DdpOverlap : public GradSync {
   void on_train_batch_start() override;
   /// Same as finish_gradient_synchronization().
   void after_backward() override { finish_gradient_synchronization(); }
+  /// One all-reduce per trainable parameter tensor.
+  int64_t calls_per_step() const override { return static_cast<int64_t>(params_.size()); }
   /// Waits for every launched all-reduce and divides the gradients by the world size. A trainable
   /// parameter whose hook did not run in this backward (unused in forward) is all-reduced here with its
   /// current .grad() (zeros if it has none). Does nothing when no hook ran since the last call.

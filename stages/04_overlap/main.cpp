@@ -89,14 +89,10 @@ int main(int argc, char** argv) {
     run_checks(pg);
 
     if (bench) {
-      print0("\nbenchmark: {} Transformer, global batch {}, context {}, AdamW, {} ranks ({})", cfg.preset,
-             cfg.global_batch, cfg.context, pg.world_size(), pg.backend());
+      print_bench_header(pg, cfg);
       Results results("stage04");
-      const int64_t tensors = TransformerConfig::preset(cfg.preset, cfg.context).num_parameter_tensors();
-      auto base = bench_ddp(pg, cfg, "no communication", nullptr, 0);
-      record(results, base, base, cfg, pg.world_size());
-      record(results, bench_ddp(pg, cfg, "naive (stage 02)", make_naive, tensors), base, cfg, pg.world_size());
-      record(results, bench_ddp(pg, cfg, "overlap (stage 04)", make_overlap, tensors), base, cfg, pg.world_size());
+      record(results, bench_variants(pg, cfg, {{"naive (stage 02)", make_naive}, {"overlap (stage 04)", make_overlap}}),
+             cfg, pg.world_size());
       print0("\n{}", ddp_table(results));
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     }

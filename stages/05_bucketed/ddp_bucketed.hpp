@@ -47,6 +47,8 @@ class DdpBucketed : public GradSync {
   void on_train_batch_start() override;
   /// Same as finish_gradient_synchronization().
   void after_backward() override { finish_gradient_synchronization(); }
+  /// One all-reduce per bucket.
+  int64_t calls_per_step() const override { return static_cast<int64_t>(bucket_count()); }
   /// Completes and launches the buckets not launched yet (a parameter that got no gradient this step
   /// contributes its current .grad(), zeros if none), waits for all of them, divides by the world size
   /// and copies each bucket back into the parameters' .grad(). Does nothing when no hook ran since the

@@ -100,28 +100,18 @@ int main(int argc, char** argv) {
       const double best_cap_mb = std::sqrt(s * m.w * std::max(m.o, 1e-9)) / 1e6;
       print0("\noverhead model: o = {:.3f} ms per call, w = {:.2f} GB/s, s = {:.1f} MB of gradients -> best cap "
              "sqrt(s w o) = {:.1f} MB", m.o * 1e3, m.w / 1e9, s / 1e6, best_cap_mb);
-      print0("benchmark: {} Transformer, global batch {}, context {}, AdamW, {} ranks ({})", cfg.preset,
-             cfg.global_batch, cfg.context, pg.world_size(), pg.backend());
+      print_bench_header(pg, cfg);
       Results results("stage05");
-      const int W = pg.world_size();
-      const int64_t tensors = mcfg.num_parameter_tensors();
       // [bench]
-      auto base = bench_ddp(pg, cfg, "no communication", nullptr, 0);
-      record(results, base, base, cfg, W);
-      record(results, bench_ddp(pg, cfg, "naive (stage 02)", make<NaiveDdp>, tensors), base, cfg, W);
-      record(results, bench_ddp(pg, cfg, "flat (stage 03)", make<FlatDdp>, 1), base, cfg, W);
-      record(results, bench_ddp(pg, cfg, "overlap (stage 04)", make<DdpOverlap>, tensors), base, cfg, W);
-      for (double cap : caps) {
-        size_t buckets = 0;
-        auto make_bucketed = [&](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod) -> std::unique_ptr<GradSync> {
-          auto ddp = std::make_unique<DdpBucketed>(g, std::move(mod), cap);
-          buckets = ddp->bucket_count();
-          return ddp;
-        };
-        auto row = bench_ddp(pg, cfg, fmt::format("bucketed {:g} MB (stage 05)", cap), make_bucketed);
-        row.calls = static_cast<int64_t>(buckets);
-        record(results, row, base, cfg, W);
-      }
+      std::vector<Variant> variants{{"naive (stage 02)", make<NaiveDdp>},
+                                    {"flat (stage 03)", make<FlatDdp>},
+                                    {"overlap (stage 04)", make<DdpOverlap>}};
+      for (double cap : caps)
+        variants.push_back({fmt::format("bucketed {:g} MB (stage 05)", cap),
+                            [cap](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod) -> std::unique_ptr<GradSync> {
+                              return std::make_unique<DdpBucketed>(g, std::move(mod), cap);
+                            }});
+      record(results, bench_variants(pg, cfg, variants), cfg, pg.world_size());
       // [bench]
       results.meta["overhead_model"] = {{"o_s", m.o}, {"w_Bps", m.w}, {"grad_bytes", s},
                                         {"predicted_best_cap_mb", best_cap_mb}};

@@ -49,6 +49,7 @@ struct SumOnly : GradSync {
     broadcast_parameters(pg, *m);
     module = std::move(m);
   }
+  int64_t calls_per_step() const override { return 0; }
   void after_backward() override {
     for (auto& p : module->parameters())
       if (p.grad().defined()) {
@@ -63,6 +64,7 @@ struct SumOnly : GradSync {
 struct NoBroadcast : GradSync {
   NoBroadcast(ProcessGroup&, std::shared_ptr<torch::nn::Module>) {}
   void after_backward() override {}
+  int64_t calls_per_step() const override { return 0; }
 };
 
 TEST(CheckCanFail, MissingDivisionIsCaught) {
