@@ -28,12 +28,16 @@ def ddp(doc, ax):
     comm = [r["comm_s"] for r in rows]
     ax.barh(names, compute, label="forward + backward + optimizer")
     ax.barh(names, comm, left=compute, label="waiting for gradient sync")
+    # The ratio to the no-communication step of the same round is the comparable number.
+    for i, r in enumerate(rows):
+        ax.text(r["step_s"] * 1.01, i, f"x{r['ratio_to_no_comm']:.2f}", va="center", fontsize=8)
+    ax.set_xlim(0, max(r["step_s"] for r in rows) * 1.15)
     ax.invert_yaxis()
-    ax.set_xlabel("seconds per step (median, slowest rank)")
+    ax.set_xlabel("s per step (median, slowest rank); xN: step / no-comm step of the same round")
     r0 = rows[0]
     ax.set_title(f"{r0['preset']} Transformer, batch {r0['global_batch']}, context {r0['context']}, "
                  f"{r0['world_size']} ranks")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, fontsize=8)
 
 def memory(doc, ax):
     rows = doc["rows"]
@@ -56,7 +60,7 @@ PLOTS = {"allreduce": allreduce, "sharded_optimizer": memory}
 def main(paths):
     for p in map(pathlib.Path, paths):
         doc = json.loads(p.read_text())
-        fig, ax = plt.subplots(figsize=(8, 4.5))
+        fig, ax = plt.subplots(figsize=(8, 5))
         PLOTS.get(doc["benchmark"].split(":")[0], ddp)(doc, ax)
         fig.text(0.01, 0.01, doc.get("machine", ""), fontsize=7, color="gray")
         fig.tight_layout(rect=(0, 0.03, 1, 1))
