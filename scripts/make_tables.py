@@ -16,7 +16,7 @@ COLUMNS = {
     "allreduce": [("backend", "backend", "{}"), ("world_size", "ranks", "{}"), ("size", "size", "{}"),
                   ("iters", "iterations", "{}"), ("latency_median_s", "median latency (ms)", "ms"),
                   ("algbw_GBps", "algbw (GB/s)", "{:.2f}"), ("busbw_GBps", "busbw (GB/s)", "{:.2f}")],
-    "ddp": [("variant", "variant", "{}"), ("calls_per_step", "collectives / step", "{}"),
+    "ddp": [("variant", "variant", "{}"), ("group", "group", "{}"), ("calls_per_step", "collectives / step", "{}"),
             ("step_s", "step (s)", "{:.3f}"), ("comm_s", "waiting in sync (s)", "{:.3f}"),
             ("exposed_comm_s", "exposed comm (s)", "{:+.3f}"), ("ratio_to_no_comm", "step / no-comm", "{:.3f}")],
     "sharded_optimizer": [("optimizer", "optimizer", "{}"), ("world_size", "ranks", "{}"),
@@ -46,7 +46,16 @@ def table(name):
     lines = ["| " + " | ".join(h for _, h, _ in present) + " |", "|" + "---|" * len(present)]
     for r in doc["rows"]:
         lines.append("| " + " | ".join(cell(r, k, f) for k, _, f in present) + " |")
-    lines += ["", f"Measured on: {doc['machine']}.  ", f"Command: `{doc['command']}`"]
+    # The programs record their own argv; they ran under the launcher with this many ranks.
+    world = doc["rows"][0].get("world_size", 1)
+    cmds = [c.strip() for c in doc["command"].split(";") if c.strip()]
+    cmds = [f"./build/bin/ddp_launch --nproc {world} -- {c}" if c.startswith("./build/bin/stage") else c
+            for c in cmds]
+    lines += ["", f"Measured on: {doc['machine']}.  ", "Command: " + "; ".join(f"`{c}`" for c in cmds)]
+    if kind == "ddp" and any(r.get("group", 0) for r in doc["rows"]):
+        lines += ["", "Variants that did not fit in memory together ran in groups, each with its own "
+                  "no-communication baseline; \"exposed comm\" and \"step / no-comm\" refer to the baseline of "
+                  "the same group."]
     return "\n".join(lines)
 
 def main():
