@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/expect.hpp"
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -15,15 +17,7 @@ namespace {
 using dp::UsageError;
 
 // Expects `fn` to throw dp::UsageError whose message contains every string in `needles`.
-template <typename Fn>
-void expect_usage_error(Fn fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected dp::UsageError";
-  } catch (const UsageError& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
-  }
-}
+using dp::testing::expect_usage_error;
 
 // --- Toy models ---------------------------------------------------------------------------------
 

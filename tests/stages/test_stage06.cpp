@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include "tests/support/expect.hpp"
 #include <unistd.h>
 
 #include <filesystem>
@@ -35,15 +37,7 @@ using Groups = std::vector<optim::OptimizerParamGroup>;
 // Helpers
 // ---------------------------------------------------------------------------------------------------
 
-template <typename Fn>
-void expect_usage_error(Fn fn, const std::vector<std::string>& needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected dp::UsageError";
-  } catch (const UsageError& e) {
-    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
-  }
-}
+using dp::testing::expect_usage_error;
 
 // Inside a rank: a failed check throws, so run_ranks reports it (an ASSERT would only leave the thread).
 void require(bool ok, const std::string& what) {

@@ -1,0 +1,23 @@
+// Shared GoogleTest helper: the call must throw dp::UsageError whose message contains every needle.
+#pragma once
+
+#include "common/runtime.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace dp::testing {
+
+template <typename Fn>
+void expect_usage_error(Fn fn, const std::vector<std::string>& needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected dp::UsageError";
+  } catch (const UsageError& e) {
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace dp::testing
