@@ -17,8 +17,10 @@ struct BenchConfig {
   int64_t global_batch = 4;      ///< sequences per step, split evenly over the ranks
   int64_t context = 128;         ///< tokens per sequence
   int warmup = 2;                ///< untimed steps
-  int steps = 5;                 ///< timed steps (fewer if the budget runs out)
-  double budget_s = 120;         ///< stop timing a variant after this long
+  int steps = 10;                ///< timed steps (rounds); fewer only if --budget cuts them, which is reported
+  std::string budget;            ///< --budget text; empty: no budget
+  double budget_s = 0;           ///< stop timing after this long (0: never); set by validate_bench_config
+  std::string trace;             ///< --trace FILE: Chrome trace of the timed steps; empty: none
 };
 
 /// One way of synchronizing gradients to benchmark. `make` is nullptr for the no-communication baseline.
@@ -27,39 +29,55 @@ struct Variant {
   MakeGradSync make;
 };
 
-/// One variant's measurements (seconds; medians over timed steps of the slowest rank).
+/// One variant's measurements. Every per-round sample is the slowest rank's (the next step cannot start
+/// before it is done); round i of every variant ran back to back, so ratios are taken round by round.
 struct BenchRow {
   std::string variant;
-  Stats step;            ///< whole step: forward, backward, gradient sync, optimizer
-  Stats comm;            ///< time inside GradSync::after_backward (communication not hidden by backward)
-  int64_t calls = 0;     ///< collectives per step, from GradSync::calls_per_step() (0 for the baseline)
-  double ratio = 1;      ///< median over rounds of (this step / the baseline's step in the same round)
-  int group = 0;         ///< which group of interleaved variants it was measured in
-  double exposed_s = 0;  ///< median step minus the group's no-communication median step
+  std::string baseline;                ///< the no-communication row its ratios use
+  int group = 0;                       ///< which group of interleaved variants it was measured in
+  int64_t calls = 0;                   ///< collectives per step, from GradSync::calls_per_step()
+  std::vector<double> step_s;          ///< whole step per round: forward, backward, sync, optimizer
+  std::vector<double> baseline_s;      ///< the baseline's step in the same rounds
+  Stats step, sync, forward, backward, optimizer;  ///< medians etc. ("sync": inside after_backward)
+  std::vector<double> ratio;           ///< per round: step / baseline step
+  std::vector<double> overlap;         ///< per round: overlap efficiency (empty for the baseline)
+  std::vector<double> speedup;         ///< per round: single-process step / this step (same global batch)
+};
+
+/// What bench_variants() measured besides the rows.
+struct BenchRun {
+  std::vector<BenchRow> rows;         ///< each group's baseline first, then its variants
+  std::vector<double> flat_allreduce; ///< per round: one all-reduce of all gradients (the communication time)
+  std::vector<double> single_process; ///< per round: rank 0 alone, whole global batch, all of its cores
+  int steps_requested = 0;
+  bool cut_by_budget = false;
 };
 
 /// Benchmarks every variant on the same Transformer, batch and AdamW, with the no-communication
 /// baseline. Variants are *interleaved*: step i of every variant runs before step i+1 of any, so a
-/// machine that drifts (other load, clock changes) shifts all variants alike, and each variant's
-/// ratio to the baseline is taken round by round. When all models do not fit in memory at once (about
-/// 20 bytes per parameter each), the variants are split into groups, each with its own baseline.
-/// Every rank must call it with the same arguments. Rows: the baseline first, then the variants.
-std::vector<BenchRow> bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vector<Variant>& variants);
+/// machine that drifts (other load, clock changes) shifts all variants alike. Each round also times one
+/// flat all-reduce of all gradients (what communication costs when nothing hides it) and, on rank 0 with
+/// every core of its machine while the others wait, one single-process step on the whole global batch.
+/// When all models do not fit in memory at once (about 20 bytes per parameter each), the variants are
+/// split into groups, each with its own baseline row. Every rank must call it with the same arguments.
+/// With cfg.trace set, the timed steps are recorded (common/trace.hpp) and written there.
+BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vector<Variant>& variants);
 
-/// Throws dp::UsageError when `cfg` names an unknown preset or a batch that W ranks cannot split.
-/// Programs call it before their checks, so bad input fails in a second, not after minutes.
-void validate_bench_config(const BenchConfig& cfg, int world);
+/// Throws dp::UsageError when `cfg` names an unknown preset, a batch that W ranks cannot split, a bad
+/// budget or an unwritable trace path. Programs call it before their checks, so bad input fails at once.
+void validate_bench_config(BenchConfig& cfg, int world);
 
-/// Adds the standard CLI options (--preset, --batch, --context, --warmup, --steps, --budget) to `app`.
-void add_bench_options(CLI::App& app, BenchConfig& cfg, std::string& budget_text);
+/// Adds the standard CLI options (--preset, --batch, --context, --warmup, --steps, --budget, --trace) to
+/// `app`; --trace needs the program's --bench flag, which must already be defined.
+void add_bench_options(CLI::App& app, BenchConfig& cfg);
 
 /// Prints (rank 0) what is benchmarked: model, parameter count and bytes of parameters, gradients and
-/// AdamW state, batch, context and ranks.
+/// AdamW state, batch, context, ranks and the link (loopback, or the rate of a simulated network).
 void print_bench_header(const ProcessGroup& pg, const BenchConfig& cfg);
 
-/// Adds every row to `results` (exposed communication and ratios against its group's baseline) and
-/// prints one line per row.
-void record(Results& results, const std::vector<BenchRow>& rows, const BenchConfig& cfg, int world);
+/// Adds every row to `results` with its samples and derived figures (ratio, exposed communication,
+/// overlap efficiency, tokens/s, speedup over one process) and prints one line per row (rank 0).
+void record(Results& results, const BenchRun& run, const BenchConfig& cfg, int world);
 
 /// The table every DDP stage prints.
 std::string ddp_table(const Results& results);

@@ -4,6 +4,7 @@
 
 #include "common/c10d_compat.hpp"
 #include "common/runtime.hpp"
+#include "common/trace.hpp"
 
 #include <fmt/format.h>
 
@@ -76,6 +77,7 @@ void Work::wait() {
   } catch (const std::exception& e) {
     throw std::runtime_error(fmt::format("{} failed: {}", what_, first_line(e)));
   }
+  trace::collective_done(trace_id_);  // no-op when the completion callback already recorded it
 }
 
 bool Work::completed() const {
@@ -178,39 +180,58 @@ ProcessGroup::ProcessGroup(ProcessGroup&&) noexcept = default;
 ProcessGroup& ProcessGroup::operator=(ProcessGroup&&) noexcept = default;
 ProcessGroup::~ProcessGroup() = default;
 
-// Every collective goes through run(): it wraps the handle and names the collective in errors,
-// so a dead or hung peer surfaces as "all_reduce of 400 bytes failed: ... timed out".
-static Work wrap(compat::WorkPtr w, std::string what) {
-  return Work(std::make_shared<compat::WorkPtr>(std::move(w)), std::move(what));
+// Every collective goes through wrap(): it wraps the handle and names the collective in errors,
+// so a dead or hung peer surfaces as "all_reduce of 400 bytes failed: ... timed out". When a trace is
+// being recorded it also notes the launch, and the completion through the collective's own future,
+// which fires when the backend finishes the work, whoever waits for it and whenever.
+static Work wrap(compat::WorkPtr w, std::string what, int64_t trace_id = -1) {
+  if (trace_id >= 0) {
+    try {
+      w->getFuture()->addCallback([trace_id](c10::ivalue::Future&) { trace::collective_done(trace_id); });
+    } catch (const std::exception&) {
+      // A backend without futures: the completion is taken when somebody waits (Work::wait()).
+    }
+  }
+  return Work(std::make_shared<compat::WorkPtr>(std::move(w)), std::move(what), trace_id);
 }
 
 static std::string describe(const char* op, const torch::Tensor& t) {
   return fmt::format("{} of {} bytes", op, t.numel() * t.element_size());
 }
 
-Work ProcessGroup::all_reduce_async(torch::Tensor& t) {
+static int64_t trace_launch(const char* op, const torch::Tensor& t, const std::string& label) {
+  if (!trace::recording()) return -1;
+  return trace::collective_launched(op, label, t.numel() * static_cast<int64_t>(t.element_size()));
+}
+
+Work ProcessGroup::all_reduce_async(torch::Tensor& t, const std::string& label) {
   std::vector<at::Tensor> v{t};
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::SUM;
-  return wrap(impl_->comm->allreduce(v, o), describe("all_reduce", t));
+  const int64_t id = trace_launch("all_reduce", t, label);
+  return wrap(impl_->comm->allreduce(v, o), describe("all_reduce", t), id);
 }
 
-void ProcessGroup::all_reduce(torch::Tensor& t) { all_reduce_async(t).wait(); }
+void ProcessGroup::all_reduce(torch::Tensor& t, const std::string& label) { all_reduce_async(t, label).wait(); }
 
-Work ProcessGroup::broadcast_async(torch::Tensor& t, int root) {
+Work ProcessGroup::broadcast_async(torch::Tensor& t, int root, const std::string& label) {
   std::vector<at::Tensor> v{t};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  return wrap(impl_->comm->broadcast(v, o), describe("broadcast", t));
+  const int64_t id = trace_launch("broadcast", t, label);
+  return wrap(impl_->comm->broadcast(v, o), describe("broadcast", t), id);
 }
 
-void ProcessGroup::broadcast(torch::Tensor& t, int root) { broadcast_async(t, root).wait(); }
+void ProcessGroup::broadcast(torch::Tensor& t, int root, const std::string& label) {
+  broadcast_async(t, root, label).wait();
+}
 
 std::vector<torch::Tensor> ProcessGroup::all_gather(const torch::Tensor& t) {
   std::vector<at::Tensor> in{t.contiguous()};
   std::vector<std::vector<at::Tensor>> out(1);
   for (int r = 0; r < world_; ++r) out[0].push_back(torch::empty_like(in[0]));
-  wrap(impl_->comm->allgather(out, in), describe("all_gather", t)).wait();
+  const int64_t id = trace_launch("all_gather", in[0], "");
+  wrap(impl_->comm->allgather(out, in), describe("all_gather", t), id).wait();
   return out[0];
 }
 

@@ -39,7 +39,8 @@ struct DistOptions {
 class Work {
  public:
   Work() = default;
-  explicit Work(std::shared_ptr<void> impl, std::string what) : impl_(std::move(impl)), what_(std::move(what)) {}
+  explicit Work(std::shared_ptr<void> impl, std::string what, int64_t trace_id = -1)
+      : impl_(std::move(impl)), what_(std::move(what)), trace_id_(trace_id) {}
   /// Blocks until the collective finished (on GPU: until the current stream is ordered after it).
   /// Throws std::runtime_error naming the collective when it failed or timed out.
   void wait();
@@ -51,6 +52,7 @@ class Work {
  private:
   std::shared_ptr<void> impl_;
   std::string what_;
+  int64_t trace_id_ = -1;  // its span in a trace being recorded (common/trace.hpp), else -1
 };
 
 /// A group of ranks that run collectives together (a c10d backend underneath).
@@ -70,14 +72,17 @@ class ProcessGroup {
   torch::Device device() const { return device_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
+  // `label` says what a collective carries ("bucket 2", a parameter's name); it only names the
+  // collective's span in a trace (common/trace.hpp) and costs nothing when no trace is recorded.
+
   /// In-place sum over all ranks (blocking). Gloo has no AVG: divide by world_size() yourself.
-  void all_reduce(torch::Tensor& t);
+  void all_reduce(torch::Tensor& t, const std::string& label = {});
   /// In-place sum over all ranks, returning at once; call wait() on the handle before reading `t`.
-  Work all_reduce_async(torch::Tensor& t);
+  Work all_reduce_async(torch::Tensor& t, const std::string& label = {});
   /// Copies `root`'s tensor into `t` on every rank (blocking).
-  void broadcast(torch::Tensor& t, int root);
+  void broadcast(torch::Tensor& t, int root, const std::string& label = {});
   /// Asynchronous broadcast.
-  Work broadcast_async(torch::Tensor& t, int root);
+  Work broadcast_async(torch::Tensor& t, int root, const std::string& label = {});
   /// Every rank's tensor, in rank order (all tensors must have t's shape and dtype).
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t);
   /// Every rank's value, in rank order (small values such as timings or counts).

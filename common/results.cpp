@@ -5,7 +5,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -18,8 +20,15 @@ Results::Results(std::string benchmark) : benchmark_(std::move(benchmark)) {}
 void Results::add(nlohmann::json row) { rows_.push_back(std::move(row)); }
 
 void Results::write_json(const std::string& path, const std::string& command) const {
+  // Every row carries its command and machine too: files merged from several runs (other world sizes,
+  // other links) stay self-describing row by row.
+  std::vector<nlohmann::json> rows = rows_;
+  for (auto& r : rows) {
+    if (!r.contains("command")) r["command"] = command;
+    if (!r.contains("machine")) r["machine"] = machine_description();
+  }
   nlohmann::json doc = {{"benchmark", benchmark_}, {"machine", machine_description()}, {"command", command},
-                        {"rows", rows_}};
+                        {"rows", rows}};
   doc.update(meta);
   // Write next to the target and rename: readers never see a half-written file.
   std::string tmp = path + ".tmp";
@@ -45,6 +54,8 @@ std::string Results::markdown(const std::vector<std::string>& keys, const std::v
       const auto it = row.find(k);
       std::string cell;
       if (it == row.end() || it->is_null()) cell = "-";
+      else if (it->is_number_float() && std::abs(it->get<double>()) >= std::pow(10.0, precision))
+        cell = fmt::format("{:.0f}", it->get<double>());  // 2250, not 2.25e+03
       else if (it->is_number_float()) cell = fmt::format("{:.{}g}", it->get<double>(), precision);
       else if (it->is_string()) cell = it->get<std::string>();
       else if (it->is_boolean()) cell = it->get<bool>() ? "yes" : "no";
@@ -70,7 +81,17 @@ std::string machine_description() {
                      pages * static_cast<double>(page) / (1 << 30), TORCH_VERSION);
 }
 
+std::string link_description() {
+  if (const char* net = std::getenv("DP_NET"); net && *net) return fmt::format("simulated {} link per rank", net);
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  const char* world = std::getenv("WORLD_SIZE");
+  return (!local || !world || std::string(local) == world) ? "loopback" : "network";
+}
+
 std::string command_line(int argc, char** argv) {
+  // Started by ddp_launch: record the whole launcher command (ranks, --net, ...), which is what a
+  // reader must type to reproduce the numbers.
+  if (const char* launch = std::getenv("DP_LAUNCH_COMMAND"); launch && *launch) return launch;
   std::string s;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <dlfcn.h>
 #include <csignal>
 #include <cstdlib>
 #include <fstream>
@@ -72,6 +73,13 @@ int configure_cpu_threads() {
   }
   torch::set_num_threads(n);
   return n;
+}
+
+void set_cpu_threads(int n) {
+  torch::set_num_threads(n);
+  // OpenBLAS (pthread build) sizes its pool from OPENBLAS_NUM_THREADS at load time; resize it too.
+  using SetThreads = void (*)(int);
+  if (auto f = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) f(n);
 }
 
 // Which BLAS did the dynamic loader pick for libblas.so.3 (Debian's alternatives)? The reference

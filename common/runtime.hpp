@@ -46,6 +46,11 @@ void print_rank(fmt::format_string<Args...> f, Args&&... args) {
 /// the heap (glibc otherwise returns big blocks to the kernel every step). Returns the thread count.
 int configure_cpu_threads();
 
+/// Sets this process's compute threads to `n` now: LibTorch's intra-op pool and, when the BLAS is
+/// OpenBLAS, its own thread pool (which LibTorch does not resize). Benchmarks use it to run one
+/// single-process step with every core between data-parallel steps that use a share of them.
+void set_cpu_threads(int n);
+
 /// Times a 1024x1024 float matmul and looks at which BLAS library is loaded. With Debian's reference
 /// BLAS (about 2 GFLOP/s instead of tens), or below `warn_below` GFLOP/s, it prints a warning with the
 /// remedy (install libopenblas0-pthread). Returns the measured GFLOP/s.

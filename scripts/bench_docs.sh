@@ -1,52 +1,81 @@
 #!/usr/bin/env bash
-# Regenerates the benchmark results behind docs/ on this machine, then the plots and the tables.
-# Each result file records the exact command and the machine. About 30 minutes on 2 cores.
-#   bash scripts/bench_docs.sh [PRESET] [PART...]     PRESET: small (default); PART: allreduce torch ddp zero
+# Regenerates the benchmark results behind docs/ on this machine, then the plots, timelines and tables.
+# Every result file records the exact command (launcher included) and the machine, row by row.
+#
+#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp small zero (default: all of them)
+#
+# The DDP runs use the tiny Transformer with 10 timed steps: once over loopback (where Gloo's
+# communication is CPU work that competes with backward for the two cores) and on a simulated cluster
+# (ddp_launch --net: every rank in its own network namespace behind a 1 or 10 Gbit/s link), where
+# communication costs wall time as on a real one. --net needs root and iproute2; without them the net
+# runs are skipped with the reason. About 35 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-preset=${1:-small}
-shift || true
-parts=${*:-allreduce torch ddp zero}
+parts=${*:-allreduce ddp small zero}
 R=docs/results
 mkdir -p $R
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
-L="./build/bin/ddp_launch --nproc 2 --"
+L=./build/bin/ddp_launch
 B=./build/bin
-T="--bench --preset $preset --context 128 --warmup 1 --steps 4"
+T="--bench --preset tiny --context 128 --warmup 2 --steps 10"
+
+net_ok=1
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+  net_ok=0
+  echo "bench_docs: no --net runs: they need root and iproute2 (ip, tc); running the loopback ones only"
+fi
+net() { [ $net_ok = 1 ] && "$@" || echo "(skipped: $*)"; }
 
 for part in $parts; do
   case $part in
   allreduce)
-    echo "== stage 01: the all-reduce grid"
-    bash scripts/bench_allreduce.sh ;;
-  torch)
-    echo "== stage 01: this project's all-reduce against PyTorch's, 100MB over 2 ranks, alternating 3 times"
-    if ! $PY -c 'import torch' 2>/dev/null; then
-      echo "(skipped: the comparison needs Debian's python3-torch: apt-get install python3-torch)"; continue
-    fi
-    for i in 1 2 3; do
-      $L $B/stage01_allreduce --bench --sizes 100MB --iters 20 --json $R/torch_compare_$i.json
-      $PY scripts/torch_allreduce.py --size 100MB --world 2 --iters 20 --json $R/torch_compare_$i.json
+    echo "== stage 01: all-reduce over loopback (2 and 4 ranks) and over simulated 1 and 10 Gbit/s links"
+    files=()
+    for n in 2 4; do
+      $L --nproc $n -- $B/stage01_allreduce --bench --sizes 1MB,10MB,100MB --warmup 3 --iters 20 \
+          --json $R/ar_lo_$n.json
+      files+=($R/ar_lo_$n.json)
+      for rate in 1gbit 10gbit; do
+        if [ $net_ok = 1 ]; then
+          $L --nproc $n --net $rate -- $B/stage01_allreduce --bench --sizes 1MB,10MB,32MB --warmup 2 --iters 8 \
+              --json $R/ar_${rate}_$n.json
+          files+=($R/ar_${rate}_$n.json)
+        fi
+      done
     done
-    $PY scripts/merge_results.py $R/torch_compare.json $R/torch_compare_{1,2,3}.json
-    rm -f $R/torch_compare_?.json ;;
+    $PY scripts/merge_results.py $R/allreduce.json "${files[@]}"
+    rm -f "${files[@]}" ;;
   ddp)
-    echo "== stages 02-05 on the $preset Transformer (variants take turns step by step)"
-    $L $B/stage03_flat $T --json $R/stage03.json
-    $L $B/stage04_overlap $T --json $R/stage04.json
-    $L $B/stage05_bucketed $T --caps 1,10,100,1000 --json $R/stage05.json
-    # The same comparison on the tiny preset, where a step takes well under a second: many more
-    # timed steps, so differences of a few percent rise above the step-to-step noise.
-    $L $B/stage05_bucketed --bench --preset tiny --context 128 --warmup 3 --steps 20 --caps 1,10,100,1000 \
-        --json $R/stage05_tiny.json ;;
+    echo "== stages 02-05, tiny Transformer: every variant in one run, per link"
+    $L --nproc 2 -- $B/stage05_bucketed $T --caps 1,10,100 --json $R/stage05_tiny.json
+    net $L --nproc 2 --net 1gbit -- $B/stage05_bucketed $T --caps 1,10,100 \
+        --json $R/stage05_tiny_1gbit.json --trace $R/stage05_tiny_1gbit.trace.json
+    net $L --nproc 2 --net 10gbit -- $B/stage05_bucketed $T --caps 1,10,100 --json $R/stage05_tiny_10gbit.json
+    net $L --nproc 4 --net 1gbit -- $B/stage05_bucketed $T --caps 1,10,100 --json $R/stage05_tiny_1gbit_4r.json
+    if [ -f $R/stage05_tiny_1gbit.trace.json ]; then
+      # The pages' timelines: one step of stages 03, 04 and 05 on the same time axis.
+      $PY scripts/timeline.py $R/stage05_tiny_1gbit.trace.json --variant "flat (stage 03)" \
+          --variant "overlap (stage 04)" --variant "bucketed 1 MB (stage 05)" -o $R/timeline_1gbit.png \
+          --title "one step of the tiny Transformer, 2 ranks, simulated 1 Gbit/s link"
+      gzip -9f $R/stage05_tiny_1gbit.trace.json  # Perfetto opens .json.gz as it is
+    fi ;;
+  small)
+    echo "== stage 05, small Transformer (128.6M parameters) on the simulated 1 Gbit/s link"
+    # A small step takes ~10 s here and every round runs 8 models: 5 timed steps keep this at ~15 minutes.
+    net $L --nproc 2 --net 1gbit -- $B/stage05_bucketed --bench --preset small --context 128 --warmup 1 \
+        --steps 5 --caps 25,100 --json $R/stage05_small_1gbit.json ;;
   zero)
     echo "== stage 06: memory and speed with and without sharding"
-    $L $B/stage06_sharded_opt $T --json $R/stage06.json ;;
-  *) echo "bench_docs.sh: unknown part '$part' (allreduce, torch, ddp, zero)" >&2; exit 2 ;;
+    $L --nproc 2 -- $B/stage06_sharded_opt --bench --preset small --context 128 --batch 2 --warmup 1 --steps 4 \
+        --json $R/stage06.json
+    net $L --nproc 2 --net 1gbit -- $B/stage06_sharded_opt --bench --preset tiny --context 128 --batch 2 \
+        --warmup 2 --steps 10 --json $R/stage06_tiny_1gbit.json ;;
+  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, small, zero)" >&2; exit 2 ;;
   esac
 done
 
-for f in allreduce stage03 stage04 stage05 stage05_tiny stage06; do
-  [ -f $R/$f.json ] && $PY scripts/plot.py $R/$f.json
+for f in $R/*.json; do
+  case $f in *.trace.json|*/torch_compare.json) continue ;; esac
+  $PY scripts/plot.py "$f"
 done
 $PY scripts/make_tables.py

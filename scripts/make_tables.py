@@ -2,33 +2,127 @@
 """Regenerates every results table in README.md and docs/*.md from docs/results/*.json.
 
 A table lives between `<!-- table:NAME -->` and `<!-- /table:NAME -->`; NAME is a JSON file in
-docs/results/ (without .json). The block is replaced by a Markdown table, the command that produced the
-numbers and the machine they came from. Tables are never edited by hand.
-    python3 scripts/make_tables.py
+docs/results/ (without .json). The block is replaced by a Markdown table, the exact command(s) that
+produced the numbers (read from each row, so files merged from several runs stay right) and the machine.
+Tables are never edited by hand.
+
+Statistics: the DDP programs keep every round's sample (each round ran one step of every variant back to
+back). A ratio's 95% confidence interval is a percentile bootstrap of the median over rounds
+(scipy.stats.bootstrap, 9999 resamples, fixed seed so the pages are reproducible); "min-max" is the
+range of the rounds. Two variants differ only when the interval of their per-round ratio excludes 1.
+
+    python3 scripts/make_tables.py            # rewrite the pages
+    python3 scripts/make_tables.py --check    # exit 1 if any page is not what the JSON gives (ctest)
 """
-import json, pathlib, re
+import json, pathlib, re, sys
+
+import numpy as np
+from scipy import stats
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 
-# Which columns each benchmark shows: (json key, header, format).
+
+def ci(samples):
+    """Median and 95% percentile-bootstrap interval of the median, or None for fewer than 3 samples."""
+    x = np.asarray(samples, dtype=float)
+    if len(x) < 3:
+        return None
+    if np.ptp(x) == 0:
+        return float(x[0]), float(x[0]), float(x[0])
+    res = stats.bootstrap((x,), np.median, confidence_level=0.95, n_resamples=9999, method="percentile",
+                          random_state=np.random.default_rng(0), vectorized=True, axis=-1)
+    return float(np.median(x)), float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def fmt_ci(samples, f="{:.2f}"):
+    c = ci(samples)
+    if c is None:
+        return "-" if not len(samples) else f.format(float(np.median(samples)))
+    return f"{f.format(c[0])} [{f.format(c[1])}, {f.format(c[2])}]"
+
+
+def compare(rows, a, b):
+    """Per-round ratio a/b of two rows measured in the same rounds: (median, low, high) or None."""
+    if a.get("group") != b.get("group") or "step_samples_s" not in a or "step_samples_s" not in b:
+        return None
+    return ci([x / y for x, y in zip(a["step_samples_s"], b["step_samples_s"])])
+
+
+def ddp_table(doc):
+    rows = doc["rows"]
+    groups = len({r.get("group", 0) for r in rows}) > 1
+    head = ["variant"] + (["baseline"] if groups else []) + [
+        "collectives / step", "step (s), median [min-max]", "step / no-comm [95% CI]", "exposed comm (s)",
+        "overlap efficiency [95% CI]", "tokens/s", "speedup vs 1 process"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["variant"]] + ([r.get("baseline", "-")] if groups else [])
+        cells += [str(r.get("calls_per_step", "-")),
+                  f"{r['step_s']:.3f} [{r['step_min_s']:.3f}-{r['step_max_s']:.3f}]",
+                  fmt_ci(r.get("ratio_samples", [r.get("ratio_to_no_comm", 1)]), "{:.3f}"),
+                  f"{r['exposed_comm_s']:+.3f}",
+                  fmt_ci(r["overlap_samples"]) if "overlap_samples" in r else "-",
+                  f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else "-",
+                  f"{r['speedup_vs_1proc']:.2f}" if "speedup_vs_1proc" in r else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = []
+    if "single_process_samples_s" in doc:
+        sp = doc["single_process_samples_s"]
+        notes.append(f"One process, whole global batch, all {doc['machine'].split(', ')[1]}: "
+                     f"{np.median(sp):.3f} s per step [{min(sp):.3f}-{max(sp):.3f}]. "
+                     f"One flat all-reduce of all gradients: {np.median(doc['flat_allreduce_samples_s']):.3f} s "
+                     f"[{min(doc['flat_allreduce_samples_s']):.3f}-{max(doc['flat_allreduce_samples_s']):.3f}] "
+                     f"(the communication time in the overlap efficiency).")
+    # Each stage against the one before it, round by round (only rows measured in the same rounds).
+    by = {r["variant"]: r for r in rows}
+    buck = [r for r in rows if "(stage 05)" in r["variant"]]
+    best = min(buck, key=lambda r: r["step_s"]) if buck else None
+    pairs = [("flat (stage 03)", "naive (stage 02)"), ("overlap (stage 04)", "flat (stage 03)")]
+    if best:
+        pairs += [(best["variant"], "overlap (stage 04)"), (best["variant"], "flat (stage 03)")]
+    said = []
+    for a, b in pairs:
+        c = compare(rows, by[a], by[b]) if a in by and b in by else None
+        if c:
+            verdict = "faster" if c[2] < 1 else "slower" if c[1] > 1 else "no difference shown"
+            said.append(f"{a} / {b} x{c[0]:.3f} [{c[1]:.3f}, {c[2]:.3f}], {verdict}")
+    if said:
+        notes.append("Step against step, round by round (median and 95% CI): " + "; ".join(said) + ".")
+    for r in rows:
+        c = ci(r.get("ratio_samples", []))
+        if c and c[2] < 1 and r.get("variant", "").startswith("no communication") is False:
+            notes.append(f"Note: {r['variant']} is faster than its no-communication baseline beyond the interval "
+                         f"(x{c[0]:.3f} [{c[1]:.3f}, {c[2]:.3f}]); read it as noise of this shared machine.")
+    if rows and rows[0].get("cut_by_budget"):
+        notes.append(f"--budget cut the run to {rows[0]['steps']} of {rows[0]['steps_requested']} timed steps.")
+    if groups:
+        notes.append("Variants that did not fit in memory together ran in groups, each with its own "
+                     "no-communication baseline (the baseline column).")
+    return lines, notes
+
+
+def plain_table(doc, cols):
+    present = [c for c in cols if any(c[0] in r for r in doc["rows"])]
+    lines = ["| " + " | ".join(h for _, h, _ in present) + " |", "|" + "---|" * len(present)]
+    for r in doc["rows"]:
+        lines.append("| " + " | ".join(cell(r, k, f) for k, _, f in present) + " |")
+    return lines, []
+
+
 COLUMNS = {
-    "allreduce": [("backend", "backend", "{}"), ("world_size", "ranks", "{}"), ("size", "size", "{}"),
-                  ("iters", "iterations", "{}"), ("latency_median_s", "median latency (ms)", "ms"),
-                  ("algbw_GBps", "algbw (GB/s)", "{:.2f}"), ("busbw_GBps", "busbw (GB/s)", "{:.2f}")],
-    "ddp": [("variant", "variant", "{}"), ("group", "group", "{}"), ("calls_per_step", "collectives / step", "{}"),
-            ("step_s", "step (s)", "{:.3f}"), ("comm_s", "waiting in sync (s)", "{:.3f}"),
-            ("exposed_comm_s", "exposed comm (s)", "{:+.3f}"), ("ratio_to_no_comm", "step / no-comm", "{:.3f}")],
+    "allreduce": [("backend", "backend", "{}"), ("link", "link", "{}"), ("world_size", "ranks", "{}"),
+                  ("size", "size", "{}"), ("iters", "iterations", "{}"),
+                  ("latency_median_s", "median latency (ms)", "ms"), ("algbw_GBps", "algbw (GB/s)", "{:.3f}"),
+                  ("busbw_GBps", "busbw (GB/s)", "{:.3f}")],
     "sharded_optimizer": [("optimizer", "optimizer", "{}"), ("world_size", "ranks", "{}"),
                ("param_MB", "params (MB)", "{:.1f}"), ("grad_MB", "grads (MB)", "{:.1f}"),
                ("state_MB_max_rank", "optimizer state, max rank (MB)", "{:.1f}"),
                ("expected_MB", "4P+4P+8P/N (MB)", "{:.1f}"), ("peak_rss_start_MB", "peak RSS at start (MB)", "{:.0f}"),
                ("peak_rss_before_step_MB", "before step (MB)", "{:.0f}"),
                ("peak_rss_after_step_MB", "after step (MB)", "{:.0f}"), ("step_median_s", "step (s)", "{:.3f}")],
-    "tour": [("stage", "stage", "{}"), ("idea", "idea", "{}"), ("check", "check", "{}"),
-             ("step_s", "step (s)", "{:.3f}"), ("ratio_to_stage02", "vs stage 02", "{:.2f}"),
-             ("exposed_comm_s", "exposed comm (s)", "{:+.3f}"), ("memory_MB", "memory / rank (MB)", "{:.0f}")],
 }
+
 
 def cell(row, key, fmt):
     v = row.get(key)
@@ -38,39 +132,49 @@ def cell(row, key, fmt):
         return f"{v * 1e3:.3f}"
     return fmt.format(v)
 
+
 def table(name):
     doc = json.loads((RESULTS / f"{name}.json").read_text())
     kind = doc["benchmark"].split(":")[0]
-    cols = COLUMNS.get(kind, COLUMNS["ddp"])
-    present = [c for c in cols if any(c[0] in r for r in doc["rows"])]
-    lines = ["| " + " | ".join(h for _, h, _ in present) + " |", "|" + "---|" * len(present)]
+    lines, notes = ddp_table(doc) if kind not in COLUMNS else plain_table(doc, COLUMNS[kind])
+    # Each row carries the command and machine it came from (older files: the file's own).
+    cmds, machines = [], []
     for r in doc["rows"]:
-        lines.append("| " + " | ".join(cell(r, k, f) for k, _, f in present) + " |")
-    # The programs record their own argv; they ran under the launcher with this many ranks.
-    world = doc["rows"][0].get("world_size", 1)
-    cmds = [c.strip() for c in doc["command"].split(";") if c.strip()]
-    cmds = [f"./build/bin/ddp_launch --nproc {world} -- {c}" if c.startswith("./build/bin/stage") else c
-            for c in cmds]
-    lines += ["", f"Measured on: {doc['machine']}.  ", "Command: " + "; ".join(f"`{c}`" for c in cmds)]
-    if kind == "ddp" and any(r.get("group", 0) for r in doc["rows"]):
-        lines += ["", "Variants that did not fit in memory together ran in groups, each with its own "
-                  "no-communication baseline; \"exposed comm\" and \"step / no-comm\" refer to the baseline of "
-                  "the same group."]
-    return "\n".join(lines)
+        c, m = r.get("command", doc["command"]), r.get("machine", doc["machine"])
+        if c not in cmds:
+            cmds.append(c)
+        if m not in machines:
+            machines.append(m)
+    out = lines + [""] + [n + "  " for n in notes]
+    out += [f"Measured on: {'; '.join(machines)}.  ", "Command" + ("s" if len(cmds) > 1 else "") + ":", ""]
+    out += ["```sh"] + cmds + ["```"]
+    return "\n".join(out)
 
-def main():
+
+def main(check):
     pattern = re.compile(r"(<!-- table:([\w.-]+) -->\n).*?(<!-- /table:\2 -->)", re.S)
+    stale = []
     for md in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = md.read_text()
         def repl(m):
             name = m.group(2)
             if not (RESULTS / f"{name}.json").exists():
-                return m.group(0)
+                raise SystemExit(f"make_tables: {md.name} has a table '{name}' but docs/results/{name}.json is missing")
             return m.group(1) + table(name) + "\n" + m.group(3)
         new = pattern.sub(repl, text)
         if new != text:
-            md.write_text(new)
-            print(f"updated {md.relative_to(ROOT)}")
+            stale.append(str(md.relative_to(ROOT)))
+            if not check:
+                md.write_text(new)
+                print(f"updated {md.relative_to(ROOT)}")
+    if check and stale:
+        print("make_tables --check: these pages differ from docs/results/*.json: " + ", ".join(stale)
+              + "; run python3 scripts/make_tables.py", file=sys.stderr)
+        return 1
+    if check:
+        print("make_tables --check: every table matches its JSON")
+    return 0
+
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main("--check" in sys.argv[1:]))

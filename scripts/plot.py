@@ -11,21 +11,24 @@ import matplotlib.pyplot as plt
 
 def allreduce(doc, ax):
     rows = doc["rows"]
-    for w in sorted({r["world_size"] for r in rows}):
-        rs = sorted((r for r in rows if r["world_size"] == w), key=lambda r: r["bytes"])
+    for link, w in sorted({(r.get("link", "loopback"), r["world_size"]) for r in rows}):
+        rs = sorted((r for r in rows if r["world_size"] == w and r.get("link", "loopback") == link),
+                    key=lambda r: r["bytes"])
         ax.plot([r["bytes"] / 1e6 for r in rs], [r["busbw_GBps"] for r in rs], marker="o",
-                label=f"{rs[0]['backend']}, {w} ranks")
+                label=f"{rs[0]['backend']}, {w} ranks, {link}")
     ax.set_xscale("log")
     ax.set_xlabel("tensor size (MB, float32)")
     ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title("all-reduce bus bandwidth")
+    ax.set_yscale("log")
+    ax.set_title("all-reduce bus bandwidth (a simulated link's rate is its ceiling)")
     ax.legend()
 
 def ddp(doc, ax):
     rows = doc["rows"]
     names = [r["variant"] for r in rows]
-    compute = [r["step_s"] - r["comm_s"] for r in rows]
-    comm = [r["comm_s"] for r in rows]
+    sync = [r.get("sync_s", r.get("comm_s", 0)) for r in rows]
+    compute = [r["step_s"] - c for r, c in zip(rows, sync)]
+    comm = sync
     ax.barh(names, compute, label="forward + backward + optimizer")
     ax.barh(names, comm, left=compute, label="waiting for gradient sync")
     # The ratio to the no-communication step of the same round is the comparable number.
@@ -36,7 +39,7 @@ def ddp(doc, ax):
     ax.set_xlabel("s per step (median, slowest rank); xN: step / no-comm step of the same round")
     r0 = rows[0]
     ax.set_title(f"{r0['preset']} Transformer, batch {r0['global_batch']}, context {r0['context']}, "
-                 f"{r0['world_size']} ranks")
+                 f"{r0['world_size']} ranks, {r0.get('link', 'loopback')}", fontsize=9)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, fontsize=8)
 
 def memory(doc, ax):

@@ -15,7 +15,18 @@ for a in "$@"; do
 done
 bash scripts/build.sh
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
-L="./build/bin/ddp_launch --nproc ${NPROC:-2} --"
+# The ranks talk over a simulated cluster network (every rank in its own network namespace behind a
+# 1 Gbit/s link, ddp_launch --net) when this machine allows it, so that communication costs wall time
+# as on a cluster; otherwise over loopback, where it is CPU work competing with backward.
+NET=${TOUR_NET:-1gbit}
+if [ "$NET" != none ] && [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v tc >/dev/null; then
+  L="./build/bin/ddp_launch --nproc ${NPROC:-2} --net $NET --"
+  link="a simulated $NET link per rank"
+else
+  L="./build/bin/ddp_launch --nproc ${NPROC:-2} --"
+  link="loopback"
+  [ "$NET" = none ] || echo "tour: running over loopback: the simulated network (ddp_launch --net) needs root and iproute2 (ip, tc)"
+fi
 B=./build/bin
 out=build/tour
 mkdir -p "$out"
@@ -23,7 +34,7 @@ rm -f "$out"/*.json
 
 step() { echo; echo "==== [$1/6] $2"; }
 step 1 "stage 01: all-reduce (demo checked against the closed form, then a short benchmark)"
-$L $B/stage01_allreduce --bench --sizes 1MB,10MB,100MB --iters 10 --json $out/stage01.json
+$L $B/stage01_allreduce --bench --sizes 1MB,10MB,32MB --iters 5 --json $out/stage01.json
 T="--bench --preset tiny --context 128 --warmup 1 --steps 3"
 step 2 "stage 02: naive DDP (checked against single-process training, then the tiny Transformer)"
 $L $B/stage02_naive_ddp $T --json $out/stage02.json
@@ -37,7 +48,7 @@ step 6 "stage 06: ZeRO-1 optimizer-state sharding"
 $L $B/stage06_sharded_opt $T --json $out/stage06.json
 
 echo
-echo "==== summary (tiny Transformer, 2 ranks, this machine)"
+echo "==== summary (tiny Transformer, ${NPROC:-2} ranks, $link, this machine)"
 $PY scripts/tour_summary.py $out
 
 if [ $full = 1 ]; then

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """tour_summary.py DIR: the tour's closing table, from the JSON every stage wrote into DIR.
 
-Step times and exposed communication come from each stage's own run; "vs no-comm" compares a stage
+Overlap efficiency: the share of one flat all-reduce's time (or of backward, if shorter) that the
+stage hid behind backward, measured in the same run; speedup: the single-process step (whole batch,
+all cores, same run) over the stage's step. Step times and exposed communication come from each stage's own run; "vs no-comm" compares a stage
 with the no-communication step measured in the same run, "vs stage 02" compares across the tour's runs
 (same model, batch and machine, a few minutes apart). Memory per rank counts the bytes of parameters,
 gradients and AdamW state held by each rank (stage 06 measures them from its tensors).
@@ -25,7 +27,7 @@ def main(d):
     s1 = load(d, "01")
     if s1:
         big = max(s1["rows"], key=lambda r: r["bytes"])
-        out.append(["01", IDEAS["01"], "PASS", "-", "-", "-", "-",
+        out.append(["01", IDEAS["01"], "PASS", "-", "-", "-", "-", "-", "-",
                     f"busbw {big['busbw_GBps']:.2f} GB/s at {big['size']}"])
     s6 = load(d, "06")
     P = s6["rows"][0]["params"] if s6 else None
@@ -39,8 +41,11 @@ def main(d):
             base02 = r["step_s"]
         mem = f"{16 * P / 1e6:.0f}" if P else "-"
         note = r["variant"] if n == "05" else f"{r['calls_per_step']} collectives/step"
+        ov = r.get("overlap_efficiency")
         out.append([n, IDEAS[n], "PASS", f"{r['step_s']:.3f}", f"{r['ratio_to_no_comm']:.2f}",
                     f"{r['step_s'] / base02:.2f}" if base02 else "-", f"{r['exposed_comm_s']:+.3f}",
+                    f"{ov:.2f}" if ov is not None else "-",
+                    f"{r['speedup_vs_1proc']:.2f}" if "speedup_vs_1proc" in r else "-",
                     f"{mem} MB/rank; {note}"])
     if s6:
         rows = {r["optimizer"]: r for r in s6["rows"]}
@@ -48,10 +53,11 @@ def main(d):
         if sh and full:
             mem = (sh["param_MB"] + sh["grad_MB"] + sh["state_MB_max_rank"])
             out.append(["06", IDEAS["06"], "PASS", f"{sh['step_median_s']:.3f}", "-",
-                        f"{sh['step_median_s'] / base02:.2f}" if base02 else "-", "-",
+                        f"{sh['step_median_s'] / base02:.2f}" if base02 else "-", "-", "-", "-",
                         f"{mem:.0f} MB/rank (AdamW: {full['param_MB'] + full['grad_MB'] + full['state_MB_max_rank']:.0f});"
                         f" step x{sh['step_median_s'] / full['step_median_s']:.2f} of unsharded"])
-    head = ["stage", "idea", "check", "step (s)", "vs no-comm", "vs stage 02", "exposed comm (s)", "notes"]
+    head = ["stage", "idea", "check", "step (s)", "vs no-comm", "vs stage 02", "exposed comm (s)",
+            "overlap efficiency", "speedup vs 1 process", "notes"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in out:

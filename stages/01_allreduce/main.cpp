@@ -66,10 +66,11 @@ static void bench(ProcessGroup& pg, const std::vector<std::string>& sizes, int w
     auto s = summarize(max_over_ranks(pg, mine));  // the slowest rank sets each iteration's time
     // [bench]
     double algbw = bytes / s.median / 1e9;
-    results.add({{"backend", pg.backend()}, {"device", pg.device().str()}, {"world_size", W},
-                 {"size", size_text}, {"bytes", bytes}, {"iters", s.n},
+    results.add({{"backend", pg.backend()}, {"device", pg.device().str()}, {"world_size", W}, {"link", link_description()},
+                 {"size", size_text}, {"bytes", bytes}, {"iters", s.n}, {"iters_requested", iters},
                  {"latency_median_s", s.median}, {"latency_min_s", s.min}, {"latency_max_s", s.max},
                  {"algbw_GBps", algbw}, {"busbw_GBps", algbw * bus_factor(W)}});
+    if (s.n < iters) print0("note: --budget reached after {} of {} timed iterations of {}", s.n, iters, size_text);
     print0("[{}/{}] {} x {} ranks: median {:.3f} ms over {} iterations, bus bandwidth {:.2f} GB/s", ++done,
            sizes.size(), size_text, W, s.median * 1e3, s.n, algbw * bus_factor(W));
   }

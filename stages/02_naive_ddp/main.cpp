@@ -42,14 +42,12 @@ static void run_checks(ProcessGroup& pg) {
 int main(int argc, char** argv) {
   Cli cli("stage02_naive_ddp", "Stage 02: naive DDP (one all-reduce per gradient), checked, then benchmarked");
   BenchConfig cfg;
-  std::string budget = "120s";
   bool bench = false;
   cli.app().add_flag("--bench", bench, "After the checks, benchmark the Transformer");
-  add_bench_options(cli.app(), cfg, budget);
+  add_bench_options(cli.app(), cfg);
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
-    cfg.budget_s = parse_seconds(budget, "--budget");
     configure_cpu_threads();
     check_blas();
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});

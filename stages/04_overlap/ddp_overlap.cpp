@@ -1,6 +1,7 @@
 #include "stages/04_overlap/ddp_overlap.hpp"
 
 #include "common/models.hpp"
+#include "common/trace.hpp"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -114,6 +115,7 @@ void DdpOverlap::on_gradient_ready(size_t i) {
     in_step_ = true;
     launches_.clear();
   }
+  if (trace::recording()) trace::instant("ready " + names_[i]);
   launch(i, /*during_backward=*/true);
 }
 
@@ -128,7 +130,7 @@ void DdpOverlap::launch(size_t i, bool during_backward) {
   // cost however small the tensor (messages between the ranks, scheduling on Gloo's thread), and we pay
   // it N times per step; with hundreds of small tensors that overhead, not the bytes, dominates.
   // Stage 05 packs the gradients into a few buckets and launches one collective per bucket.
-  Work work = pg_.all_reduce_async(grad);
+  Work work = pg_.all_reduce_async(grad, names_[i]);  // the name labels its span in a --trace timeline
   // [launch]
   pending_.push_back({std::move(work), grad});
   launched_[i] = 1;

@@ -1,6 +1,7 @@
 #include "stages/05_bucketed/ddp_bucketed.hpp"
 
 #include "common/models.hpp"
+#include "common/trace.hpp"
 
 #include <fmt/format.h>
 
@@ -139,7 +140,8 @@ void DdpBucketed::launch_complete_buckets_in_order(bool during_backward) {
   while (next_to_launch_ < buckets_.size()) {
     Bucket& b = buckets_[next_to_launch_];
     if (b.ready < b.params.size()) break;  // not complete: later buckets wait for it
-    b.work = pg_.all_reduce_async(b.buffer);  // one collective for all of the bucket's gradients
+    if (trace::recording()) trace::instant(fmt::format("bucket {} ready", next_to_launch_));
+    b.work = pg_.all_reduce_async(b.buffer, fmt::format("bucket {}", next_to_launch_));  // one collective, all its gradients
     launches_.push_back({next_to_launch_, std::chrono::steady_clock::now(), during_backward});
     ++launched_total_;
     ++next_to_launch_;

@@ -1,5 +1,5 @@
 // Stage 05: gradient buckets. Gradients are copied into a few flat buckets (reverse registration
-// order, about --bucket-mb each); each bucket is all-reduced with one collective as soon as its last
+// order, up to a cap in MB each, --caps); each bucket is all-reduced with one collective as soon as its last
 // gradient is ready, while backward goes on.
 //
 // What it adds: stage 04 overlapped communication with backward but paid a collective's fixed cost
@@ -9,9 +9,13 @@
 // Run it:
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed                      # checks only
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed --bench --preset small
+//   ./build/bin/ddp_launch --nproc 2 --net 1gbit -- ./build/bin/stage05_bucketed --bench --preset tiny --trace t.json
+//     (--net: each rank behind a simulated 1 Gbit/s link, root only; --trace: a timeline of every step,
+//      python3 scripts/timeline.py t.json draws it)
 // Correct output: bucket assignments and PASS lines for caps 0.0016, 0.0001 and 0.01 MB; with --bench
 // the overhead model's prediction and one table: no communication, stages 02, 03, 04, and stage 05
-// at each cap in --caps, all measured in the same run.
+// at each cap in --caps, all measured in the same run, with overlap efficiency and the speed-up over
+// one process. On a 1 Gbit/s link, buckets beat stage 03 by about 15%; over loopback they do not.
 //
 // What it leaves for the next stage: every rank still keeps a full copy of the optimizer state
 // (AdamW: two floats per parameter, twice the model). Stage 06 shards it across ranks.
@@ -74,17 +78,15 @@ static CommModel measure_comm_model(ProcessGroup& pg) {
 int main(int argc, char** argv) {
   Cli cli("stage05_bucketed", "Stage 05: bucketed DDP overlapped with backward, with the bucket-size overhead model");
   BenchConfig cfg;
-  std::string budget = "120s";
   bool bench = false;
   std::vector<double> caps{1, 10, 100, 1000};
   cli.app().add_flag("--bench", bench, "After the checks, benchmark the Transformer");
   cli.app().add_option("--caps", caps, "Bucket caps to benchmark, in MB (10^6 bytes)")
       ->delimiter(',')->check(CLI::PositiveNumber);
-  add_bench_options(cli.app(), cfg, budget);
+  add_bench_options(cli.app(), cfg);
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
-    cfg.budget_s = parse_seconds(budget, "--budget");
     configure_cpu_threads();
     check_blas();
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});

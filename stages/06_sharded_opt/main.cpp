@@ -28,11 +28,13 @@
 #include "common/results.hpp"
 #include "common/runtime.hpp"
 #include "common/timing.hpp"
+#include "common/trace.hpp"
 #include "common/transformer.hpp"
 #include "stages/06_sharded_opt/checkpoint.hpp"
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"
 
 #include <filesystem>
+#include <fstream>
 
 using namespace dp;
 namespace optim = torch::optim;
@@ -81,6 +83,7 @@ struct BenchOptions {
   int context = 64, batch = 2, warmup = 1, steps = 5;
   std::string checkpoint_dir;
   std::string which = "both";  // adamw | sharded | both
+  std::string trace;           // --trace FILE: Chrome trace of the timed steps
 };
 
 // One training run of the Transformer with DDP gradient averaging and either plain or sharded AdamW:
@@ -113,23 +116,33 @@ static void bench_variant(ProcessGroup& pg, const BenchOptions& o, bool shard, R
   std::vector<double> step_s, opt_s;
   for (int it = 0; it < o.warmup + o.steps; ++it) {
     auto tokens = torch::randint(0, cfg.vocab_size, {o.batch, o.context + 1}, torch::kInt64).to(pg.device());
+    trace::set_recording(it >= o.warmup);  // no-op without --trace
+    trace::Span whole("step", {{"variant", shard ? "sharded AdamW" : "AdamW"}, {"round", it}});
     Timer t(pg.device());
     shard ? sharded->zero_grad() : plain->zero_grad();
-    lm_loss(model->forward(tokens.narrow(1, 0, o.context)), tokens.narrow(1, 1, o.context)).backward();
-    // [ddp] Plain DDP averaging: all-reduce every gradient (sum), then divide; ZeRO-1 keeps this part.
-    std::vector<Work> pending;
-    std::vector<torch::Tensor> grads;
-    for (auto& p : params) grads.push_back(p.grad());
-    for (auto& g : grads) pending.push_back(pg.all_reduce_async(g));
-    for (auto& w : pending) w.wait();
-    for (auto& g : grads) g.div_(pg.world_size());
-    // [ddp]
+    torch::Tensor loss;
+    { trace::Span f("forward"); loss = lm_loss(model->forward(tokens.narrow(1, 0, o.context)), tokens.narrow(1, 1, o.context)); }
+    { trace::Span b("backward"); loss.backward(); }
+    {
+      trace::Span sync("sync");
+      // [ddp] Plain DDP averaging: all-reduce every gradient (sum), then divide; ZeRO-1 keeps this part.
+      std::vector<Work> pending;
+      std::vector<torch::Tensor> grads;
+      for (auto& p : params) grads.push_back(p.grad());
+      for (auto& g : grads) pending.push_back(pg.all_reduce_async(g));
+      for (auto& w : pending) w.wait();
+      for (auto& g : grads) g.div_(pg.world_size());
+      // [ddp]
+    }
     if (it == 0) rss_before = peak_rss_bytes(), before = count_training_bytes(*model, local);
 #ifdef DP_WITH_CUDA
     if (it == 0 && pg.device().is_cuda()) cuda_before = cuda_peak_allocated_bytes(pg.device().index());
 #endif
     Timer ts(pg.device());
-    shard ? sharded->step() : static_cast<void>(plain->step());
+    {
+      trace::Span step_span("optimizer");  // for the sharded optimizer: its step and the broadcasts
+      shard ? sharded->step() : static_cast<void>(plain->step());
+    }
     const double opt_time = ts.seconds(), step_time = t.seconds();
     if (it == 0) rss_after = peak_rss_bytes(), after = count_training_bytes(*model, local);
 #ifdef DP_WITH_CUDA
@@ -137,6 +150,7 @@ static void bench_variant(ProcessGroup& pg, const BenchOptions& o, bool shard, R
 #endif
     if (it >= o.warmup) step_s.push_back(step_time), opt_s.push_back(opt_time);
   }
+  trace::set_recording(false);
   const auto step = summarize(max_over_ranks(pg, step_s)), opt = summarize(max_over_ranks(pg, opt_s));
   auto max_all = [&](double v) { auto all = pg.all_gather(v); return *std::max_element(all.begin(), all.end()); };
   const int64_t P = count_elements(params);
@@ -199,11 +213,15 @@ int main(int argc, char** argv) {
   cli.app().add_option("--optimizer", bo.which,
                        "With --bench: adamw, sharded or both (one per process gives the cleanest peak RSS)")
       ->check(CLI::IsMember({"adamw", "sharded", "both"}));
+  cli.app().add_option("--trace", bo.trace, "With --bench: write a Chrome trace (Perfetto) of the timed steps to FILE")
+      ->type_name("FILE")->needs("--bench");
   cli.app().add_option("--checkpoint", bo.checkpoint_dir,
                        "With --bench: save a checkpoint of the sharded run to this directory, load it, compare");
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
+    if (!bo.trace.empty() && !std::ofstream(bo.trace, std::ios::app))
+      throw UsageError(fmt::format("--trace {}: cannot write there; give a path in an existing, writable folder", bo.trace));
     configure_cpu_threads();
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
@@ -222,8 +240,10 @@ int main(int argc, char** argv) {
     if (run_bench) {
       print0("\n{}", describe(TransformerConfig::preset(bo.preset, bo.context)));
       Results results("sharded_optimizer");
+      if (!bo.trace.empty()) pg.barrier(), trace::enable();
       if (bo.which != "sharded") bench_variant(pg, bo, /*shard=*/false, results);
       if (bo.which != "adamw") bench_variant(pg, bo, /*shard=*/true, results);
+      if (!bo.trace.empty()) trace::write(pg, bo.trace), print0("trace of the timed steps written to {}", bo.trace);
       print0("\nmemory per rank in MB (10^6 B): params/grads/state counted tensor by tensor after the first step, "
              "the arithmetic 8P/N and 4P+4P+8P/N beside them, peak RSS of the process (max over ranks)\n{}",
              results.markdown({"optimizer", "world_size", "param_MB", "grad_MB", "state_MB_max_rank",

@@ -87,8 +87,11 @@ struct Running {
 };
 
 // Starts the launcher with `args`, stdout/stderr captured in files of the sandbox. The environment is
-// the test's own minus the thread variables (so defaults are tested unless `env` sets them).
-inline Running start(const Sandbox& box, const std::vector<std::string>& args, const Env& env = {}) {
+// the test's own minus the thread variables (so defaults are tested unless `env` sets them). A
+// non-empty `wrapper` (e.g. {"setpriv", "--bounding-set", "-net_admin", "--"}) runs the launcher
+// through that command, found in PATH.
+inline Running start(const Sandbox& box, const std::vector<std::string>& args, const Env& env = {},
+                     const std::vector<std::string>& wrapper = {}) {
   Running r{-1, Clock::now(), box.dir() + "/out.txt", box.dir() + "/err.txt"};
   r.pid = ::fork();
   if (r.pid == 0) {
@@ -97,10 +100,12 @@ inline Running start(const Sandbox& box, const std::vector<std::string>& args, c
     for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
     ::dup2(::open(r.out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600), STDOUT_FILENO);
     ::dup2(::open(r.err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600), STDERR_FILENO);
-    std::vector<char*> argv{const_cast<char*>(DP_LAUNCH_BIN)};
+    std::vector<char*> argv;
+    for (const auto& w : wrapper) argv.push_back(const_cast<char*>(w.c_str()));
+    argv.push_back(const_cast<char*>(DP_LAUNCH_BIN));
     for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
-    ::execv(DP_LAUNCH_BIN, argv.data());
+    ::execvp(argv[0], argv.data());
     ::_exit(99);
   }
   return r;

@@ -10,12 +10,23 @@
 //   launch_probe sleep S             sleep S seconds, exit 0
 //   launch_probe partial             print a line without the final newline
 //   launch_probe lines               print to stdout and stderr, one line with its own [rank tag
+//   launch_probe net [S]             (for --net) print GLOO_SOCKET_IFNAME, MASTER_ADDR, DP_NET, its
+//                                    interfaces (IFACES=lo,dpnet0) and their IPv4 address (ADDR=ip/len);
+//                                    rank 0 accepts a TCP connection from every other rank on
+//                                    MASTER_ADDR:MASTER_PORT and prints their source addresses (PEERS=),
+//                                    the others print CONNECT_MS= (one round trip); then each rank
+//                                    writes rank<R>.pid and sleeps S seconds (default 0). Exit 3 on failure.
 //
 // exit, kill, stubborn, spawn and straggler fork a grandchild in every rank. If PROBE_PID_DIR is set,
 // each rank writes rank<R>.pid and grandchild<R>.pid there, so a test can check afterwards that all
 // of them are gone; the failing rank fails only once every rank has written both files, so no process
 // can be missed.
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -24,8 +35,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -79,6 +92,91 @@ void wait_for_everyone(int world) {
   for (int i = 0; i < 1000 && count_pid_files() < 2 * world; ++i) sleep_s(0.01);
 }
 
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// `probe net`: what the rank sees of its network namespace, and one TCP connection to rank 0.
+int net_mode(int rank, int world, double hold_s) {
+  for (const char* key : {"GLOO_SOCKET_IFNAME", "MASTER_ADDR", "DP_NET"}) {
+    const char* v = std::getenv(key);
+    std::printf("%s=%s\n", key, v ? v : "<unset>");
+  }
+  std::set<std::string> names;
+  std::string addr = "<none>";
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) == 0) {
+    for (ifaddrs* a = list; a; a = a->ifa_next) {
+      names.insert(a->ifa_name);
+      if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET || std::string(a->ifa_name) == "lo") continue;
+      char text[INET_ADDRSTRLEN];
+      const auto* sin = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+      const auto* mask = reinterpret_cast<const sockaddr_in*>(a->ifa_netmask);
+      ::inet_ntop(AF_INET, &sin->sin_addr, text, sizeof(text));
+      addr = std::string(text) + "/" + std::to_string(__builtin_popcount(mask ? mask->sin_addr.s_addr : 0));
+    }
+    ::freeifaddrs(list);
+  }
+  std::string joined;
+  for (const auto& n : names) joined += (joined.empty() ? "" : ",") + n;
+  std::printf("IFACES=%s\nADDR=%s\n", joined.c_str(), addr.c_str());
+  std::fflush(stdout);
+
+  sockaddr_in master{};
+  master.sin_family = AF_INET;
+  master.sin_port = htons(static_cast<uint16_t>(env_int("MASTER_PORT")));
+  const char* master_addr = std::getenv("MASTER_ADDR");
+  if (!master_addr || ::inet_pton(AF_INET, master_addr, &master.sin_addr) != 1) return 3;
+  auto* sa = reinterpret_cast<sockaddr*>(&master);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (rank == 0) {
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, sa, sizeof(master)) != 0 || ::listen(fd, 64) != 0) {
+      std::fprintf(stderr, "probe: cannot listen on %s: %s\n", master_addr, std::strerror(errno));
+      return 3;
+    }
+    std::vector<std::string> peers;
+    const double deadline = now_s() + 20;
+    while (static_cast<int>(peers.size()) < world - 1 && now_s() < deadline) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      sockaddr_in peer{};
+      socklen_t len = sizeof(peer);
+      const int c = ::accept(fd, reinterpret_cast<sockaddr*>(&peer), &len);
+      if (c < 0) continue;
+      char text[INET_ADDRSTRLEN];
+      peers.push_back(::inet_ntop(AF_INET, &peer.sin_addr, text, sizeof(text)));
+      ::close(c);
+    }
+    std::string all;
+    for (const auto& p : std::set<std::string>(peers.begin(), peers.end())) all += (all.empty() ? "" : ",") + p;
+    std::printf("PEERS=%s\n", all.c_str());
+    if (static_cast<int>(peers.size()) < world - 1) return 3;
+  } else {
+    bool connected = false;
+    double took = 0;
+    for (const double deadline = now_s() + 20; !connected && now_s() < deadline;) {
+      const int c = ::socket(AF_INET, SOCK_STREAM, 0);
+      const double t0 = now_s();
+      connected = ::connect(c, sa, sizeof(master)) == 0;  // rank 0 may not listen yet: retry
+      took = now_s() - t0;
+      ::close(c);
+      if (!connected) sleep_s(0.02);
+    }
+    if (!connected) {
+      std::fprintf(stderr, "probe: rank %d cannot connect to %s\n", rank, master_addr);
+      return 3;
+    }
+    std::printf("CONNECT_MS=%.3f\n", took * 1e3);
+  }
+  ::close(fd);
+  std::fflush(stdout);
+  record_pid("rank" + std::to_string(rank), ::getpid());
+  sleep_s(hold_s);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,6 +216,7 @@ int main(int argc, char** argv) {
     sleep_s(argc > 2 ? std::atof(argv[2]) : 0);
     return 0;
   }
+  if (mode == "net") return net_mode(rank, world, argc > 2 ? std::atof(argv[2]) : 0);
   if (mode == "partial") {
     std::printf("no newline here");
     return 0;

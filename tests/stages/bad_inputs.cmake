@@ -33,6 +33,15 @@ foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed sta
   dp_bad_input(${prog}_zero_steps 2 "steps" ${P} --bench --steps 0)
   dp_bad_input(${prog}_negative_batch 2 "batch" ${P} --bench --batch -4)
   dp_bad_input(${prog}_unknown_preset 2 "huge" ${P} --bench --preset huge)
+  # --trace records the benchmark's timed steps: without --bench, or to a folder that does not exist,
+  # it is refused before any work.
+  dp_bad_input(${prog}_trace_without_bench 2 "--trace requires --bench" ${P} --trace /tmp/dp_trace.json)
+  dp_bad_input(${prog}_trace_unwritable 2 "cannot write there" ${P} ${TINY} --trace /nonexistent-dir/t.json)
+endforeach()
+# A budget that cuts the timed steps is said in the output, never silent.
+foreach(prog stage02_naive_ddp stage05_bucketed)
+  dp_bad_input(${prog}_budget_cut_is_said 0 "--budget 1ms reached after 1 of 3 timed steps"
+    $<TARGET_FILE:${prog}> --bench --preset tiny --context 16 --warmup 0 --steps 3 --budget 1ms)
 endforeach()
 foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed)  # global batch split over ranks
   dp_bad_input(${prog}_batch_not_divisible 2 "cannot be split" ${LAUNCH} --nproc 2 -- $<TARGET_FILE:${prog}> --bench --batch 3)

@@ -1,6 +1,8 @@
 // ddp_launch: start N ranks of a program and supervise them -- this tutorial's torchrun.
 //
 //   ddp_launch [--nproc N] [--nnodes M --node-rank K --master-addr HOST --master-port P] -- PROGRAM [ARGS...]
+//   ddp_launch --nproc N --net RATE [--net-subnet CIDR] [--net-delay MS] -- PROGRAM [ARGS...]
+//   ddp_launch --net-cleanup
 //
 // Data-parallel training runs one process per rank. Each process must learn who it is and where to
 // meet the others, and the whole job must live and die as one: a rank that crashes leaves its peers
@@ -24,10 +26,17 @@
 // "[rank r/W] " unless it already starts with "[rank " or --no-prefix is given. The ranks' stdin is
 // /dev/null: they run in background process groups, where reading the terminal would stop them.
 //
+// --net RATE runs every rank in a network namespace of its own behind a link shaped to RATE, a
+// small cluster on one machine (net.hpp); MASTER_ADDR is then rank 0's address there, and each rank
+// also gets GLOO_SOCKET_IFNAME and DP_NET. The namespaces are removed on every way out but SIGKILL,
+// whose leftovers the next --net run or --net-cleanup removes.
+//
 // Limits (shared with torchrun): a process that leaves its rank's group (setsid) is not tracked, and
 // if the launcher itself is SIGKILLed only the ranks die (PDEATHSIG), not what they forked.
 //
-// Exit codes: 0 all ranks succeeded; 2 bad options; 127 program not found; otherwise as above.
+// Exit codes: 0 all ranks succeeded; 2 bad options (for --net also: no privilege, no iproute2, no
+// netem); 1 the simulated network could not be built; 127 program not found; otherwise as above.
+#include "net.hpp"
 #include "options.hpp"
 #include "supervisor.hpp"
 
@@ -45,7 +54,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (opts.net_cleanup) return ddp_launch::net_cleanup_main();
     return ddp_launch::supervise(opts);
+  } catch (const ddp_launch::UsageError& e) {  // --net: no privilege, no iproute2, no netem
+    fmt::print(stderr, "ddp_launch: error: {}\n", e.what());
+    return 2;
+  } catch (const ddp_launch::NetError& e) {  // --net: an ip or tc command failed
+    fmt::print(stderr, "ddp_launch: error: {}\n", e.what());
+    return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "ddp_launch: internal error: {}\n", e.what());
     return 1;

@@ -1,11 +1,23 @@
 // The launcher's command line and the environment contract it hands to every rank.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp_launch {
+
+// --net: every rank in a network namespace of its own behind a rate-limited link (net.hpp).
+struct NetSpec {
+  std::string rate_text;          // the rate as given, lower-cased ("1gbit"); exported as DP_NET
+  uint64_t rate_bit_s = 0;        // the same in bits per second; 0: no simulated network
+  uint32_t subnet = 0xC6120000;   // network address in host byte order: 198.18.0.0 (RFC 2544)
+  int prefix_len = 15;            // 198.18.0.0/15
+  double delay_ms = 0;            // --net-delay: added one-way delay in milliseconds; 0: none
+  bool enabled() const { return rate_bit_s > 0; }
+};
 
 // Everything the launcher needs to know, already validated: every field holds a usable value.
 struct LaunchOptions {
@@ -18,6 +30,9 @@ struct LaunchOptions {
   bool prefix = true;                   // tag each output line with "[rank r/W] "
   int threads = 1;                      // intra-op threads per rank
   std::vector<std::string> command;     // PROGRAM ARGS...
+  NetSpec net;                          // --net, --net-subnet, --net-delay
+  bool net_cleanup = false;             // --net-cleanup: remove leftovers of dead launchers, then exit
+  std::string launch_command;           // this launcher's whole command line, shell-quoted (DP_LAUNCH_COMMAND)
 
   int world_size() const { return nnodes * nproc; }
   int global_rank(int local_rank) const { return node_rank * nproc + local_rank; }
@@ -34,6 +49,8 @@ bool parse_options(int argc, char** argv, LaunchOptions& out);
 
 // The full environment of one rank: the launcher's own environment, with the contract's variables
 // (RANK, LOCAL_RANK, WORLD_SIZE, ...) overwritten and the thread-count variables added where unset.
-std::vector<std::string> rank_environment(const LaunchOptions& opts, int local_rank);
+// `extra` (--net's MASTER_ADDR, GLOO_SOCKET_IFNAME, DP_NET) is applied last and wins.
+std::vector<std::string> rank_environment(const LaunchOptions& opts, int local_rank,
+                                          const std::vector<std::pair<std::string, std::string>>& extra = {});
 
 }  // namespace ddp_launch

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -15,7 +16,8 @@
 
 namespace ddp_launch {
 
-Child spawn_rank(const std::vector<std::string>& command, std::vector<std::string> env, int stdin_fd, int rank) {
+Child spawn_rank(const std::vector<std::string>& command, std::vector<std::string> env, int stdin_fd, int rank,
+                 int netns_fd) {
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0) {
     say(fmt::format("cannot create pipes for rank {}: {}", rank, std::strerror(errno)));
@@ -50,6 +52,14 @@ Child spawn_rank(const std::vector<std::string>& command, std::vector<std::strin
     ::dup2(stdin_fd, STDIN_FILENO);           // a background group reading the tty would be stopped
     ::dup2(out[1], STDOUT_FILENO);
     ::dup2(err[1], STDERR_FILENO);
+    // --net: the rank's own network namespace. Only the network is switched (not the mount namespace,
+    // as `ip netns exec` also does), so /sys/class/net still lists the root namespace's interfaces;
+    // getifaddrs() and sockets -- all Gloo and the TCP store use -- see the rank's namespace.
+    if (netns_fd >= 0 && ::setns(netns_fd, CLONE_NEWNET) != 0) {
+      const int e = errno;
+      ::dprintf(STDERR_FILENO, "ddp_launch: cannot enter the rank's network namespace: %s\n", std::strerror(e));
+      ::_exit(126);
+    }
     ::execvpe(argv[0], argv.data(), envp.data());
     const int e = errno;
     ::dprintf(STDERR_FILENO, "ddp_launch: cannot run '%s': %s\n", argv[0], std::strerror(e));

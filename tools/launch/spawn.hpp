@@ -18,6 +18,9 @@ struct Child {
 // `stdin_fd` as its stdin. The child is the leader of a new process group and dies with SIGKILL if
 // the launcher dies. If exec fails, the child says why on its stderr and exits 127. On a failure in
 // the launcher itself (no pipes, no fork) a message naming `rank` is printed and pid is -1.
-Child spawn_rank(const std::vector<std::string>& command, std::vector<std::string> env, int stdin_fd, int rank);
+// With `netns_fd` >= 0 (--net) the child enters that network namespace before exec; if it cannot,
+// it says so and exits 126.
+Child spawn_rank(const std::vector<std::string>& command, std::vector<std::string> env, int stdin_fd, int rank,
+                 int netns_fd = -1);
 
 }  // namespace ddp_launch

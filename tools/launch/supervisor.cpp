@@ -9,6 +9,7 @@
 // us instead of to init, so we can reap it and be sure nothing is left when we return.
 #include "supervisor.hpp"
 
+#include "net.hpp"
 #include "output.hpp"
 #include "spawn.hpp"
 
@@ -25,6 +26,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -116,6 +118,10 @@ class Supervisor {
   void close_streams();
 
   const LaunchOptions& opts_;
+  // --net's namespaces. Destroyed with the Supervisor, so after run() has reaped every rank, on
+  // every return path (an exception included); the signal handlers stay installed meanwhile, so a
+  // Ctrl-C during teardown cannot cut it short.
+  std::unique_ptr<Network> net_;
   std::vector<Rank> ranks_;
   int wake_read_ = -1;
   int devnull_ = -1;
@@ -141,7 +147,9 @@ void Supervisor::install_signal_handlers() {
 }
 
 bool Supervisor::start(Rank& r) {
-  const Child child = spawn_rank(opts_.command, rank_environment(opts_, r.local), devnull_, r.global);
+  auto env = net_ ? rank_environment(opts_, r.local, net_->rank_env(r.local)) : rank_environment(opts_, r.local);
+  const int netns = net_ ? net_->netns_fd(r.local) : -1;
+  const Child child = spawn_rank(opts_.command, std::move(env), devnull_, r.global, netns);
   if (child.pid < 0) return false;
   r.pid = child.pid;
   r.reaped = false;
@@ -269,7 +277,12 @@ int Supervisor::run() {
   install_signal_handlers();  // before the first fork: a Ctrl-C from now on is forwarded, not fatal
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   devnull_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  // Built after the handlers are in place: a Ctrl-C during setup is only recorded, setup completes
+  // (or fails and cleans up), and no rank is started; the loop below then exits with 130.
+  if (opts_.net.enabled()) net_ = std::make_unique<Network>(opts_.net, opts_.nproc);
+  if (g_stop_count > 0) say("interrupted before any rank was started");
   for (Rank& r : ranks_) {
+    if (g_stop_count > 0) break;
     if (!start(r)) {
       failed_ = true;
       exit_code_ = 1;

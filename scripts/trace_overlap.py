@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Checks a training trace (`--bench ... --trace FILE`): how much communication hides behind backward.
+
+  trace_overlap.py TRACE --variant NAME --max-overlap F   every step's overlap fraction <= F
+  trace_overlap.py TRACE --variant NAME --min-overlap F   every rank's median fraction >= F
+  trace_overlap.py TRACE --check-format                   the trace is complete and consistent
+
+For every timed step of the variant on every rank, the overlap fraction is the part of the step's
+communication time (the union of the spans of the collectives launched in it) that falls inside the
+step's backward span. Stage 03 communicates only after backward, so it must be 0 in every step;
+overlaps of at most --tolerance-ms (default 1 ms, clock granularity) count as none. Bucketed DDP
+hides communication behind backward, but how much depends on timing, so --min-overlap is checked
+against each rank's median over its steps (one noisy step does not fail it), and the worst rank counts.
+
+--check-format: every rank 0..N-1 is present with the same steps; every step (but the reference
+all-reduce) has forward, backward and optimizer spans inside it; every collective has a non-negative
+duration and lies inside the step that launched it (within the tolerance).
+
+Exit 0: the condition holds; 1: it does not (the message names the step and rank); 2: bad input.
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tracelib as tl  # noqa: E402
+
+
+def check_format(t, tol_us):
+    problems = list(t.bad)
+    pids = sorted(t.steps)
+    if pids != list(range(len(pids))):
+        problems.append(f"ranks {pids} are not 0..{len(pids) - 1}: a rank's events are missing")
+    for pid in sorted(t.ranks):
+        if pid not in t.steps:
+            problems.append(f"{t.ranks[pid]} has no step spans")
+    keys = {pid: [(s.variant, s.round) for s in t.steps[pid]] for pid in pids}
+    for pid in pids[1:]:
+        if keys[pid] != keys[pids[0]]:
+            problems.append(f"rank {pid} ran other steps than rank {pids[0]}: "
+                            f"{len(keys[pid])} vs {len(keys[pids[0]])} steps")
+    for pid, span in t.orphans:
+        problems.append(f"rank {pid}: '{span.name}' at {span.ts / 1e3:.3f} ms lies in no step")
+    for pid in pids:
+        for s in t.steps[pid]:
+            where = f"rank {pid}, {s.variant!r} round {s.round}"
+            if s.dur < 0:
+                problems.append(f"{where}: negative step duration")
+            if s.variant != tl.REFERENCE:
+                for name in ("forward", "backward", "optimizer"):
+                    if not s.phase(name):
+                        problems.append(f"{where}: no '{name}' span")
+            for p in s.phases:
+                if p.end > s.end + tol_us:
+                    problems.append(f"{where}: '{p.name}' ends {(p.end - s.end) / 1e3:.3f} ms after the step")
+            for c in s.comms:
+                if c.end > s.end + tol_us:
+                    problems.append(f"{where}: collective '{c.name}' ends {(c.end - s.end) / 1e3:.3f} ms after the step")
+    ncomm = sum(len(s.comms) for pid in pids for s in t.steps[pid])
+    nsteps = sum(len(v) for v in t.steps.values())
+    for p in problems[:20]:
+        print("FORMAT:", p)
+    if len(problems) > 20:
+        print(f"FORMAT: ... and {len(problems) - 20} more")
+    print(f"format: {len(pids)} ranks, {nsteps} steps, {ncomm} collectives, variants: {', '.join(tl.variants(t))}: "
+          + ("ok" if not problems else f"{len(problems)} problems"))
+    return not problems
+
+
+def check_overlap(t, variant, args, tol_us):
+    steps = tl.steps_of(t, variant)
+    if not steps:
+        raise tl.TraceError(f"variant {variant!r} has no steps")
+    print(f"{variant}: fraction of communication time overlapping backward, per step")
+    per_rank, failures = {}, []
+    for s in steps:
+        comm, bwd, hidden = tl.overlap(s)
+        if comm == 0:
+            print(f"  rank {s.rank} round {s.round}: no collectives")
+            continue
+        frac = hidden / comm
+        per_rank.setdefault(s.rank, []).append((frac, s))
+        print(f"  rank {s.rank} round {s.round}: step {s.dur / 1e3:8.2f} ms, backward {bwd / 1e3:8.2f} ms, "
+              f"communication {comm / 1e3:8.2f} ms, overlapping {hidden / 1e3:8.2f} ms -> {frac:.3f}")
+        if args.max_overlap is not None and frac > args.max_overlap and hidden - args.max_overlap * comm > tol_us:
+            failures.append(f"rank {s.rank} round {s.round}: {frac:.3f} of {comm / 1e3:.2f} ms of communication "
+                            f"({hidden / 1e3:.2f} ms) overlaps backward; at most {args.max_overlap} "
+                            f"(+{tol_us / 1e3:g} ms) allowed")
+    if not per_rank:
+        raise tl.TraceError(f"variant {variant!r} launched no collectives: nothing to check")
+    medians = {r: tl.median([f for f, _ in v]) for r, v in per_rank.items()}
+    for r, m in sorted(medians.items()):
+        print(f"  rank {r}: median {m:.3f} over {len(per_rank[r])} steps")
+    worst = min(medians, key=medians.get)
+    print(f"  min over ranks of the median: {medians[worst]:.3f} (rank {worst})")
+    if args.min_overlap is not None and medians[worst] < args.min_overlap:
+        low = min(per_rank[worst], key=lambda fs: fs[0])
+        failures.append(f"rank {worst}: median overlap {medians[worst]:.3f} over {len(per_rank[worst])} steps is below "
+                        f"{args.min_overlap} (lowest: round {low[1].round}, {low[0]:.3f})")
+    for f in failures:
+        print("FAIL:", f)
+    return not failures
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("trace")
+    ap.add_argument("--variant", help="exact name or a unique substring, e.g. 'flat' or 'bucketed 1 MB'")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--max-overlap", type=float, metavar="F", help="every step's fraction must be <= F")
+    g.add_argument("--min-overlap", type=float, metavar="F", help="every rank's median fraction must be >= F")
+    ap.add_argument("--tolerance-ms", type=float, default=1.0, help="clock granularity allowance (default 1)")
+    ap.add_argument("--check-format", action="store_true", help="check the trace's completeness and consistency")
+    args = ap.parse_args()
+    if not args.check_format and not args.variant:
+        ap.error("give --variant NAME (with --max-overlap or --min-overlap) and/or --check-format")
+    if (args.max_overlap is not None or args.min_overlap is not None) and not args.variant:
+        ap.error("--max-overlap / --min-overlap need --variant")
+    for v in (args.max_overlap, args.min_overlap):
+        if v is not None and not 0 <= v <= 1:
+            ap.error("overlap fractions lie in [0, 1]")
+    try:
+        t = tl.load(args.trace)
+        ok = True
+        if args.check_format:
+            ok = check_format(t, args.tolerance_ms * 1e3) and ok
+        if args.variant:
+            ok = check_overlap(t, tl.match_variant(t, args.variant), args, args.tolerance_ms * 1e3) and ok
+    except tl.TraceError as e:
+        print(f"trace_overlap.py: {e}", file=sys.stderr)
+        return 2
+    print("PASS" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
