@@ -93,13 +93,6 @@ bool parameters_identical_across_ranks(ProcessGroup& pg, torch::nn::Module& modu
 
 namespace {
 
-// Copies b's parameter values into a (same structure): the C++ stand-in for Python's deepcopy.
-void copy_parameters(torch::nn::Module& dst, torch::nn::Module& src) {
-  torch::NoGradGuard no_grad;
-  auto d = unique_parameters(dst), s = unique_parameters(src);
-  for (size_t i = 0; i < d.size(); ++i) d[i].copy_(s[i]);
-}
-
 // Every rank votes; all ranks throw together, so no rank is left waiting in the next collective.
 void fail_together(ProcessGroup& pg, const std::string& problem) {
   auto votes = pg.all_gather(problem.empty() ? 1.0 : 0.0);

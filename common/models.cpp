@@ -129,4 +129,10 @@ int64_t count_elements(const std::vector<torch::Tensor>& tensors) {
   return n;
 }
 
+void copy_parameters(torch::nn::Module& dst, const torch::nn::Module& src) {
+  torch::NoGradGuard no_grad;
+  auto d = unique_parameters(dst), s = unique_parameters(src);
+  for (size_t i = 0; i < d.size(); ++i) d[i].copy_(s[i]);
+}
+
 }  // namespace dp

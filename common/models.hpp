@@ -101,6 +101,10 @@ std::shared_ptr<ToyBase> make_toy_model(const std::string& name);
 /// count it twice. With trainable_only, parameters with requires_grad false are left out.
 std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& m, bool trainable_only = false);
 
+/// Copies `src`'s unique parameter values into `dst`, a model of the same structure (frozen ones too):
+/// the C++ stand-in for Python's copy.deepcopy of the weights. No autograd history is recorded.
+void copy_parameters(torch::nn::Module& dst, const torch::nn::Module& src);
+
 /// unique_parameters() with the dotted name of each tensor's first registration ("fc2.fc.weight").
 std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(const torch::nn::Module& m,
                                                                            bool trainable_only = false);

@@ -39,11 +39,6 @@
 using namespace dp;
 namespace optim = torch::optim;
 
-static void copy_parameters(torch::nn::Module& dst, torch::nn::Module& src) {
-  torch::NoGradGuard no_grad;
-  auto d = unique_parameters(dst), s = unique_parameters(src);
-  for (size_t i = 0; i < d.size(); ++i) d[i].copy_(s[i]);
-}
 
 // CS336's test: every rank seeds 42, so models and data agree without a broadcast; no DDP, every rank
 // computes full gradients. After every step the sharded model must equal plain AdamW's bit for bit.

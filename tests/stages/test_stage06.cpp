@@ -65,11 +65,6 @@ dp::MakeLocalOptimizer local_factory(const std::string& kind) {
 }
 
 // The C++ stand-in for Python's deepcopy of the parameters.
-void copy_parameters(torch::nn::Module& dst, torch::nn::Module& src) {
-  torch::NoGradGuard no_grad;
-  auto d = dp::unique_parameters(dst), s = dp::unique_parameters(src);
-  for (size_t i = 0; i < d.size(); ++i) d[i].copy_(s[i]);
-}
 
 struct Batch {
   torch::Tensor x, y;
@@ -87,7 +82,7 @@ Pair build_pair(const std::string& model, int steps) {
   Pair p;
   p.ref = dp::make_toy_model(model);
   p.shd = dp::make_toy_model(model);
-  copy_parameters(*p.shd, *p.ref);
+  dp::copy_parameters(*p.shd, *p.ref);
   for (int i = 0; i < steps; ++i) {
     auto x = torch::rand({32, 10});
     p.batches.push_back({x, torch::rand({32, 5})});
@@ -379,7 +374,7 @@ TEST(Transformer, DdpWithShardedAdamWEqualsDdpWithAdamW) {
       torch::manual_seed(42);
       ref = dp::TransformerLM(cfg);
       shd = dp::TransformerLM(cfg);
-      copy_parameters(*shd, *ref);
+      dp::copy_parameters(*shd, *ref);
       tokens = torch::randint(0, cfg.vocab_size, {kSteps, kWorld * kPerRank, kT + 1}, torch::kInt64);
     }
     dp::broadcast_parameters(pg, *ref);
