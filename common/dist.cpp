@@ -36,14 +36,10 @@ std::string first_line(const std::exception& e) {
 // Which network interface Gloo binds. GLOO_SOCKET_IFNAME (PyTorch's variable) names an interface;
 // otherwise one node, or a master on loopback, talks over 127.0.0.1 (resolving the hostname, Gloo's
 // default, is a classic container hang); a real multi-node job resolves this machine's hostname.
-compat::GlooInterface gloo_interface() {
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) return {"", ifname};
-  const char* master = std::getenv("MASTER_ADDR");
-  const char* local = std::getenv("LOCAL_WORLD_SIZE");
-  const char* world = std::getenv("WORLD_SIZE");
-  bool multi_node = local && world && std::string(local) != world;
-  bool loopback = !master || std::string(master).rfind("127.", 0) == 0 || std::string(master) == "localhost";
-  if (multi_node && !loopback) return {"", ""};
+compat::GlooInterface gloo_interface(const LaunchEnv& env) {
+  if (!env.gloo_ifname.empty()) return {"", env.gloo_ifname};
+  const bool loopback = env.master_addr.rfind("127.", 0) == 0 || env.master_addr == "localhost";
+  if (env.launched && !env.single_node() && !loopback) return {"", ""};
   return {"127.0.0.1", ""};
 }
 
@@ -51,6 +47,9 @@ compat::GlooInterface gloo_interface() {
 
 LaunchEnv LaunchEnv::from_environment() {
   LaunchEnv env;
+  if (const char* i = std::getenv("GLOO_SOCKET_IFNAME"); i && *i) env.gloo_ifname = i;
+  if (const char* n = std::getenv("DP_NET"); n && *n) env.net = n;
+  if (const char* c = std::getenv("DP_LAUNCH_COMMAND"); c && *c) env.launch_command = c;
   env.launched = std::getenv("RANK") && std::getenv("WORLD_SIZE");
   if (!env.launched) return env;  // started by hand: one rank
   env.world_size = env_int("WORLD_SIZE", 1, 1);
@@ -130,14 +129,15 @@ ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store
   try {
     if (opts.backend == "nccl") {
 #ifdef DP_WITH_NCCL
-      int local = std::getenv("LOCAL_RANK") ? std::atoi(std::getenv("LOCAL_RANK")) : rank;
+      const LaunchEnv env = LaunchEnv::from_environment();
+      const int local = env.launched ? env.local_rank : rank;  // threads as ranks: no environment
       pg.device_ = torch::Device(torch::kCUDA, local % std::max<int>(1, torch::cuda::device_count()));
       c10::cuda::set_device(pg.device_.index());
       pg.impl_->comm = compat::make_nccl(store, rank, world, opts.timeout);
 #endif
     } else {
 #ifdef USE_C10D_GLOO
-      pg.impl_->comm = compat::make_gloo(store, rank, world, opts.timeout, gloo_interface());
+      pg.impl_->comm = compat::make_gloo(store, rank, world, opts.timeout, gloo_interface(LaunchEnv::from_environment()));
 #endif
     }
   } catch (const UsageError&) {

@@ -24,8 +24,15 @@ struct LaunchEnv {
   std::string master_addr = "127.0.0.1";  ///< MASTER_ADDR: host of rank 0's rendezvous store
   int master_port = 29500;   ///< MASTER_PORT: its TCP port
   bool launched = false;     ///< true when RANK and WORLD_SIZE were set
+  std::string gloo_ifname;   ///< GLOO_SOCKET_IFNAME: the interface Gloo binds (PyTorch's variable), or empty
+  std::string net;           ///< DP_NET: the rate of ddp_launch --net's simulated links ("1gbit"), or empty
+  std::string launch_command;  ///< DP_LAUNCH_COMMAND: ddp_launch's own command line, or empty
 
-  /// Reads the variables above; throws dp::UsageError naming a malformed one.
+  /// True when every rank runs on this machine (LOCAL_WORLD_SIZE == WORLD_SIZE).
+  bool single_node() const { return local_world_size == world_size; }
+
+  /// Reads the variables above. This is the one place that reads the launch environment; throws
+  /// dp::UsageError naming a malformed variable.
   static LaunchEnv from_environment();
 };
 

@@ -1,6 +1,8 @@
 // Results: JSON for scripts and plots, Markdown for people.
 #include "common/results.hpp"
 
+#include "common/dist.hpp"
+
 #include <torch/version.h>
 
 #include <fmt/format.h>
@@ -82,16 +84,15 @@ std::string machine_description() {
 }
 
 std::string link_description() {
-  if (const char* net = std::getenv("DP_NET"); net && *net) return fmt::format("simulated {} link per rank", net);
-  const char* local = std::getenv("LOCAL_WORLD_SIZE");
-  const char* world = std::getenv("WORLD_SIZE");
-  return (!local || !world || std::string(local) == world) ? "loopback" : "network";
+  const LaunchEnv env = LaunchEnv::from_environment();
+  if (!env.net.empty()) return fmt::format("simulated {} link per rank", env.net);
+  return env.single_node() ? "loopback" : "network";
 }
 
 std::string command_line(int argc, char** argv) {
   // Started by ddp_launch: record the whole launcher command (ranks, --net, ...), which is what a
   // reader must type to reproduce the numbers.
-  if (const char* launch = std::getenv("DP_LAUNCH_COMMAND"); launch && *launch) return launch;
+  if (auto launch = LaunchEnv::from_environment().launch_command; !launch.empty()) return launch;
   std::string s;
   for (int i = 0; i < argc; ++i) {
     std::string a = argv[i];

@@ -1,6 +1,8 @@
 // Exit codes, rank-aware printing state, CPU threads per rank and the slow-BLAS check.
 #include "common/runtime.hpp"
 
+#include "common/dist.hpp"
+
 #include <torch/torch.h>
 
 #include <chrono>
@@ -68,7 +70,7 @@ int configure_cpu_threads() {
   // rank runs slower than one alone. Our launcher exports OMP_NUM_THREADS; honour it (and a user's).
   int n = env_positive("OMP_NUM_THREADS");
   if (n == 0) {
-    int local = std::max(1, env_positive("LOCAL_WORLD_SIZE"));
+    const int local = std::max(1, LaunchEnv::from_environment().local_world_size);
     n = std::max(1u, std::thread::hardware_concurrency() / local);
   }
   torch::set_num_threads(n);

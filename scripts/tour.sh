@@ -52,6 +52,6 @@ echo "==== summary (tiny Transformer, ${NPROC:-2} ranks, $link, this machine)"
 $PY scripts/tour_summary.py $out
 
 if [ $full = 1 ]; then
-  echo; echo "==== --full: regenerating every benchmark behind docs/ (small Transformer; takes a while)"
+  echo; echo "==== --full: regenerating every benchmark behind docs/ (about 35 minutes)"
   bash scripts/bench_docs.sh
 fi
