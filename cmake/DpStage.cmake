@@ -33,10 +33,13 @@ function(dp_add_test name)
   endif()
 endfunction()
 
-# dp_add_gtest(<target> SOURCES <files> LINK <libs> LABELS <labels> [TIMEOUT s])
+# dp_add_gtest(<target> SOURCES <files> LINK <libs> LABELS <labels> [LABELS_BY_NAME <regex>=<label>...]
+#              [TIMEOUT s])
 #   One GoogleTest executable; each TEST() becomes its own ctest test with the labels and timeout.
+#   LABELS_BY_NAME adds <label> to the tests whose ctest name matches <regex> (a typed test's name ends
+#   with its type: "Suite.Test<Type>").
 function(dp_add_gtest target)
-  cmake_parse_arguments(G "" "TIMEOUT" "SOURCES;LINK;LABELS" ${ARGN})
+  cmake_parse_arguments(G "" "TIMEOUT" "SOURCES;LINK;LABELS;LABELS_BY_NAME" ${ARGN})
   if(NOT G_TIMEOUT)
     set(G_TIMEOUT 120)
   endif()
@@ -53,7 +56,15 @@ function(dp_add_gtest target)
   # gtest_discover_tests splits list-valued PROPERTIES, so the labels are set by a script that ctest
   # runs after the discovered tests are defined.
   set(labels_script ${CMAKE_CURRENT_BINARY_DIR}/${target}_labels.cmake)
-  file(WRITE ${labels_script}
-    "foreach(t IN LISTS ${target}_TESTS)\n  set_tests_properties(\"\${t}\" PROPERTIES LABELS \"${G_LABELS}\")\nendforeach()\n")
+  set(script "foreach(t IN LISTS ${target}_TESTS)\n  set(labels \"${G_LABELS}\")\n")
+  foreach(rule IN LISTS G_LABELS_BY_NAME)
+    string(FIND "${rule}" "=" eq REVERSE)
+    string(SUBSTRING "${rule}" 0 ${eq} regex)
+    math(EXPR after "${eq} + 1")
+    string(SUBSTRING "${rule}" ${after} -1 label)
+    string(APPEND script "  if(t MATCHES [=[${regex}]=])\n    list(APPEND labels ${label})\n  endif()\n")
+  endforeach()
+  string(APPEND script "  set_tests_properties(\"\${t}\" PROPERTIES LABELS \"\${labels}\")\nendforeach()\n")
+  file(WRITE ${labels_script} "${script}")
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${labels_script})
 endfunction()

@@ -2,7 +2,7 @@
 // same way, so stages differ only in how they synchronize gradients.
 #pragma once
 
-#include "common/ddp_check.hpp"
+#include "common/grad_sync.hpp"
 #include "common/results.hpp"
 #include "common/timing.hpp"
 

@@ -99,6 +99,11 @@ std::shared_ptr<ToyBase> make_toy_model(const std::string& name) {
                                fmt::join(toy_model_names(), ", ")));
 }
 
+std::mutex& model_init_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 // --- Parameter lists that count a tied weight once ---------------------------------------------
 
 std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(const torch::nn::Module& m,

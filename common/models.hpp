@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -94,6 +95,12 @@ std::vector<std::string> toy_model_names();
 /// Builds ToyMLP ("mlp"), ToyModel ("toy") or ToyModelWithTiedWeights ("tied") with the current
 /// global RNG state (seed it first for reproducible values). Throws dp::UsageError on any other name.
 std::shared_ptr<ToyBase> make_toy_model(const std::string& name);
+
+/// torch's global RNG is one per process. Code that seeds it and then builds models from it holds this
+/// mutex for the whole sequence, so that threads of one process cannot interleave their seeding and
+/// drawing: the tests run ranks as threads, and the DDP checks (common/ddp_check) seed and build their
+/// models on every rank. In the programs every rank is a process of its own and the lock is uncontended.
+std::mutex& model_init_mutex();
 
 /// The distinct parameters of `m` in named_parameters() order, each tensor once (first occurrence
 /// kept; identity is the TensorImpl, so tied weights count once). LibTorch's parameters() lists a

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Writes docs/diffs/NN.diff: what stage NN's program changed relative to the previous stage's (main.cpp
-# plus the stage's own DDP file), so each page can show "what changed since the previous stage".
+# Writes docs/diffs/NN.diff: what stage NN changed relative to the previous stage, file by file of the same
+# role, so each page can show "what changed since the previous stage": the gradient synchronization
+# against the previous stage's (naive -> flat -> overlap -> bucketed, .cpp against .cpp), main.cpp against
+# main.cpp, and a file new in this stage against /dev/null.
 #   bash scripts/stage_diffs.sh            writes docs/diffs/
 #   bash scripts/stage_diffs.sh --check    fails if docs/diffs/ is not what the sources give (ctest)
 set -euo pipefail
@@ -13,16 +15,27 @@ if [ "${1:-}" = "--check" ]; then
 fi
 out=${1:-docs/diffs}
 mkdir -p "$out"
+# NN, then pairs of files: old new [old new ...]
 pairs=(
   "02 stages/01_allreduce/main.cpp stages/02_naive_ddp/main.cpp"
-  "03 stages/02_naive_ddp/naive_ddp.cpp stages/03_flat/flat_ddp.cpp"
-  "04 stages/03_flat/main.cpp stages/04_overlap/main.cpp"
-  "05 stages/04_overlap/ddp_overlap.hpp stages/05_bucketed/ddp_bucketed.hpp"
+  "03 stages/02_naive_ddp/naive_ddp.cpp stages/03_flat/flat_ddp.cpp
+      stages/02_naive_ddp/main.cpp stages/03_flat/main.cpp"
+  "04 stages/03_flat/flat_ddp.cpp stages/04_overlap/overlap_ddp.cpp
+      /dev/null stages/04_overlap/accumulate_grad_hooks.cpp
+      stages/03_flat/main.cpp stages/04_overlap/main.cpp"
+  "05 stages/04_overlap/overlap_ddp.cpp stages/05_bucketed/bucketed_ddp.cpp
+      /dev/null stages/05_bucketed/buckets.cpp
+      stages/04_overlap/main.cpp stages/05_bucketed/main.cpp"
   "06 stages/05_bucketed/main.cpp stages/06_sharded_opt/main.cpp"
 )
 for p in "${pairs[@]}"; do
   set -- $p
-  # diff exits 1 when the files differ, which is the point here.
-  diff -u --label "$2" --label "$3" "$2" "$3" > "$out/$1.diff" || [ $? = 1 ]
+  n=$1; shift
+  : > "$out/$n.diff"
+  while [ $# -ge 2 ]; do
+    # diff exits 1 when the files differ, which is the point here.
+    diff -u --label "$1" --label "$2" "$1" "$2" >> "$out/$n.diff" || [ $? = 1 ]
+    shift 2
+  done
 done
 echo "wrote ${#pairs[@]} diffs to $out"

@@ -16,6 +16,7 @@
 // latency, and a Transformer has hundreds of tensors. Stage 03 sends them all in one call.
 #include "common/cli.hpp"
 #include "common/ddp_bench.hpp"
+#include "common/ddp_check.hpp"
 #include "common/runtime.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
 

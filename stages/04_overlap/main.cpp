@@ -17,16 +17,17 @@
 #include "common/cli.hpp"
 #include "common/data.hpp"
 #include "common/ddp_bench.hpp"
+#include "common/ddp_check.hpp"
 #include "common/models.hpp"
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
-#include "stages/04_overlap/ddp_overlap.hpp"
+#include "stages/04_overlap/overlap_ddp.hpp"
 
 using namespace dp;
 
 static std::unique_ptr<GradSync> make_overlap(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) {
-  return std::make_unique<DdpOverlap>(pg, std::move(m));
+  return std::make_unique<OverlapDdp>(pg, std::move(m));
 }
 static std::unique_ptr<GradSync> make_naive(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) {
   return std::make_unique<NaiveDdp>(pg, std::move(m));
@@ -39,7 +40,7 @@ static void show_overlap(ProcessGroup& pg) {
   torch::manual_seed(0);
   auto cfg = TransformerConfig::preset("tiny", 32);
   auto model = TransformerLM(cfg);
-  DdpOverlap ddp(pg, model.ptr());
+  OverlapDdp ddp(pg, model.ptr());
   auto [x, y] = token_batch(2 * pg.world_size(), 32, cfg.vocab_size, 1, 0);
   ddp.on_train_batch_start();
   lm_loss(model->forward(shard_rows(x, pg.rank(), pg.world_size())), shard_rows(y, pg.rank(), pg.world_size()))

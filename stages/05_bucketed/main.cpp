@@ -21,12 +21,13 @@
 // (AdamW: two floats per parameter, twice the model). Stage 06 shards it across ranks.
 #include "common/cli.hpp"
 #include "common/ddp_bench.hpp"
+#include "common/ddp_check.hpp"
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
 #include "stages/03_flat/flat_ddp.hpp"
-#include "stages/04_overlap/ddp_overlap.hpp"
-#include "stages/05_bucketed/ddp_bucketed.hpp"
+#include "stages/04_overlap/overlap_ddp.hpp"
+#include "stages/05_bucketed/bucketed_ddp.hpp"
 
 using namespace dp;
 
@@ -40,7 +41,7 @@ static void run_checks(ProcessGroup& pg) {
   for (double cap : {0.0016, 0.0001, 0.01}) {
     for (const char* model : {"toy", "tied"}) {
       auto make_bucketed = [&](ProcessGroup& g, std::shared_ptr<torch::nn::Module> m) -> std::unique_ptr<GradSync> {
-        auto ddp = std::make_unique<DdpBucketed>(g, std::move(m), cap);
+        auto ddp = std::make_unique<BucketedDdp>(g, std::move(m), cap);
         print0("{} model, {} MB buckets:\n{}", model, cap, ddp->describe_buckets());
         return ddp;
       };
@@ -107,11 +108,11 @@ int main(int argc, char** argv) {
       // [bench]
       std::vector<Variant> variants{{"naive (stage 02)", make<NaiveDdp>},
                                     {"flat (stage 03)", make<FlatDdp>},
-                                    {"overlap (stage 04)", make<DdpOverlap>}};
+                                    {"overlap (stage 04)", make<OverlapDdp>}};
       for (double cap : caps)
         variants.push_back({fmt::format("bucketed {:g} MB (stage 05)", cap),
                             [cap](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod) -> std::unique_ptr<GradSync> {
-                              return std::make_unique<DdpBucketed>(g, std::move(mod), cap);
+                              return std::make_unique<BucketedDdp>(g, std::move(mod), cap);
                             }});
       record(results, bench_variants(pg, cfg, variants), cfg, pg.world_size());
       // [bench]

@@ -189,8 +189,8 @@ TEST(LauncherSignals, SigtermStopsEveryRank) {
 }
 
 namespace {
-// Bad input: exit 2 and exactly one line that names the offending value.
-void expect_usage_error(const std::vector<std::string>& args, const std::string& needle) {
+// Bad input: ddp_launch refuses it with exit 2 and exactly one line that names the offending value.
+void expect_refused(const std::vector<std::string>& args, const std::string& needle) {
   Sandbox box;
   const Result r = run(box, args);
   EXPECT_EQ(r.code, 2) << r.err;
@@ -201,16 +201,16 @@ void expect_usage_error(const std::vector<std::string>& args, const std::string&
 }  // namespace
 
 TEST(LauncherUsage, BadValuesExit2) {
-  expect_usage_error({"--nproc", "0", "--", kProbe, "env"}, "'0'");
-  expect_usage_error({"--nproc", "-3", "--", kProbe, "env"}, "'-3'");
-  expect_usage_error({"--nproc", "abc", "--", kProbe, "env"}, "'abc'");
-  expect_usage_error({"--nnodes", "2", "--node-rank", "2", "--", kProbe, "env"}, "--node-rank 2");
-  expect_usage_error({"--master-port", "70000", "--", kProbe, "env"}, "'70000'");
-  expect_usage_error({"--timeout", "soon", "--", kProbe, "env"}, "'soon'");
-  expect_usage_error({"--nproc", "2"}, "no program");
-  expect_usage_error({"--nproc", "2", "--"}, "no program");
-  expect_usage_error({"--frobnicate", "--", kProbe}, "--frobnicate");
-  expect_usage_error({"--nproc"}, "--nproc");  // value missing: CLI11's own error, still exit 2
+  expect_refused({"--nproc", "0", "--", kProbe, "env"}, "'0'");
+  expect_refused({"--nproc", "-3", "--", kProbe, "env"}, "'-3'");
+  expect_refused({"--nproc", "abc", "--", kProbe, "env"}, "'abc'");
+  expect_refused({"--nnodes", "2", "--node-rank", "2", "--", kProbe, "env"}, "--node-rank 2");
+  expect_refused({"--master-port", "70000", "--", kProbe, "env"}, "'70000'");
+  expect_refused({"--timeout", "soon", "--", kProbe, "env"}, "'soon'");
+  expect_refused({"--nproc", "2"}, "no program");
+  expect_refused({"--nproc", "2", "--"}, "no program");
+  expect_refused({"--frobnicate", "--", kProbe}, "--frobnicate");
+  expect_refused({"--nproc"}, "--nproc");  // value missing: CLI11's own error, still exit 2
 }
 
 TEST(LauncherUsage, MissingProgramExits127) {

@@ -1,11 +1,12 @@
-// Stage 05 (assign_buckets, DdpBucketed): bucket assignment as a pure function, equivalence with
-// single-process training at the CS336 bucket sizes, in-order launches during backward, misuse
-// errors, and hook removal. Ranks are threads.
-#include "common/ddp_check.hpp"
+// Stage 05 on its own: bucket assignment as a pure function (no ranks), the buckets BucketedDdp builds
+// at CS336's caps, bad caps, and buckets launched strictly in index order. What every DDP variant must
+// do is in test_grad_sync_contract.cpp, what every hook-driven one must do in test_hook_contract.cpp.
+// Ranks are threads.
 #include "common/models.hpp"
 #include "common/runtime.hpp"
+#include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "stages/05_bucketed/buckets.hpp"
-#include "stages/05_bucketed/ddp_bucketed.hpp"
+#include "tests/support/fixtures.hpp"
 #include "tests/support/ranks.hpp"
 
 #include <torch/csrc/autograd/function.h>
@@ -14,26 +15,24 @@
 
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 namespace {
 
+using namespace dp::testing;  // run_ranks, make_seeded, rng_mutex, same_on_all_ranks
 using dp::assign_buckets;
-using dp::DdpBucketed;
-using dp::GradSync;
+using dp::BucketedDdp;
 using dp::ProcessGroup;
-using dp::testing::rng_mutex;
-using dp::testing::run_ranks;
 using Buckets = std::vector<std::vector<size_t>>;
 
-constexpr int kRepeats = 5;  // the CS336 handout: run the DDP tests several times to catch flakiness
 const double kCsCaps[] = {0.0016, 0.0001, 0.01};  // MB, the caps of CS336's test_ddp.py
 
-// Bucket assignment of a model's unique parameters (what DdpBucketed does), without ranks.
+// Bucket assignment of a model's unique parameters (what BucketedDdp does), without ranks.
 Buckets assignment_of(const torch::nn::Module& m, double cap_mb) {
   std::vector<int64_t> bytes;
   std::vector<bool> trainable;
@@ -52,34 +51,6 @@ std::vector<std::vector<std::string>> names_of(const torch::nn::Module& m, const
     for (size_t i : b) out.back().push_back(named[i].first);
   }
   return out;
-}
-
-bool same_on_all_ranks(ProcessGroup& pg, const torch::Tensor& t) {
-  bool same = true;
-  for (auto& other : pg.all_gather(t.contiguous())) same = same && torch::equal(other, t);
-  return same;
-}
-
-struct Local {
-  std::shared_ptr<dp::ToyMLPImpl> model;
-  torch::Tensor x;
-};
-Local make_local(int rank) {
-  std::lock_guard<std::mutex> lock(rng_mutex());
-  torch::manual_seed(100 + rank);
-  return {std::make_shared<dp::ToyMLPImpl>(), torch::randn({8, dp::kToyIn})};
-}
-
-std::shared_ptr<dp::ToyMLPImpl> copy_of(dp::ToyMLPImpl& src) {
-  std::shared_ptr<dp::ToyMLPImpl> dst;
-  {
-    std::lock_guard<std::mutex> lock(rng_mutex());
-    dst = std::make_shared<dp::ToyMLPImpl>();
-  }
-  torch::NoGradGuard no_grad;
-  auto d = dp::unique_parameters(*dst), s = dp::unique_parameters(src);
-  for (size_t i = 0; i < d.size(); ++i) d[i].copy_(s[i]);
-  return dst;
 }
 
 // `late` is registered after `early` but used before it in forward, so its gradient is ready last:
@@ -161,32 +132,7 @@ TEST(Stage05Buckets, TiedModelAtCs336CapsCountsTiedWeightOnce) {
             (Names{{"fc5.weight", "fc3.weight", "fc2.weight", "fc1.weight"}}));
 }
 
-// ================================ DdpBucketed (ranks as threads) ===================================
-
-void scenario(int world, const char* model) {
-  for (double cap : kCsCaps) {
-    auto make = [cap](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) -> std::unique_ptr<GradSync> {
-      return std::make_unique<DdpBucketed>(pg, std::move(m), cap);
-    };
-    for (int rep = 0; rep < kRepeats; ++rep) {
-      SCOPED_TRACE(::testing::Message() << model << ", " << cap << " MB, repeat " << rep);
-      run_ranks(world, [&](ProcessGroup& pg) { dp::check_cs336_scenario(pg, model, make); });
-    }
-  }
-}
-
-TEST(Stage05Bucketed, Cs336ToyWorld2) { scenario(2, "toy"); }
-TEST(Stage05Bucketed, Cs336TiedWorld2) { scenario(2, "tied"); }
-TEST(Stage05Bucketed, Cs336ToyWorld4) { scenario(4, "toy"); }
-TEST(Stage05Bucketed, Cs336TiedWorld4) { scenario(4, "tied"); }
-
-TEST(Stage05Bucketed, ToyMlpExperimentWorld2) {
-  run_ranks(2, [](ProcessGroup& pg) {
-    dp::check_toy_mlp_experiment(pg, [](ProcessGroup& g, std::shared_ptr<torch::nn::Module> m) {
-      return std::unique_ptr<GradSync>(std::make_unique<DdpBucketed>(g, std::move(m), 0.0005));
-    });
-  });
-}
+// ================================ BucketedDdp (ranks as threads) ===================================
 
 TEST(Stage05Bucketed, BucketCountsMatchAssignment) {
   run_ranks(2, [](ProcessGroup& pg) {
@@ -198,7 +144,7 @@ TEST(Stage05Bucketed, BucketCountsMatchAssignment) {
           std::lock_guard<std::mutex> lock(rng_mutex());
           model = dp::make_toy_model(name);
         }
-        DdpBucketed ddp(pg, model, kCsCaps[c]);
+        BucketedDdp ddp(pg, model, kCsCaps[c]);
         EXPECT_EQ(ddp.bucket_count(), counts[c]) << name << " at " << kCsCaps[c] << " MB\n" << ddp.describe_buckets();
       }
   });
@@ -207,48 +153,15 @@ TEST(Stage05Bucketed, BucketCountsMatchAssignment) {
 TEST(Stage05Bucketed, BadCapThrowsUsageErrorBeforeAnyCollective) {
   dp::ToyModel model;
   run_ranks(1, [&](ProcessGroup& pg) {
-    EXPECT_THROW(DdpBucketed(pg, model.ptr(), 0.0), dp::UsageError);
-    EXPECT_THROW(DdpBucketed(pg, model.ptr(), std::nan("")), dp::UsageError);
-  });
-}
-
-// --- Overlap: the first bucket is sent while backward still runs ----------------------------------
-
-TEST(Stage05Bucketed, FirstBucketLaunchedBeforeBackwardFinishes) {
-  run_ranks(2, [](ProcessGroup& pg) {
-    auto [model, x] = make_local(pg.rank());
-    DdpBucketed ddp(pg, model, 0.0001);  // 100 B: every tensor of the MLP in its own bucket
-    ASSERT_EQ(ddp.bucket_count(), 6u);
-    for (int step = 0; step < 3; ++step) {
-      ddp.on_train_batch_start();
-      model->zero_grad();
-      const int64_t before = ddp.launched_count();
-      int64_t launched_when_fc1_reached = -1;
-      auto h1 = torch::relu(model->fc1(x));
-      h1.register_hook([&](torch::Tensor) { launched_when_fc1_reached = ddp.launched_count() - before; });
-      model->fc3(torch::relu(model->fc2(h1))).pow(2).mean().backward();
-      const auto backward_returned = std::chrono::steady_clock::now();
-      EXPECT_GT(launched_when_fc1_reached, 0) << "no bucket was launched before backward reached fc1";
-      EXPECT_LT(launched_when_fc1_reached, 6);
-      auto launches = ddp.launches();
-      ASSERT_EQ(launches.size(), 6u);
-      EXPECT_EQ(launches.front().index, 0u);
-      EXPECT_LT(launches.front().time, backward_returned);
-      ddp.finish_gradient_synchronization();
-      for (auto& p : dp::unique_parameters(*model)) EXPECT_TRUE(same_on_all_ranks(pg, p.grad()));
-    }
+    EXPECT_THROW(BucketedDdp(pg, model.ptr(), 0.0), dp::UsageError);
+    EXPECT_THROW(BucketedDdp(pg, model.ptr(), std::nan("")), dp::UsageError);
   });
 }
 
 // A bucket that completes before an earlier one waits for it: launches go 0, 1, 2, ... always.
 TEST(Stage05Bucketed, CompleteBucketWaitsForEarlierOnes) {
   run_ranks(2, [](ProcessGroup& pg) {
-    std::shared_ptr<OutOfOrderImpl> model;
-    {
-      std::lock_guard<std::mutex> lock(rng_mutex());
-      torch::manual_seed(pg.rank());
-      model = std::make_shared<OutOfOrderImpl>();
-    }
+    auto model = make_seeded<OutOfOrderImpl>(pg.rank());
     // Record the order in which gradients become final, with our own hooks on the same nodes.
     std::vector<std::string> ready_order;
     std::vector<std::shared_ptr<torch::autograd::Node>> nodes;
@@ -260,7 +173,7 @@ TEST(Stage05Bucketed, CompleteBucketWaitsForEarlierOnes) {
             return out;
           }));
     }
-    DdpBucketed ddp(pg, model, 0.0001);
+    BucketedDdp ddp(pg, model, 0.0001);
     ASSERT_EQ(ddp.bucket_count(), 3u);
     EXPECT_EQ(ddp.parameter_names()[ddp.buckets()[0][0]], "late");
     EXPECT_EQ(ddp.parameter_names()[ddp.buckets()[1][0]], "early");
@@ -285,72 +198,6 @@ TEST(Stage05Bucketed, CompleteBucketWaitsForEarlierOnes) {
       EXPECT_TRUE(same_on_all_ranks(pg, model->late.grad()));
       EXPECT_TRUE(same_on_all_ranks(pg, model->early.grad()));
     }
-  });
-}
-
-// --- Misuse: a second backward before finish ------------------------------------------------------
-
-TEST(Stage05Bucketed, SecondBackwardBeforeFinishThrowsWithMessage) {
-  run_ranks(2, [](ProcessGroup& pg) {
-    auto [model, x] = make_local(pg.rank());
-    DdpBucketed ddp(pg, model, 0.0005);
-    auto copy = copy_of(*model);  // this rank's local gradient, from an unhooked copy
-    copy->forward(x).pow(2).mean().backward();
-    auto first = copy->fc3->weight.grad();
-    ddp.on_train_batch_start();
-    model->forward(x).pow(2).mean().backward();
-    std::string message;
-    try {
-      model->forward(x).pow(2).mean().backward();
-    } catch (const std::exception& e) {
-      message = e.what();
-    }
-    EXPECT_NE(message.find("backward ran twice before finish_gradient_synchronization(): call it after every "
-                           "backward"),
-              std::string::npos)
-        << "message was: " << message;
-    EXPECT_THROW(ddp.on_train_batch_start(), std::logic_error);
-    ddp.finish_gradient_synchronization();
-    auto locals = pg.all_gather(first);
-    EXPECT_TRUE(torch::allclose(model->fc3->weight.grad(), (locals[0] + locals[1]) / 2));
-    EXPECT_NO_THROW(ddp.on_train_batch_start());
-  });
-}
-
-// --- Hooks are removed by the destructor ----------------------------------------------------------
-
-TEST(Stage05Bucketed, DestructorRemovesItsHooksOnly) {
-  run_ranks(2, [](ProcessGroup& pg) {
-    auto [model, x] = make_local(pg.rank());
-    std::vector<std::shared_ptr<torch::autograd::Node>> nodes;
-    for (auto& p : dp::unique_parameters(*model, true)) nodes.push_back(torch::autograd::impl::grad_accumulator(p));
-    int foreign_calls = 0;
-    nodes[0]->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [&](const torch::autograd::variable_list& out, const torch::autograd::variable_list&) {
-          ++foreign_calls;
-          return out;
-        }));
-    int64_t launched = 0;
-    {
-      DdpBucketed ddp(pg, model, 0.0005);
-      for (size_t i = 0; i < nodes.size(); ++i) {
-        EXPECT_EQ(nodes[i]->post_hooks().size(), i == 0 ? 2u : 1u);
-        EXPECT_EQ(nodes[i]->pre_hooks().size(), 1u);
-      }
-      ddp.on_train_batch_start();
-      model->forward(x).pow(2).mean().backward();
-      ddp.finish_gradient_synchronization();
-      launched = ddp.launched_count();
-      EXPECT_EQ(launched, static_cast<int64_t>(ddp.bucket_count()));
-    }
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      EXPECT_EQ(nodes[i]->post_hooks().size(), i == 0 ? 1u : 0u);
-      EXPECT_TRUE(nodes[i]->pre_hooks().empty());
-    }
-    model->zero_grad();
-    model->forward(x).pow(2).mean().backward();
-    EXPECT_FALSE(same_on_all_ranks(pg, model->fc1->weight.grad()));
-    EXPECT_EQ(foreign_calls, 2);
   });
 }
 

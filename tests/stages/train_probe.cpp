@@ -3,7 +3,7 @@
 #include "common/data.hpp"
 #include "common/models.hpp"
 #include "common/runtime.hpp"
-#include "stages/05_bucketed/ddp_bucketed.hpp"
+#include "stages/05_bucketed/bucketed_ddp.hpp"
 
 #include <functional>
 
@@ -15,7 +15,7 @@ int main() {
     auto pg = ProcessGroup::init_from_env({"gloo", std::chrono::milliseconds(30000)});
     torch::manual_seed(100 + pg.rank());  // different starts: the broadcast must unify them
     auto model = make_toy_model("tied");
-    DdpBucketed ddp(pg, model, 0.0016);
+    BucketedDdp ddp(pg, model, 0.0016);
     torch::optim::SGD opt(unique_parameters(*model), torch::optim::SGDOptions(0.05));
     auto [x, y] = regression_batch(40, kToyIn, kToyOut, 11);
     for (int step = 0; step < 10; ++step) {

@@ -1,6 +1,6 @@
 #include "tests/support/ranks.hpp"
 
-#include "common/ddp_check.hpp"
+#include "common/models.hpp"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/torch.h>
@@ -33,6 +33,12 @@ void run_ranks(int world, const std::function<void(ProcessGroup&)>& fn, std::chr
   for (auto& t : threads) t.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
+}
+
+bool same_on_all_ranks(ProcessGroup& pg, const torch::Tensor& t) {
+  bool same = true;
+  for (auto& other : pg.all_gather(t.contiguous())) same = same && torch::equal(other, t);
+  return same;
 }
 
 }  // namespace dp::testing

@@ -4,6 +4,8 @@
 
 #include "common/dist.hpp"
 
+#include <torch/torch.h>
+
 #include <chrono>
 #include <functional>
 #include <mutex>
@@ -16,7 +18,11 @@ namespace dp::testing {
 void run_ranks(int world, const std::function<void(ProcessGroup&)>& fn,
                std::chrono::milliseconds timeout = std::chrono::milliseconds(20000));
 
-/// torch's global RNG is shared by the threads: hold this while seeding and building a model.
+/// torch's global RNG is shared by the threads: hold this while seeding and building a model. It is
+/// dp::model_init_mutex() (common/models.hpp), the mutex the DDP checks hold for the same reason.
 std::mutex& rng_mutex();
+
+/// True when `t` is bit-identical on every rank (a collective: every rank must call it).
+bool same_on_all_ranks(ProcessGroup& pg, const torch::Tensor& t);
 
 }  // namespace dp::testing

@@ -1,85 +1,44 @@
 // Stage 04: start each gradient's all-reduce from inside backward, as soon as that gradient is final.
 //
 // Stage 03 waited for backward to finish and then communicated; the network sat idle during backward
-// and the CPU sat idle during communication. Here a hook on every parameter launches an asynchronous
-// all-reduce the moment autograd has finished that parameter's gradient, so the all-reduce of the last
-// layer's gradient runs while autograd still computes the gradients of the earlier layers.
+// and the CPU sat idle during communication. Here a hook on every parameter (accumulate_grad_hooks.hpp)
+// launches an asynchronous all-reduce the moment autograd has finished that parameter's gradient, so the
+// all-reduce of the last layer's gradient runs while autograd still computes the gradients of the earlier
+// layers.
 // finish_gradient_synchronization() (after_backward()) then only waits for what is still in flight.
 #pragma once
 
-#include "common/ddp_check.hpp"
 #include "common/dist.hpp"
+#include "common/grad_sync.hpp"
+#include "stages/04_overlap/accumulate_grad_hooks.hpp"
 
 #include <torch/torch.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
-namespace torch::autograd {
-struct Node;
-struct FunctionPreHook;
-}  // namespace torch::autograd
-
 namespace dp {
-
-/// Two hooks on the AccumulateGrad node of each parameter in a list, removed again by the destructor.
-///
-/// AccumulateGrad is the autograd node that adds an incoming gradient into a leaf's .grad(). For
-/// parameter `params[i]`, `before_accumulate(i)` runs just before that addition (it may throw to stop
-/// backward before .grad() is touched) and `after_accumulate(i)` runs right after it, when .grad()
-/// holds this backward's whole gradient. A weight used twice (tied) still has one AccumulateGrad node,
-/// which runs once per backward with the sum of both uses. Stage 05 reuses this class.
-///
-/// Not thread-safe against a backward running concurrently with construction or destruction.
-class AccumulateGradHooks {
- public:
-  using Callback = std::function<void(size_t index)>;
-  /// `params` must be leaves with requires_grad (trainable parameters), each listed once.
-  AccumulateGradHooks(const std::vector<torch::Tensor>& params, Callback before_accumulate,
-                      Callback after_accumulate);
-  /// Removes exactly the hooks this object added (other hooks on the same nodes stay).
-  ~AccumulateGradHooks();
-  AccumulateGradHooks(const AccumulateGradHooks&) = delete;
-  AccumulateGradHooks& operator=(const AccumulateGradHooks&) = delete;
-
- private:
-  struct Entry {
-    std::shared_ptr<torch::autograd::Node> node;  ///< the parameter's AccumulateGrad (kept alive)
-    torch::autograd::FunctionPreHook* pre = nullptr;  ///< our pre-hook, found again by address
-    uintptr_t post = 0;  ///< key returned by Node::add_post_hook, for del_post_hook
-  };
-  std::vector<Entry> entries_;
-};
-
-/// One all-reduce launch, for tests and benchmarks (steady_clock, comparable with your own timestamps).
-struct LaunchRecord {
-  size_t index = 0;  ///< stage 04: position in DdpOverlap::parameters(); stage 05: bucket index
-  std::chrono::steady_clock::time_point time;  ///< when the collective was handed to the process group
-  bool during_backward = true;  ///< false when finish_gradient_synchronization() launched it (no gradient this step)
-};
 
 /// Data parallelism with one asynchronous all-reduce per parameter, launched from autograd hooks.
 ///
 /// Usage, on every rank:
-///   auto ddp = std::make_shared<DdpOverlap>(pg, model);   // model: your shared_ptr (keep it for forward)
+///   auto ddp = std::make_shared<OverlapDdp>(pg, model);   // model: your shared_ptr (keep it for forward)
 ///   loop: ddp->on_train_batch_start(); opt.zero_grad(); loss = f(model->forward(x_local)); loss.backward();
 ///         ddp->finish_gradient_synchronization(); opt.step();
 /// Every trainable parameter's gradient then holds the average over ranks. The process group must
 /// outlive this object. Frozen parameters (requires_grad false) are broadcast but never hooked.
-class DdpOverlap : public GradSync {
+class OverlapDdp : public GradSync {
  public:
   /// Broadcasts rank 0's parameters and buffers to every rank, then hooks each unique trainable parameter.
-  DdpOverlap(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module);
+  OverlapDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module);
   /// Removes the hooks. Does not wait for collectives still in flight (they keep their tensors alive).
-  ~DdpOverlap() override;
-  DdpOverlap(const DdpOverlap&) = delete;
-  DdpOverlap& operator=(const DdpOverlap&) = delete;
+  ~OverlapDdp() override;
+  OverlapDdp(const OverlapDdp&) = delete;
+  OverlapDdp& operator=(const OverlapDdp&) = delete;
 
   /// The wrapped model. Call forward on your own typed pointer to it (torch::nn::Module has no
   /// virtual forward); its parameters are the ones being synchronized.
@@ -106,8 +65,8 @@ class DdpOverlap : public GradSync {
   std::vector<LaunchRecord> launches() const;
 
  private:
-  void check_not_launched(size_t i);   // pre-hook: second backward before finish?
-  void on_gradient_ready(size_t i);    // post-hook: .grad() is final, launch its all-reduce
+  void check_not_ready(size_t i);     // pre-hook: already ready (launched) this step? a second backward
+  void on_gradient_ready(size_t i);   // post-hook: .grad() is final, launch its all-reduce
   void launch(size_t i, bool during_backward);
 
   struct Pending {

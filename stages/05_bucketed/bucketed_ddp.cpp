@@ -1,4 +1,4 @@
-#include "stages/05_bucketed/ddp_bucketed.hpp"
+#include "stages/05_bucketed/bucketed_ddp.hpp"
 
 #include "common/models.hpp"
 #include "common/trace.hpp"
@@ -9,15 +9,9 @@
 
 namespace dp {
 
-namespace {
-const char* kTwiceMessage =
-    "backward ran twice before finish_gradient_synchronization(): call it after every backward "
-    "(gradient accumulation over several backward passes is not supported)";
-}
-
-DdpBucketed::DdpBucketed(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m, double bucket_cap_mb)
+BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m, double bucket_cap_mb)
     : module(std::move(m)), pg_(pg), cap_mb_(bucket_cap_mb) {
-  if (!module) throw std::invalid_argument("DdpBucketed: module is null");
+  if (!module) throw std::invalid_argument("BucketedDdp: module is null");
   // Check the cap before the broadcast: a bad option fails fast and identically on every rank.
   std::vector<int64_t> bytes;
   std::vector<bool> trainable;
@@ -39,7 +33,7 @@ DdpBucketed::DdpBucketed(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m,
     int64_t numel = 0;
     for (size_t i : bucket.params) {
       if (params_[i].scalar_type() != first.scalar_type() || params_[i].device() != first.device())
-        throw std::invalid_argument(fmt::format("DdpBucketed: bucket {} mixes dtypes or devices ({} and {})", b,
+        throw std::invalid_argument(fmt::format("BucketedDdp: bucket {} mixes dtypes or devices ({} and {})", b,
                                                 names_[bucket.params.front()], names_[i]));
       slots_[i] = {b, numel, params_[i].numel()};
       numel += params_[i].numel();
@@ -61,13 +55,13 @@ DdpBucketed::DdpBucketed(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m,
       [this](size_t h) { on_gradient_ready(hooked_[h]); });
 }
 
-DdpBucketed::~DdpBucketed() { hooks_.reset(); }
+BucketedDdp::~BucketedDdp() { hooks_.reset(); }
 
-int64_t DdpBucketed::bucket_bytes(size_t b) const {
+int64_t BucketedDdp::bucket_bytes(size_t b) const {
   return buckets_.at(b).buffer.numel() * static_cast<int64_t>(buckets_.at(b).buffer.element_size());
 }
 
-std::string DdpBucketed::describe_buckets() const {
+std::string BucketedDdp::describe_buckets() const {
   std::string out;
   for (size_t b = 0; b < assignment_.size(); ++b) {
     if (b > 0) out += "\n";
@@ -77,24 +71,22 @@ std::string DdpBucketed::describe_buckets() const {
   return out;
 }
 
-void DdpBucketed::on_train_batch_start() {
+void BucketedDdp::on_train_batch_start() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (in_step_)
-    throw std::logic_error(
-        "DdpBucketed: a new step started while the previous one still has gradients in flight: call "
-        "finish_gradient_synchronization() after every backward");
+  if (in_step_) throw std::logic_error(std::string("BucketedDdp: ") + kStepUnfinishedMessage);
 }
 
-std::vector<LaunchRecord> DdpBucketed::launches() const {
+std::vector<LaunchRecord> BucketedDdp::launches() const {
   std::lock_guard<std::mutex> lock(mu_);
   return launches_;
 }
 
 // Before AccumulateGrad adds into .grad(). A parameter already copied into its bucket this step means
 // a second backward: its bucket may be on the wire, and the sums would mix two backward passes.
-void DdpBucketed::check_not_ready(size_t i) {
+void BucketedDdp::check_not_ready(size_t i) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (ready_[i]) throw std::logic_error(std::string("DdpBucketed: ") + kTwiceMessage + "; parameter " + names_[i]);
+  if (ready_[i])
+    throw std::logic_error(std::string("BucketedDdp: ") + kBackwardTwiceMessage + "; parameter " + names_[i]);
 }
 
 // Copy, not view. The bucket holds its own copy of each gradient, and .grad() stays a separate tensor.
@@ -103,7 +95,7 @@ void DdpBucketed::check_not_ready(size_t i) {
 // .grad() tensor: LibTorch's AccumulateGrad installs a new tensor whenever .grad() is undefined (after
 // zero_grad() in torch 2.x, which sets gradients to undefined by default), and the view is silently
 // lost. A copy is correct whatever the training loop does with .grad(); it costs one memcpy per gradient.
-void DdpBucketed::copy_into_slot(size_t i) {
+void BucketedDdp::copy_into_slot(size_t i) {
   const Slot& s = slots_[i];
   auto slot = buckets_[s.bucket].buffer.narrow(0, s.offset, s.numel).view(params_[i].sizes());
   const auto grad = params_[i].grad();
@@ -113,7 +105,7 @@ void DdpBucketed::copy_into_slot(size_t i) {
     slot.zero_();  // only from finish: a parameter with no gradient at all counts as zero
 }
 
-void DdpBucketed::on_gradient_ready(size_t i) {
+void BucketedDdp::on_gradient_ready(size_t i) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!in_step_) {  // first gradient of a new backward
     in_step_ = true;
@@ -135,7 +127,7 @@ void DdpBucketed::on_gradient_ready(size_t i) {
 // engine; bucket index order depends on nothing but the model. Had two ranks launched their buckets in
 // different orders, Gloo would add bucket 1 of one rank to bucket 2 of another: wrong sums if the sizes
 // happen to match, an error or a hang if not.
-void DdpBucketed::launch_complete_buckets_in_order(bool during_backward) {
+void BucketedDdp::launch_complete_buckets_in_order(bool during_backward) {
   // [launch]
   while (next_to_launch_ < buckets_.size()) {
     Bucket& b = buckets_[next_to_launch_];
@@ -149,7 +141,7 @@ void DdpBucketed::launch_complete_buckets_in_order(bool during_backward) {
   // [launch]
 }
 
-void DdpBucketed::finish_gradient_synchronization() {
+void BucketedDdp::finish_gradient_synchronization() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!in_step_) return;  // no backward since the last call: nothing to do
   // [finish]

@@ -5,9 +5,9 @@
 // overlap (the first bucket can only start once it is full).
 #pragma once
 
-#include "common/ddp_check.hpp"
 #include "common/dist.hpp"
-#include "stages/04_overlap/ddp_overlap.hpp"  // AccumulateGradHooks, LaunchRecord
+#include "common/grad_sync.hpp"
+#include "stages/04_overlap/accumulate_grad_hooks.hpp"  // AccumulateGradHooks, LaunchRecord
 #include "stages/05_bucketed/buckets.hpp"
 
 #include <torch/torch.h>
@@ -22,22 +22,22 @@ namespace dp {
 
 /// Data parallelism with gradient buckets launched from autograd hooks, in bucket order.
 ///
-/// Usage, on every rank (the same loop as DdpOverlap):
-///   DdpBucketed ddp(pg, model, 25.0);   // 25 MB buckets
+/// Usage, on every rank (the same loop as OverlapDdp):
+///   BucketedDdp ddp(pg, model, 25.0);   // 25 MB buckets
 ///   loop: ddp.on_train_batch_start(); opt.zero_grad(); model->forward(...).backward();
 ///         ddp.finish_gradient_synchronization(); opt.step();
 /// The process group must outlive this object. All trainable parameters of one bucket must share a
 /// dtype and device (the constructor checks; a std::invalid_argument otherwise).
-class DdpBucketed : public GradSync {
+class BucketedDdp : public GradSync {
  public:
   /// Broadcasts rank 0's parameters and buffers, assigns buckets with assign_buckets() over the unique
   /// parameters, allocates one flat buffer per bucket and hooks every trainable parameter.
   /// Throws dp::UsageError when bucket_cap_mb is not positive and finite.
-  DdpBucketed(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module, double bucket_cap_mb);
+  BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module, double bucket_cap_mb);
   /// Removes the hooks. Does not wait for collectives still in flight (they keep their buffers alive).
-  ~DdpBucketed() override;
-  DdpBucketed(const DdpBucketed&) = delete;
-  DdpBucketed& operator=(const DdpBucketed&) = delete;
+  ~BucketedDdp() override;
+  BucketedDdp(const BucketedDdp&) = delete;
+  BucketedDdp& operator=(const BucketedDdp&) = delete;
 
   /// The wrapped model (call forward on your own typed pointer to it).
   std::shared_ptr<torch::nn::Module> module;
@@ -72,7 +72,7 @@ class DdpBucketed : public GradSync {
   std::vector<LaunchRecord> launches() const;
 
  private:
-  void check_not_ready(size_t param);   // pre-hook: second backward before finish?
+  void check_not_ready(size_t param);   // pre-hook: already ready this step? a second backward
   void on_gradient_ready(size_t param); // post-hook: copy .grad() into its slot, launch what is complete
   void copy_into_slot(size_t param);
   void launch_complete_buckets_in_order(bool during_backward);

@@ -1,0 +1,163 @@
+// The GradSync contract (common/grad_sync.hpp), one test body for every DDP variant: with 2 and 4 ranks
+// (threads), training the toy MLP, CS336's ToyModel and its tied-weights model equals single-process
+// training on the whole batch after every step, frozen parameters never move, and all ranks end equal
+// (dp::check_toy_mlp_experiment and dp::check_cs336_scenario make the comparisons). Ranks that built
+// different models are refused at construction. Last, the checks themselves must be able to fail.
+#include "common/ddp_check.hpp"
+#include "common/grad_sync.hpp"
+#include "common/models.hpp"
+#include "common/runtime.hpp"
+#include "tests/stages/ddp_variants.hpp"
+#include "tests/support/ranks.hpp"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+using dp::GradSync;
+using dp::ProcessGroup;
+using dp::testing::rng_mutex;
+using dp::testing::run_ranks;
+
+constexpr int kRepeats = 5;  // the CS336 handout: run the DDP tests several times to catch flakiness
+
+template <typename Variant>
+class GradSyncContract : public ::testing::Test {
+ protected:
+  // The body every variant runs: `model` is "mlp" (the toy-MLP experiment) or a CS336 model ("toy",
+  // "tied"); each check throws dp::CheckFailed, naming the step and the parameter, when DDP training
+  // differs from single-process training, a frozen parameter moved, or the ranks disagree.
+  static void trains_like_one_process(int world, const std::string& model) {
+    for (int rep = 0; rep < kRepeats; ++rep) {
+      SCOPED_TRACE(::testing::Message() << model << " model, " << world << " ranks, repeat " << rep);
+      run_ranks(world, [&](ProcessGroup& pg) {
+        if (model == "mlp")
+          dp::check_toy_mlp_experiment(pg, Variant::make);
+        else
+          dp::check_cs336_scenario(pg, model, Variant::make);
+      });
+    }
+  }
+};
+
+// Every DDP variant of stages 02-05; stage 05 at the three bucket caps of CS336's tests (0.0016, 0.0001
+// and 0.01 MB: 3, 3 and 1 buckets for ToyModel, 4, 4 and 1 for the tied model), and at 0.0005 MB, where
+// the MLP's tensors fill 4 buckets of 1 to 3 tensors.
+using Variants =
+    ::testing::Types<Naive, Flat, Overlap, Bucketed<1600>, Bucketed<100>, Bucketed<10000>, Bucketed<500>>;
+TYPED_TEST_SUITE(GradSyncContract, Variants);
+
+// World 4 splits CS336's 20 rows into 5 per rank and the MLP's 100 into 25 (the checks refuse a world
+// size that does not divide them).
+TYPED_TEST(GradSyncContract, ToyMlpWorld2) { TestFixture::trains_like_one_process(2, "mlp"); }
+TYPED_TEST(GradSyncContract, ToyMlpWorld4) { TestFixture::trains_like_one_process(4, "mlp"); }
+TYPED_TEST(GradSyncContract, Cs336ToyWorld2) { TestFixture::trains_like_one_process(2, "toy"); }
+TYPED_TEST(GradSyncContract, Cs336ToyWorld4) { TestFixture::trains_like_one_process(4, "toy"); }
+TYPED_TEST(GradSyncContract, Cs336TiedWorld2) { TestFixture::trains_like_one_process(2, "tied"); }
+TYPED_TEST(GradSyncContract, Cs336TiedWorld4) { TestFixture::trains_like_one_process(4, "tied"); }
+
+// Ranks that built different models are refused at construction (by broadcast_parameters), on every
+// rank, naming the first mismatch, instead of pairing unrelated tensors in a collective.
+TYPED_TEST(GradSyncContract, RefusesRanksWithDifferentModels) {
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](ProcessGroup& pg) {
+    std::shared_ptr<torch::nn::Module> m;
+    {
+      std::lock_guard<std::mutex> lock(rng_mutex());
+      m = dp::make_toy_model(pg.rank() == 0 ? "toy" : "mlp");
+    }
+    try {
+      TypeParam::make(pg, m);
+      ADD_FAILURE() << "construction succeeded on rank " << pg.rank();
+    } catch (const dp::UsageError& e) {
+      messages[pg.rank()] = e.what();
+    }
+  });
+  for (auto& msg : messages) EXPECT_NE(msg.find("different models"), std::string::npos) << msg;
+}
+
+// --- The checks can fail: a "DDP" that breaks the contract is caught --------------------------------
+
+// Forgets to divide by the world size.
+struct SumOnly : GradSync {
+  SumOnly(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) : pg(pg) {
+    dp::broadcast_parameters(pg, *m);
+    module = std::move(m);
+  }
+  int64_t calls_per_step() const override { return 0; }
+  void after_backward() override {
+    for (auto& p : module->parameters())
+      if (p.grad().defined()) {
+        auto g = p.mutable_grad();
+        pg.all_reduce(g);  // no division by the world size
+      }
+  }
+  ProcessGroup& pg;
+  std::shared_ptr<torch::nn::Module> module;
+};
+
+// Forgets the broadcast (and the averaging).
+struct NoBroadcast : GradSync {
+  NoBroadcast(ProcessGroup&, std::shared_ptr<torch::nn::Module>) {}
+  void after_backward() override {}
+  int64_t calls_per_step() const override { return 0; }
+};
+
+// Averages correctly but broadcasts only the trainable parameters: ranks keep their own frozen ones.
+struct FrozenNotBroadcast : GradSync {
+  FrozenNotBroadcast(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m)
+      : pg(pg), params(dp::unique_parameters(*m, /*trainable_only=*/true)) {
+    for (auto& p : params) {
+      auto t = p.detach();
+      pg.broadcast(t, 0);
+    }
+  }
+  int64_t calls_per_step() const override { return static_cast<int64_t>(params.size()); }
+  void after_backward() override {
+    for (auto& p : params)
+      if (p.grad().defined()) {
+        auto g = p.mutable_grad();
+        pg.all_reduce(g);
+        g.div_(pg.world_size());
+      }
+  }
+  ProcessGroup& pg;
+  std::vector<torch::Tensor> params;
+};
+
+template <typename Sync>
+std::unique_ptr<GradSync> make(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) {
+  return std::make_unique<Sync>(pg, std::move(m));
+}
+
+TEST(CheckCanFail, MissingDivisionIsCaught) {
+  EXPECT_THROW(run_ranks(2, [&](ProcessGroup& pg) { dp::check_cs336_scenario(pg, "toy", make<SumOnly>); }),
+               dp::CheckFailed);
+}
+TEST(CheckCanFail, MissingBroadcastIsCaught) {
+  EXPECT_THROW(run_ranks(2, [&](ProcessGroup& pg) { dp::check_cs336_scenario(pg, "toy", make<NoBroadcast>); }),
+               dp::CheckFailed);
+}
+
+// ToyModel's frozen fc2.fc.bias is drawn from the RNG, so it differs across ranks until broadcast: the check
+// names it. (Its other frozen parameter, no_grad_fixed_param, is the constant {2, 2} on every rank and
+// cannot show a missing broadcast; the check finds that out by itself.)
+TEST(CheckCanFail, FrozenParameterLeftUnbroadcastIsCaught) {
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](ProcessGroup& pg) {
+    try {
+      dp::check_cs336_scenario(pg, "toy", make<FrozenNotBroadcast>);
+    } catch (const dp::CheckFailed& e) {  // every rank throws, together: safe to catch here
+      messages[pg.rank()] = e.what();
+    }
+  });
+  EXPECT_NE(messages[0].find("another rank"), std::string::npos) << messages[0];
+  EXPECT_NE(messages[1].find("fc2.fc.bias was not broadcast"), std::string::npos) << messages[1];
+}
+
+}  // namespace

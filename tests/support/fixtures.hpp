@@ -1,0 +1,36 @@
+// Small models and batches the stage tests share.
+#pragma once
+
+#include "common/models.hpp"
+#include "tests/support/ranks.hpp"
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+namespace dp::testing {
+
+/// A ToyMLP and an [8, 10] input batch, both different on every rank (seeded with 100 + rank), so
+/// that a DDP constructor's broadcast has something to fix and local gradients differ.
+struct LocalMlp {
+  std::shared_ptr<ToyMLPImpl> model;
+  torch::Tensor x;
+};
+LocalMlp make_local(int rank);
+
+/// A fresh ToyMLP with `src`'s parameter values, hooked by nobody: computes a rank's local gradient
+/// without touching a model that a DDP variant is synchronizing.
+std::shared_ptr<ToyMLPImpl> copy_of(const ToyMLPImpl& src);
+
+/// A default-constructed module M whose parameters come from torch's global RNG seeded with `seed`
+/// (holding rng_mutex(), so that threads as ranks do not interleave).
+template <typename M>
+std::shared_ptr<M> make_seeded(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(rng_mutex());
+  torch::manual_seed(seed);
+  return std::make_shared<M>();
+}
+
+}  // namespace dp::testing
