@@ -2,7 +2,8 @@
 # Writes docs/diffs/NN.diff: what stage NN changed relative to the previous stage, file by file of the same
 # role, so each page can show "what changed since the previous stage": the gradient synchronization
 # against the previous stage's (naive -> flat -> overlap -> bucketed, .cpp against .cpp), main.cpp against
-# main.cpp, and a file new in this stage against /dev/null.
+# main.cpp, and a file new in this stage against /dev/null. Stage 06 is a new idea rather than an edit of
+# stage 05's code: docs/diffs/06.txt lists its files instead.
 #   bash scripts/stage_diffs.sh            writes docs/diffs/
 #   bash scripts/stage_diffs.sh --check    fails if docs/diffs/ is not what the sources give (ctest)
 set -euo pipefail
@@ -26,7 +27,6 @@ pairs=(
   "05 stages/04_overlap/overlap_ddp.cpp stages/05_bucketed/bucketed_ddp.cpp
       /dev/null stages/05_bucketed/buckets.cpp
       stages/04_overlap/main.cpp stages/05_bucketed/main.cpp"
-  "06 stages/05_bucketed/main.cpp stages/06_sharded_opt/main.cpp"
 )
 for p in "${pairs[@]}"; do
   set -- $p
@@ -38,4 +38,16 @@ for p in "${pairs[@]}"; do
     shift 2
   done
 done
-echo "wrote ${#pairs[@]} diffs to $out"
+# Stage 06: each file with its line count and its first comment line, which says what it holds.
+files06=(stages/06_sharded_opt/main.cpp stages/06_sharded_opt/sharded_optimizer.hpp
+         stages/06_sharded_opt/sharded_optimizer.cpp stages/06_sharded_opt/checkpoint.hpp
+         stages/06_sharded_opt/checkpoint.cpp stages/06_sharded_opt/CMakeLists.txt
+         common/memory.hpp common/memory.cpp common/optim_state.hpp common/optim_state.cpp
+         common/checkpoint_file.hpp common/checkpoint_file.cpp)
+{
+  echo "lines  file                                        what it holds"
+  for f in "${files06[@]}"; do
+    printf '%5d  %-43s %s\n' "$(wc -l < "$f")" "$f" "$(head -n 1 "$f" | sed -E 's@^(//|#) ?@@')"
+  done
+} > "$out/06.txt"
+echo "wrote ${#pairs[@]} diffs and the stage 06 file list to $out"

@@ -1,17 +1,11 @@
-// Checkpoints of a model trained with a ShardedOptimizer: the optimizer state is spread over the ranks,
-// so saving first gathers every owner's share to rank 0, and loading lets every rank pick out the share
-// it owns now. The file does not depend on the world size: save with 2 ranks, resume with 3.
+// Checkpoints of a ShardedOptimizer: gathered to rank 0 on save, re-partitioned on load at any world size.
+// The optimizer state is spread over the ranks, so saving first gathers every owner's share to rank 0,
+// and loading lets every rank pick out the share it owns now: save with 2 ranks, resume with 3.
 //
-// File layout (integers little-endian):
-//   offset  0  8 bytes  magic "DPZ1CKPT"
-//           8  u32      format version (1)
-//          12  u64      M: bytes of the metadata
-//          20  u64      T: bytes of the tensor payload
-//          28  u64      FNV-1a 64-bit hash of the M + T bytes that follow
-//          36  M bytes  metadata, JSON: world size at save time, optimizer kind, parameter names, shapes,
-//                       dtypes and groups, per group its options, per parameter its state's step count
-//                       and tensor names (readable with `head -c 2000 FILE`)
-//          36+M T bytes the tensors, a torch::serialize archive: p<i>_value and p<i>_<state tensor>
+// The file is common/checkpoint_file.hpp's container (magic "DPZ1CKPT", version, lengths, checksum,
+// atomic write). Inside it: metadata, JSON: world size at save time, optimizer kind, parameter names,
+// shapes, dtypes and groups, per group its options, per parameter its state's step count and tensor
+// names; payload, a torch::serialize archive: p<i>_value and p<i>_<state tensor>.
 #pragma once
 
 #include "common/dist.hpp"
@@ -57,8 +51,5 @@ CheckpointInfo load_checkpoint(const std::string& path, ProcessGroup& pg, torch:
 /// Reads and checks a checkpoint file on its own (magic, version, length, hash, metadata) without a
 /// model or process group. Throws dp::UsageError.
 CheckpointInfo read_checkpoint_info(const std::string& path);
-
-/// The 64-bit FNV-1a hash of `n` bytes (the checksum of the format above).
-uint64_t fnv1a64(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ULL);
 
 }  // namespace dp

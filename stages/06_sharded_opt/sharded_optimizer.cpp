@@ -1,26 +1,19 @@
-// ZeRO-1 as ZeroRedundancyOptimizer does it: whole parameters, greedy balance, a plain local optimizer,
-// broadcast from each owner after the step.
+// ShardedOptimizer: the greedy partition, the step (local step, then a broadcast from every owner), groups.
+// ZeRO-1 as ZeroRedundancyOptimizer does it: whole parameters, greedy balance, a plain local optimizer.
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"
 
 #include "common/cli.hpp"
+#include "common/optim_state.hpp"
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <malloc.h>
-#include <sys/resource.h>
 
 #include <algorithm>
-#include <fstream>
 #include <numeric>
-#include <sstream>
 #include <typeinfo>
 #include <unordered_set>
-
-#ifdef DP_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
 
 namespace dp {
 
@@ -44,29 +37,7 @@ std::vector<int> partition_greedy(const std::vector<int64_t>& sizes, std::vector
 }
 // [partition]
 
-namespace {
-
-std::string shape_text(const torch::Tensor& t) { return fmt::format("[{}]", fmt::join(t.sizes(), ", ")); }
-
-std::string kind_of(const optim::Optimizer* opt) {
-  if (dynamic_cast<const optim::AdamW*>(opt)) return "adamw";
-  if (dynamic_cast<const optim::Adam*>(opt)) return "adam";
-  if (dynamic_cast<const optim::SGD*>(opt)) return "sgd";
-  return "custom";
-}
-
-template <typename Opt, typename Options>
-MakeLocalOptimizer factory(const Options& defaults) {
-  return [defaults](std::vector<optim::OptimizerParamGroup> groups) -> std::unique_ptr<optim::Optimizer> {
-    return std::make_unique<Opt>(std::move(groups), defaults);
-  };
-}
-
-std::vector<optim::OptimizerParamGroup> one_group(std::vector<torch::Tensor> params) {
-  return {optim::OptimizerParamGroup(std::move(params))};
-}
-
-}  // namespace
+static std::string shape_text(const torch::Tensor& t) { return fmt::format("[{}]", fmt::join(t.sizes(), ", ")); }
 
 ShardedOptimizer::ShardedOptimizer(ProcessGroup& pg, std::vector<optim::OptimizerParamGroup> groups,
                                    MakeLocalOptimizer make_local)
@@ -75,33 +46,8 @@ ShardedOptimizer::ShardedOptimizer(ProcessGroup& pg, std::vector<optim::Optimize
   // so the constructor and a later add_param_group follow one code path.
   local_ = make_local({});
   if (!local_) throw UsageError("ShardedOptimizer: make_local returned no optimizer");
-  kind_ = kind_of(local_.get());
+  kind_ = optimizer_kind(*local_);
   for (const auto& g : groups) add_param_group(g);
-}
-
-ShardedOptimizer ShardedOptimizer::adamw(ProcessGroup& pg, std::vector<torch::Tensor> params,
-                                         const optim::AdamWOptions& opts) {
-  return ShardedOptimizer(pg, one_group(std::move(params)), factory<optim::AdamW>(opts));
-}
-ShardedOptimizer ShardedOptimizer::adamw(ProcessGroup& pg, std::vector<optim::OptimizerParamGroup> groups,
-                                         const optim::AdamWOptions& defaults) {
-  return ShardedOptimizer(pg, std::move(groups), factory<optim::AdamW>(defaults));
-}
-ShardedOptimizer ShardedOptimizer::adam(ProcessGroup& pg, std::vector<torch::Tensor> params,
-                                        const optim::AdamOptions& opts) {
-  return ShardedOptimizer(pg, one_group(std::move(params)), factory<optim::Adam>(opts));
-}
-ShardedOptimizer ShardedOptimizer::adam(ProcessGroup& pg, std::vector<optim::OptimizerParamGroup> groups,
-                                        const optim::AdamOptions& defaults) {
-  return ShardedOptimizer(pg, std::move(groups), factory<optim::Adam>(defaults));
-}
-ShardedOptimizer ShardedOptimizer::sgd(ProcessGroup& pg, std::vector<torch::Tensor> params,
-                                       const optim::SGDOptions& opts) {
-  return ShardedOptimizer(pg, one_group(std::move(params)), factory<optim::SGD>(opts));
-}
-ShardedOptimizer ShardedOptimizer::sgd(ProcessGroup& pg, std::vector<optim::OptimizerParamGroup> groups,
-                                       const optim::SGDOptions& defaults) {
-  return ShardedOptimizer(pg, std::move(groups), factory<optim::SGD>(defaults));
 }
 
 // [add_param_group]
@@ -177,12 +123,8 @@ void ShardedOptimizer::zero_grad(bool set_to_none) {
   for (auto& s : slots_) {
     auto& grad = s.param.mutable_grad();
     if (!grad.defined()) continue;
-    if (set_to_none) {
-      grad.reset();
-    } else {
-      grad.detach_();
-      grad.zero_();
-    }
+    if (set_to_none) grad.reset();
+    else grad.detach_().zero_();
   }
 }
 
@@ -230,116 +172,24 @@ std::vector<RankShare> ShardedOptimizer::shares() const {
 }
 
 std::string ShardedOptimizer::describe() const {
-  int64_t trainable = 0, frozen = 0, elements = 0;
-  for (const auto& s : slots_) {
-    if (s.owner < 0) {
-      ++frozen;
-    } else {
-      ++trainable;
-      elements += s.param.numel();
-    }
-  }
+  const auto per_rank = shares();
+  int64_t trainable = 0, elements = 0;
+  for (const auto& sh : per_rank) trainable += sh.params, elements += sh.elements;
+  const int64_t frozen = static_cast<int64_t>(slots_.size()) - trainable;  // frozen tensors have no owner
   std::string out = fmt::format("sharded {} over {} ranks: {} trainable tensors, {} elements", kind_,
                                 pg_->world_size(), trainable, with_commas(elements));
   if (frozen > 0) out += fmt::format(" ({} frozen tensors not sharded)", frozen);
-  for (const auto& sh : shares())
+  for (const auto& sh : per_rank)
     out += fmt::format("\n  rank {}: {} tensors, {} elements, {} of parameters", sh.rank, sh.params,
                        with_commas(sh.elements), format_bytes(static_cast<double>(sh.bytes)));
   return out;
 }
 
-// ---------------------------------------------------------------------------------------------------
-// Memory accounting
-// ---------------------------------------------------------------------------------------------------
-
-int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors) {
-  int64_t n = 0;
-  for (const auto& t : tensors)
-    if (t.defined()) n += t.numel() * static_cast<int64_t>(t.element_size());
-  return n;
-}
-
-int64_t optimizer_state_bytes(const optim::Optimizer& opt) {
-  int64_t n = 0;
-  for (const auto& kv : opt.state()) {
-    const auto* st = kv.second.get();
-    if (auto* a = dynamic_cast<const optim::AdamWParamState*>(st))
-      n += tensor_bytes({a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()});
-    else if (auto* b = dynamic_cast<const optim::AdamParamState*>(st))
-      n += tensor_bytes({b->exp_avg(), b->exp_avg_sq(), b->max_exp_avg_sq()});
-    else if (auto* c = dynamic_cast<const optim::SGDParamState*>(st))
-      n += tensor_bytes({c->momentum_buffer()});
-  }
-  return n;
-}
-
-TrainingBytes count_training_bytes(const torch::nn::Module& model, const optim::Optimizer& opt) {
-  TrainingBytes b;
-  std::unordered_set<const void*> seen;
-  for (const auto& p : model.parameters()) {
-    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // tied weights once
-    b.params += tensor_bytes({p});
-    b.grads += tensor_bytes({p.grad()});
-  }
-  b.state = optimizer_state_bytes(opt);
-  return b;
-}
-
 // [arithmetic]
 TrainingBytes zero1_expected_bytes(int64_t num_params, int world_size) {
-  TrainingBytes b;
-  b.params = 4 * num_params;                 // fp32 weights: every rank keeps the whole model
-  b.grads = 4 * num_params;                  // fp32 gradients: all-reduced in full, also everywhere
-  b.state = 8 * num_params / world_size;     // AdamW's exp_avg + exp_avg_sq, only for the owned 1/N
-  return b;
+  const MemoryBytes full = fp32_training_bytes(num_params);  // 4P weights, 4P gradients, 8P AdamW moments
+  return {full.params, full.grads, full.adam_state / world_size};  // only the moments are split N ways
 }
 // [arithmetic]
-
-namespace {
-int64_t proc_status_kb(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) != 0) continue;
-    std::istringstream ss(line.substr(field.size() + 1));
-    int64_t kb = 0;
-    ss >> kb;
-    return kb;
-  }
-  return -1;
-}
-}  // namespace
-
-int64_t peak_rss_bytes() {
-  int64_t kb = proc_status_kb("VmHWM");
-  if (kb < 0) {
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    kb = ru.ru_maxrss;  // kilobytes on Linux
-  }
-  return kb * 1024;
-}
-
-int64_t current_rss_bytes() {
-  int64_t kb = proc_status_kb("VmRSS");
-  return kb < 0 ? 0 : kb * 1024;
-}
-
-bool reset_peak_rss() {
-  malloc_trim(0);  // freed tensors may still sit in malloc's free lists and count as resident
-  std::ofstream f("/proc/self/clear_refs");
-  if (!f) return false;
-  f << "5";
-  f.flush();
-  return static_cast<bool>(f);
-}
-
-#ifdef DP_WITH_CUDA
-int64_t cuda_peak_allocated_bytes(int device) {
-  // Index 0 of the stat arrays is the aggregate over small and large pools.
-  return c10::cuda::CUDACachingAllocator::getDeviceStats(device).allocated_bytes[0].peak;
-}
-void reset_cuda_peak(int device) { c10::cuda::CUDACachingAllocator::resetPeakStats(device); }
-#endif
 
 }  // namespace dp

@@ -1,10 +1,12 @@
-// Optimizer-state sharding (ZeRO stage 1) in the style of PyTorch's ZeroRedundancyOptimizer: every rank
-// keeps the whole model and the whole gradient, but only the optimizer state (AdamW's two moments, SGD's
-// momentum) of the parameters it owns. A step updates the owned parameters with an ordinary
-// torch::optim optimizer, then every parameter is broadcast from its owner so all replicas agree again.
+// ShardedOptimizer: ZeRO stage 1, the optimizer state sharded over the ranks by whole parameter tensors.
+// In the style of PyTorch's ZeroRedundancyOptimizer: every rank keeps the whole model and the whole
+// gradient, but only the optimizer state (AdamW's two moments, SGD's momentum) of the parameters it owns.
+// A step updates the owned parameters with an ordinary torch::optim optimizer, then every parameter is
+// broadcast from its owner so all replicas agree again.
 #pragma once
 
 #include "common/dist.hpp"
+#include "common/memory.hpp"
 
 #include <torch/torch.h>
 
@@ -16,10 +18,6 @@
 #include <vector>
 
 namespace dp {
-
-// ---------------------------------------------------------------------------------------------------
-// Partitioning
-// ---------------------------------------------------------------------------------------------------
 
 /// Gives each item (sizes[i] elements) to one rank: largest item first, each to the rank with the
 /// smallest load so far (ties: the lowest rank; equal sizes keep their input order). `loads` holds
@@ -34,10 +32,6 @@ struct RankShare {
   int64_t elements = 0;  ///< their total number of elements
   int64_t bytes = 0;     ///< their total bytes (elements x element size)
 };
-
-// ---------------------------------------------------------------------------------------------------
-// The sharded optimizer
-// ---------------------------------------------------------------------------------------------------
 
 /// Builds the local optimizer of one rank from the parameter groups that rank owns. The list may be
 /// empty (a rank that owns nothing, or a rank that will only get parameters from a later
@@ -64,20 +58,21 @@ class ShardedOptimizer {
   ShardedOptimizer(ProcessGroup& pg, std::vector<torch::optim::OptimizerParamGroup> groups,
                    MakeLocalOptimizer make_local);
 
-  /// Convenience constructors: one group of `params` (tied weights may appear twice) with `opts`, or
-  /// several groups whose missing options default to `opts`.
-  static ShardedOptimizer adamw(ProcessGroup& pg, std::vector<torch::Tensor> params,
-                                const torch::optim::AdamWOptions& opts);
-  static ShardedOptimizer adamw(ProcessGroup& pg, std::vector<torch::optim::OptimizerParamGroup> groups,
-                                const torch::optim::AdamWOptions& defaults);
-  static ShardedOptimizer adam(ProcessGroup& pg, std::vector<torch::Tensor> params,
-                               const torch::optim::AdamOptions& opts);
-  static ShardedOptimizer adam(ProcessGroup& pg, std::vector<torch::optim::OptimizerParamGroup> groups,
-                               const torch::optim::AdamOptions& defaults);
-  static ShardedOptimizer sgd(ProcessGroup& pg, std::vector<torch::Tensor> params,
-                              const torch::optim::SGDOptions& opts);
-  static ShardedOptimizer sgd(ProcessGroup& pg, std::vector<torch::optim::OptimizerParamGroup> groups,
-                              const torch::optim::SGDOptions& defaults);
+  /// The usual way to build one: the local optimizer is an `Opt` (torch::optim::AdamW, Adam, SGD, ...)
+  /// with `defaults` for every group that brings no options of its own, e.g.
+  /// `ShardedOptimizer::make<torch::optim::AdamW>(pg, model->parameters(), AdamWOptions(1e-3))`.
+  template <typename Opt, typename Options>
+  static ShardedOptimizer make(ProcessGroup& pg, std::vector<torch::optim::OptimizerParamGroup> groups,
+                               const Options& defaults) {
+    return ShardedOptimizer(pg, std::move(groups), [defaults](std::vector<torch::optim::OptimizerParamGroup> g) {
+      return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<Opt>(std::move(g), defaults));
+    });
+  }
+  /// The same with one group of `params` (tied weights may appear twice).
+  template <typename Opt, typename Options>
+  static ShardedOptimizer make(ProcessGroup& pg, std::vector<torch::Tensor> params, const Options& defaults) {
+    return make<Opt>(pg, std::vector<torch::optim::OptimizerParamGroup>{{std::move(params)}}, defaults);
+  }
 
   ShardedOptimizer(ShardedOptimizer&&) = default;
   ShardedOptimizer(const ShardedOptimizer&) = delete;
@@ -140,46 +135,8 @@ class ShardedOptimizer {
   std::vector<int64_t> loads_;                       // elements owned per rank
 };
 
-// ---------------------------------------------------------------------------------------------------
-// Memory accounting
-// ---------------------------------------------------------------------------------------------------
-
-/// Bytes of a list of tensors (undefined ones count 0).
-int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors);
-
-/// Bytes of the state tensors of an Adam, AdamW or SGD optimizer (exp_avg, exp_avg_sq, max_exp_avg_sq,
-/// momentum_buffer). Other optimizer types count 0.
-int64_t optimizer_state_bytes(const torch::optim::Optimizer& opt);
-
-/// What training keeps on one rank, counted tensor by tensor.
-struct TrainingBytes {
-  int64_t params = 0;  ///< every parameter (each replica holds the whole model)
-  int64_t grads = 0;   ///< gradients that are currently allocated
-  int64_t state = 0;   ///< optimizer state held by this rank
-  int64_t total() const { return params + grads + state; }
-};
-
-/// Counts a model's parameters and gradients (tied weights once) and an optimizer's state.
-TrainingBytes count_training_bytes(const torch::nn::Module& model, const torch::optim::Optimizer& opt);
-
-/// The fp32 AdamW arithmetic for P parameters over N ranks: params 4P, grads 4P, state 8P/N
-/// (N = 1 gives the unsharded 16P).
+/// ZeRO-1's memory claim for fp32 AdamW, P parameters over N ranks: params 4P and grads 4P on every
+/// rank, state 8P/N (N = 1 gives the unsharded 16P). The benchmark prints it beside the measured bytes.
 TrainingBytes zero1_expected_bytes(int64_t num_params, int world_size);
-
-/// Peak resident set size of this process so far (VmHWM in /proc/self/status, or getrusage's
-/// ru_maxrss when /proc is missing), in bytes.
-int64_t peak_rss_bytes();
-/// Current resident set size (VmRSS), in bytes; 0 when unknown.
-int64_t current_rss_bytes();
-/// Gives freed heap memory back to the OS (malloc_trim) and resets the peak to the current RSS
-/// (writes "5" to /proc/self/clear_refs, Linux >= 4.0). Returns false if the reset is not allowed.
-bool reset_peak_rss();
-
-#ifdef DP_WITH_CUDA
-/// Peak bytes allocated by the CUDA caching allocator on `device` since the last reset.
-int64_t cuda_peak_allocated_bytes(int device);
-/// Resets that peak.
-void reset_cuda_peak(int device);
-#endif
 
 }  // namespace dp

@@ -43,7 +43,7 @@ foreach(prog stage02_naive_ddp stage05_bucketed)
   dp_bad_input(${prog}_budget_cut_is_said 0 "--budget 1ms reached after 1 of 3 timed steps"
     $<TARGET_FILE:${prog}> --bench --preset tiny --context 16 --warmup 0 --steps 3 --budget 1ms)
 endforeach()
-foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed)  # global batch split over ranks
+foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt)  # global batch split over ranks
   dp_bad_input(${prog}_batch_not_divisible 2 "cannot be split" ${LAUNCH} --nproc 2 -- $<TARGET_FILE:${prog}> --bench --batch 3)
 endforeach()
 dp_bad_input(stage05_zero_cap 2 "caps" $<TARGET_FILE:stage05_bucketed> --caps 0)

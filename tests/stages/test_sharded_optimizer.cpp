@@ -1,124 +1,21 @@
 // Stage 06: the sharded optimizer (ZeRO-1) must be indistinguishable from the optimizer it wraps, at any
-// world size, and its checkpoints must resume training exactly. Ranks run as threads (run_ranks).
-#include "common/ddp_check.hpp"
-#include "common/models.hpp"
-#include "common/runtime.hpp"
+// world size, with any parameter groups. Ranks run as threads (run_ranks). Checkpoints: test_checkpoint.cpp.
 #include "common/transformer.hpp"
-#include "stages/06_sharded_opt/checkpoint.hpp"
-#include "stages/06_sharded_opt/sharded_optimizer.hpp"
-#include "tests/support/ranks.hpp"
+#include "tests/stages/sharded_opt_support.hpp"
+#include "tests/support/expect.hpp"
 
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include "tests/support/expect.hpp"
-#include <unistd.h>
-
-#include <filesystem>
-#include <fstream>
-#include <mutex>
+#include <map>
+#include <numeric>
 #include <random>
-#include <string>
 #include <tuple>
-#include <vector>
 
 namespace {
 
-namespace fs = std::filesystem;
-namespace optim = torch::optim;
+using namespace dp::testing;
 using dp::ProcessGroup;
 using dp::ShardedOptimizer;
-using dp::UsageError;
-using dp::testing::rng_mutex;
-using dp::testing::run_ranks;
-using Groups = std::vector<optim::OptimizerParamGroup>;
-
-// ---------------------------------------------------------------------------------------------------
-// Helpers
-// ---------------------------------------------------------------------------------------------------
-
-using dp::testing::expect_usage_error;
-
-// Inside a rank: a failed check throws, so run_ranks reports it (an ASSERT would only leave the thread).
-void require(bool ok, const std::string& what) {
-  if (!ok) throw dp::CheckFailed(what);
-}
-
-// The three optimizers of the tests, with the options of CS336's test for AdamW.
-std::unique_ptr<optim::OptimizerOptions> options_for(const std::string& kind, double lr) {
-  if (kind == "adamw")
-    return std::make_unique<optim::AdamWOptions>(
-        optim::AdamWOptions(lr).weight_decay(0.1).betas(std::make_tuple(0.9, 0.999)).eps(1e-8));
-  if (kind == "adam") return std::make_unique<optim::AdamOptions>(optim::AdamOptions(lr).weight_decay(0.01));
-  return std::make_unique<optim::SGDOptions>(optim::SGDOptions(lr).momentum(0.9));
-}
-
-std::unique_ptr<optim::Optimizer> plain_optimizer(const std::string& kind, Groups groups) {
-  auto d = options_for(kind, 0.1);
-  if (kind == "adamw") return std::make_unique<optim::AdamW>(std::move(groups), static_cast<optim::AdamWOptions&>(*d));
-  if (kind == "adam") return std::make_unique<optim::Adam>(std::move(groups), static_cast<optim::AdamOptions&>(*d));
-  return std::make_unique<optim::SGD>(std::move(groups), static_cast<optim::SGDOptions&>(*d));
-}
-
-dp::MakeLocalOptimizer local_factory(const std::string& kind) {
-  return [kind](Groups groups) { return plain_optimizer(kind, std::move(groups)); };
-}
-
-// The C++ stand-in for Python's deepcopy of the parameters.
-
-struct Batch {
-  torch::Tensor x, y;
-};
-
-// Every rank: seed 42, build the reference model, a second instance with the same values, and the batches
-// (rand(32, 10) inputs, rand(32, 5) targets) from the same generator, so all ranks see the same data.
-struct Pair {
-  std::shared_ptr<dp::ToyBase> ref, shd;
-  std::vector<Batch> batches;
-};
-Pair build_pair(const std::string& model, int steps) {
-  std::lock_guard<std::mutex> lock(rng_mutex());
-  torch::manual_seed(42);
-  Pair p;
-  p.ref = dp::make_toy_model(model);
-  p.shd = dp::make_toy_model(model);
-  dp::copy_parameters(*p.shd, *p.ref);
-  for (int i = 0; i < steps; ++i) {
-    auto x = torch::rand({32, 10});
-    p.batches.push_back({x, torch::rand({32, 5})});
-  }
-  return p;
-}
-
-torch::Tensor loss_of(dp::ToyBase& m, const Batch& b) { return (b.y - m.forward(b.x)).pow(2).sum(); }
-
-// Parameter groups over a model: "one" group of m.parameters() as LibTorch lists them (tied weights
-// twice: the sharded optimizer must dedupe), or "two": fc1.* at lr 0.1 and the rest at lr 0.01.
-Groups make_groups(const std::string& kind, torch::nn::Module& m, const std::string& layout, bool raw_list) {
-  if (layout == "one") {
-    return {optim::OptimizerParamGroup(raw_list ? m.parameters() : dp::unique_parameters(m), options_for(kind, 0.1))};
-  }
-  std::vector<torch::Tensor> first, rest;
-  for (auto& [name, p] : dp::unique_named_parameters(m)) (name.rfind("fc1.", 0) == 0 ? first : rest).push_back(p);
-  Groups g;
-  g.emplace_back(first, options_for(kind, 0.1));
-  g.emplace_back(rest, options_for(kind, 0.01));
-  return g;
-}
-
-// Bit-identical: the CS336 test demands rtol 1e-7 with atol 0, below float32's epsilon.
-void require_same(torch::nn::Module& a, torch::nn::Module& b, const std::string& when) {
-  auto na = dp::unique_named_parameters(a), nb = dp::unique_named_parameters(b);
-  require(na.size() == nb.size(), "models differ in structure");
-  for (size_t i = 0; i < na.size(); ++i) {
-    const auto& x = na[i].second;
-    const auto& y = nb[i].second;
-    if (!torch::equal(x, y)) {
-      double diff = (x - y).abs().max().item<double>();
-      throw dp::CheckFailed(fmt::format("{}: parameter {} differs (max |diff| {:.3g})", when, na[i].first, diff));
-    }
-  }
-}
 
 struct Scenario {
   std::string model = "toy";
@@ -225,7 +122,7 @@ TEST(Partition, DeterministicAndBalanced) {
 TEST(ShardedOptimizer, FourRanksOverToyModelOneRankOwnsNothing) {
   run_ranks(4, [](ProcessGroup& pg) {
     auto p = build_pair("toy", 1);
-    auto opt = ShardedOptimizer::adamw(pg, p.shd->parameters(), optim::AdamWOptions(0.1));
+    auto opt = ShardedOptimizer::make<optim::AdamW>(pg, p.shd->parameters(), optim::AdamWOptions(0.1));
     const auto named = dp::unique_named_parameters(*p.shd);
     // Trainable sizes: fc1.weight 100, fc2.fc.weight 500, fc3.weight 250 -> ranks 2, 0, 1; rank 3 owns none.
     std::map<std::string, int> want{{"no_grad_fixed_param", -1}, {"fc1.weight", 2}, {"fc2.fc.weight", 0},
@@ -246,7 +143,7 @@ TEST(ShardedOptimizer, TiedWeightIsOwnedAndSteppedOnce) {
   run_ranks(4, [](ProcessGroup& pg) {
     auto p = build_pair("tied", 1);
     require(p.shd->parameters().size() == 5, "LibTorch lists the tied weight twice");
-    auto opt = ShardedOptimizer::adamw(pg, p.shd->parameters(), optim::AdamWOptions(0.1));
+    auto opt = ShardedOptimizer::make<optim::AdamW>(pg, p.shd->parameters(), optim::AdamWOptions(0.1));
     require(opt.parameters().size() == 4, "4 distinct tensors");
     for (const auto& sh : opt.shares()) require(sh.params == 1, "one tensor per rank");
   });
@@ -255,7 +152,7 @@ TEST(ShardedOptimizer, TiedWeightIsOwnedAndSteppedOnce) {
 TEST(ShardedOptimizer, ZeroGradClearsEveryParameterNotOnlyOwned) {
   run_ranks(2, [](ProcessGroup& pg) {
     auto p = build_pair("tied", 1);
-    auto opt = ShardedOptimizer::sgd(pg, p.shd->parameters(), optim::SGDOptions(0.1));
+    auto opt = ShardedOptimizer::make<optim::SGD>(pg, p.shd->parameters(), optim::SGDOptions(0.1));
     loss_of(*p.shd, p.batches[0]).backward();
     opt.zero_grad();
     for (auto& t : dp::unique_parameters(*p.shd))
@@ -268,7 +165,7 @@ TEST(ShardedOptimizer, ZeroGradClearsEveryParameterNotOnlyOwned) {
 TEST(ShardedOptimizer, RefusesDuplicatesNonLeafTensorsAndForeignOptions) {
   run_ranks(2, [](ProcessGroup& pg) {
     auto p = build_pair("toy", 1);
-    auto opt = ShardedOptimizer::adamw(pg, p.shd->parameters(), optim::AdamWOptions(0.1));
+    auto opt = ShardedOptimizer::make<optim::AdamW>(pg, p.shd->parameters(), optim::AdamWOptions(0.1));
     const size_t before = opt.parameters().size();
     auto fc1 = dp::unique_named_parameters(*p.shd)[1].second;
     expect_usage_error([&] { opt.add_param_group(optim::OptimizerParamGroup({fc1})); }, {"already in group 0"});
@@ -286,7 +183,7 @@ TEST(ShardedOptimizer, RefusesDuplicatesNonLeafTensorsAndForeignOptions) {
 TEST(ShardedOptimizer, StateBytesAreOneShareOfTheUnshardedState) {
   run_ranks(3, [](ProcessGroup& pg) {
     auto p = build_pair("toy", 1);
-    auto opt = ShardedOptimizer::adamw(pg, p.shd->parameters(), optim::AdamWOptions(0.1));
+    auto opt = ShardedOptimizer::make<optim::AdamW>(pg, p.shd->parameters(), optim::AdamWOptions(0.1));
     loss_of(*p.shd, p.batches[0]).backward();
     opt.step();
     const int64_t owned = dp::count_elements(opt.owned_parameters());
@@ -321,7 +218,7 @@ TEST(Cs336, ConvenienceConstructorMatchesPlainAdamW) {
       auto p = build_pair(model, 10);
       const auto opts = optim::AdamWOptions(0.1).weight_decay(0.1).betas(std::make_tuple(0.9, 0.999)).eps(1e-8);
       optim::AdamW ref(dp::unique_parameters(*p.ref), opts);
-      auto shd = ShardedOptimizer::adamw(pg, p.shd->parameters(), opts);
+      auto shd = ShardedOptimizer::make<optim::AdamW>(pg, p.shd->parameters(), opts);
       for (int step = 0; step < 10; ++step) {
         ref.zero_grad();
         shd.zero_grad();
@@ -381,7 +278,7 @@ TEST(Transformer, DdpWithShardedAdamWEqualsDdpWithAdamW) {
     dp::broadcast_parameters(pg, *shd);
     const auto opts = optim::AdamWOptions(1e-3).weight_decay(0.1);
     optim::AdamW plain(dp::unique_parameters(*ref), opts);
-    auto sharded = ShardedOptimizer::adamw(pg, dp::unique_parameters(*shd), opts);
+    auto sharded = ShardedOptimizer::make<optim::AdamW>(pg, dp::unique_parameters(*shd), opts);
     // Data parallel by hand: each rank's rows, gradients summed over ranks and divided by W.
     auto ddp_step = [&](dp::TransformerLM& m, auto& opt, const torch::Tensor& batch) {
       opt.zero_grad();
@@ -401,181 +298,6 @@ TEST(Transformer, DdpWithShardedAdamWEqualsDdpWithAdamW) {
     }
     require(dp::parameters_identical_across_ranks(pg, *shd), "ranks disagree");
   });
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Checkpoints
-// ---------------------------------------------------------------------------------------------------
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& tag) {
-    path = fs::temp_directory_path() / fmt::format("dp_stage06_{}_{}", tag, ::getpid());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
-
-// Steps [from, to) of a training run with the batches of build_pair().
-void train(dp::ToyBase& m, ShardedOptimizer& opt, const std::vector<Batch>& batches, int from, int to) {
-  for (int step = from; step < to; ++step) {
-    opt.zero_grad();
-    loss_of(m, batches[step]).backward();
-    opt.step();
-  }
-}
-
-// Saves from a 2-rank run after 3 steps.
-void save_after_three_steps(const std::string& path, const std::string& model, const std::string& kind) {
-  run_ranks(2, [&](ProcessGroup& pg) {
-    auto p = build_pair(model, 6);
-    ShardedOptimizer opt(pg, make_groups(kind, *p.shd, "two", true), local_factory(kind));
-    train(*p.shd, opt, p.batches, 0, 3);
-    dp::save_checkpoint(path, pg, *p.shd, opt);
-  });
-}
-
-using ResumeCombo = std::tuple<std::string, std::string, int>;  // model, optimizer, world size at load
-class Resume : public ::testing::TestWithParam<ResumeCombo> {};
-
-TEST_P(Resume, SaveAtWorld2AfterThreeStepsThenThreeMoreEqualsSixSteps) {
-  auto [model, kind, load_world] = GetParam();
-  TempDir dir("resume");
-  const std::string path = dir.file("ckpt.bin");
-  save_after_three_steps(path, model, kind);
-  auto info = dp::read_checkpoint_info(path);
-  EXPECT_EQ(info.world_size, 2);
-  EXPECT_EQ(info.optimizer, kind);
-  EXPECT_EQ(info.max_step, kind == "sgd" ? 0 : 3);
-
-  // Uninterrupted: the plain optimizer for 6 steps (equal to the sharded one, see the tests above).
-  auto u = build_pair(model, 6);
-  auto plain = plain_optimizer(kind, make_groups(kind, *u.ref, "two", false));
-  for (int step = 0; step < 6; ++step) {
-    plain->zero_grad();
-    loss_of(*u.ref, u.batches[step]).backward();
-    plain->step();
-  }
-
-  run_ranks(load_world, [&](ProcessGroup& pg) {
-    auto p = build_pair(model, 6);
-    {
-      torch::NoGradGuard no_grad;
-      for (auto& t : dp::unique_parameters(*p.shd)) t.zero_();  // the load must bring every value back
-    }
-    ShardedOptimizer opt(pg, make_groups(kind, *p.shd, "two", true), local_factory(kind));
-    opt.set_lr(1, 123.0);  // and the learning rates
-    auto got = dp::load_checkpoint(path, pg, *p.shd, opt);
-    require(got.world_size == 2, "saved world size");
-    train(*p.shd, opt, p.batches, 3, 6);
-    require_same(*u.ref, *p.shd, fmt::format("resumed at W={} rank {}", pg.world_size(), pg.rank()));
-  });
-}
-
-INSTANTIATE_TEST_SUITE_P(Stage06, Resume,
-                         ::testing::Combine(::testing::Values("toy", "tied"), ::testing::Values("adamw", "sgd"),
-                                            ::testing::Values(1, 2, 3)),
-                         [](const ::testing::TestParamInfo<ResumeCombo>& info) {
-                           return fmt::format("{}_{}_loadW{}", std::get<0>(info.param), std::get<1>(info.param),
-                                              std::get<2>(info.param));
-                         });
-
-// Loads `path` into a fresh 2-rank toy model with AdamW and expects UsageError with `needles` on every rank.
-void expect_load_refused(const std::string& path, const std::string& model, const std::string& kind,
-                         const std::vector<std::string>& needles) {
-  std::mutex m;
-  int refused = 0;
-  run_ranks(2, [&](ProcessGroup& pg) {
-    auto p = build_pair(model, 1);
-    auto before = p.shd->parameters()[0].detach().clone();
-    ShardedOptimizer opt(pg, make_groups(kind, *p.shd, "two", true), local_factory(kind));
-    expect_usage_error([&] { dp::load_checkpoint(path, pg, *p.shd, opt); }, needles);
-    require(torch::equal(before, p.shd->parameters()[0]), "a refused load changed the model");
-    std::lock_guard<std::mutex> lock(m);
-    ++refused;
-  });
-  EXPECT_EQ(refused, 2);
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
-
-TEST(Checkpoint, TruncatedOrCorruptedFileIsRefusedAsDamaged) {
-  TempDir dir("damaged");
-  const std::string good = dir.file("good.bin"), bad = dir.file("bad.bin");
-  save_after_three_steps(good, "toy", "adamw");
-  const std::string bytes = read_file(good);
-
-  write_file(bad, bytes.substr(0, bytes.size() / 2));
-  expect_load_refused(bad, "toy", "adamw", {"damaged", "truncated"});
-  write_file(bad, bytes.substr(0, 20));
-  expect_load_refused(bad, "toy", "adamw", {"damaged", "header"});
-  std::string flipped = bytes;
-  flipped[flipped.size() - 100] ^= 0x01;  // one bit inside the tensor payload
-  write_file(bad, flipped);
-  expect_load_refused(bad, "toy", "adamw", {"damaged", "checksum"});
-  std::string magic = bytes;
-  magic[0] = 'X';
-  write_file(bad, magic);
-  expect_load_refused(bad, "toy", "adamw", {"damaged", "magic"});
-  expect_load_refused(dir.file("missing.bin"), "toy", "adamw", {"cannot read", "missing.bin"});
-  EXPECT_THROW(dp::read_checkpoint_info(bad), UsageError);
-}
-
-TEST(Checkpoint, OtherModelOrOptimizerIsRefusedNamingTheMismatch) {
-  TempDir dir("mismatch");
-  const std::string tied = dir.file("tied.bin");
-  save_after_three_steps(tied, "tied", "adamw");
-  // ToyMLP's first parameter is also fc1.weight, but [20, 10] instead of [10, 10].
-  expect_load_refused(tied, "mlp", "adamw", {"'fc1.weight'", "[10, 10]", "[20, 10]"});
-  expect_load_refused(tied, "toy", "adamw", {"parameter 0", "'fc1.weight'", "'no_grad_fixed_param'"});
-  expect_load_refused(tied, "tied", "sgd", {"adamw state", "optimizer is sgd"});
-}
-
-TEST(Checkpoint, FailedSaveLeavesThePreviousCheckpointIntact) {
-  TempDir dir("atomic");
-  const std::string path = dir.file("ckpt.bin");
-  save_after_three_steps(path, "toy", "adamw");
-  const std::string before = read_file(path);
-  // PATH.tmp is a directory: creating the temporary file fails (also when running as root, where an
-  // unwritable directory would not stop us).
-  fs::create_directories(path + ".tmp");
-  int failed = 0;
-  std::mutex m;
-  run_ranks(2, [&](ProcessGroup& pg) {
-    auto p = build_pair("toy", 6);
-    ShardedOptimizer opt(pg, make_groups("adamw", *p.shd, "two", true), local_factory("adamw"));
-    train(*p.shd, opt, p.batches, 0, 5);
-    expect_usage_error([&] { dp::save_checkpoint(path, pg, *p.shd, opt); }, {"cannot write checkpoint"});
-    expect_usage_error([&] { dp::save_checkpoint(dir.file("no/such/dir/ckpt.bin"), pg, *p.shd, opt); },
-                       {"cannot write checkpoint", "No such file or directory"});
-    std::lock_guard<std::mutex> lock(m);
-    ++failed;
-  });
-  EXPECT_EQ(failed, 2);
-  EXPECT_EQ(read_file(path), before);
-  EXPECT_EQ(dp::read_checkpoint_info(path).max_step, 3);
-  EXPECT_FALSE(fs::exists(dir.file("no/such/dir/ckpt.bin.tmp")));
-  // A successful save replaces the file and leaves no temporary file behind.
-  fs::remove(path + ".tmp");
-  run_ranks(2, [&](ProcessGroup& pg) {
-    auto p = build_pair("toy", 6);
-    ShardedOptimizer opt(pg, make_groups("adamw", *p.shd, "two", true), local_factory("adamw"));
-    train(*p.shd, opt, p.batches, 0, 5);
-    dp::save_checkpoint(path, pg, *p.shd, opt);
-  });
-  EXPECT_EQ(dp::read_checkpoint_info(path).max_step, 5);
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
 }
 
 }  // namespace

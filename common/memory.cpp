@@ -1,0 +1,107 @@
+// Memory measurement: tensor bytes from the tensors themselves, resident memory from /proc.
+#include "common/memory.hpp"
+
+#include <malloc.h>
+#include <sys/resource.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <unordered_set>
+
+#ifdef DP_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace dp {
+
+namespace optim = torch::optim;
+
+int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors) {
+  int64_t n = 0;
+  for (const auto& t : tensors)
+    if (t.defined()) n += t.numel() * static_cast<int64_t>(t.element_size());
+  return n;
+}
+
+int64_t optimizer_state_bytes(const optim::Optimizer& opt) {
+  int64_t n = 0;
+  for (const auto& kv : opt.state()) {
+    const auto* st = kv.second.get();
+    if (auto* a = dynamic_cast<const optim::AdamWParamState*>(st))
+      n += tensor_bytes({a->exp_avg(), a->exp_avg_sq(), a->max_exp_avg_sq()});
+    else if (auto* b = dynamic_cast<const optim::AdamParamState*>(st))
+      n += tensor_bytes({b->exp_avg(), b->exp_avg_sq(), b->max_exp_avg_sq()});
+    else if (auto* c = dynamic_cast<const optim::SGDParamState*>(st))
+      n += tensor_bytes({c->momentum_buffer()});
+  }
+  return n;
+}
+
+TrainingBytes count_training_bytes(const torch::nn::Module& model, const optim::Optimizer& opt) {
+  TrainingBytes b;
+  std::unordered_set<const void*> seen;
+  for (const auto& p : model.parameters()) {
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // tied weights once
+    b.params += tensor_bytes({p});
+    b.grads += tensor_bytes({p.grad()});
+  }
+  b.state = optimizer_state_bytes(opt);
+  return b;
+}
+
+namespace {
+// A "Field:   123 kB" line of /proc/self/status, in kB; -1 when absent.
+int64_t proc_status_kb(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) != 0) continue;
+    std::istringstream ss(line.substr(field.size() + 1));
+    int64_t kb = 0;
+    ss >> kb;
+    return kb;
+  }
+  return -1;
+}
+}  // namespace
+
+int64_t peak_rss_bytes() {
+  int64_t kb = proc_status_kb("VmHWM");
+  if (kb < 0) {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    kb = ru.ru_maxrss;  // kilobytes on Linux
+  }
+  return kb * 1024;
+}
+
+int64_t current_rss_bytes() {
+  int64_t kb = proc_status_kb("VmRSS");
+  return kb < 0 ? 0 : kb * 1024;
+}
+
+bool reset_peak_rss() {
+  malloc_trim(0);  // freed tensors may still sit in malloc's free lists and count as resident
+  std::ofstream f("/proc/self/clear_refs");
+  if (!f) return false;
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+int64_t cuda_peak_allocated_bytes([[maybe_unused]] const torch::Device& device) {
+#ifdef DP_WITH_CUDA
+  // Index 0 of the stat arrays is the aggregate over small and large pools.
+  if (device.is_cuda()) return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].peak;
+#endif
+  return 0;
+}
+
+void reset_cuda_peak([[maybe_unused]] const torch::Device& device) {
+#ifdef DP_WITH_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#endif
+}
+
+}  // namespace dp

@@ -1,0 +1,50 @@
+// Memory measurement: training bytes counted tensor by tensor, resident memory (RSS) and CUDA peaks.
+// Tensor bytes come from the tensors themselves, resident memory from the operating system. Stage 06
+// uses it to show what sharding the optimizer state saves; any later stage that shards more can use it.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace dp {
+
+/// Bytes of a list of tensors (elements x element size; undefined tensors count 0).
+int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors);
+
+/// Bytes of the state tensors of an Adam, AdamW or SGD optimizer (exp_avg, exp_avg_sq, max_exp_avg_sq,
+/// momentum_buffer). Other optimizer types count 0.
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& opt);
+
+/// What training keeps on one rank, counted tensor by tensor.
+struct TrainingBytes {
+  int64_t params = 0;  ///< every parameter (each replica holds the whole model)
+  int64_t grads = 0;   ///< gradients that are currently allocated
+  int64_t state = 0;   ///< optimizer state held by this rank
+  /// params + grads + state.
+  int64_t total() const { return params + grads + state; }
+};
+
+/// Counts a model's parameters and gradients (tied weights once) and an optimizer's state.
+TrainingBytes count_training_bytes(const torch::nn::Module& model, const torch::optim::Optimizer& opt);
+
+/// Peak resident set size of this process so far (VmHWM in /proc/self/status, or getrusage's
+/// ru_maxrss when /proc is missing), in bytes.
+int64_t peak_rss_bytes();
+
+/// Current resident set size (VmRSS), in bytes; 0 when unknown.
+int64_t current_rss_bytes();
+
+/// Gives freed heap memory back to the OS (malloc_trim) and resets the peak to the current RSS
+/// (writes "5" to /proc/self/clear_refs, Linux >= 4.0). Returns false if the reset is not allowed.
+bool reset_peak_rss();
+
+/// Peak bytes allocated by the CUDA caching allocator on `device` since the last reset_cuda_peak()
+/// (on a GPU the number that matters, not the host's RSS); 0 for a CPU device or a build without CUDA.
+int64_t cuda_peak_allocated_bytes(const torch::Device& device);
+
+/// Resets that peak; does nothing for a CPU device or without CUDA.
+void reset_cuda_peak(const torch::Device& device);
+
+}  // namespace dp

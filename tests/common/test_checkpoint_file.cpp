@@ -1,0 +1,87 @@
+// Unit tests for common/checkpoint_file: the FNV-1a hash, the header checks (magic, version, length,
+// checksum), the atomic write through PATH.tmp, and broadcast_text between ranks (threads).
+#include "common/checkpoint_file.hpp"
+#include "common/runtime.hpp"
+#include "tests/support/expect.hpp"
+#include "tests/support/files.hpp"
+#include "tests/support/ranks.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace dp::testing;
+
+const dp::FileFormat kTest{"TESTFILE", 3};
+
+TEST(Fnv1a64, KnownValuesAndChaining) {
+  EXPECT_EQ(dp::fnv1a64("", 0), dp::kFnv1a64Basis);
+  EXPECT_EQ(dp::fnv1a64("a", 1), 0xaf63dc4c8601ec8cULL);
+  EXPECT_EQ(dp::fnv1a64("foobar", 6), 0x85944171f73967e8ULL);
+  // Hashing in pieces, each continuing from the last, equals hashing the whole.
+  EXPECT_EQ(dp::fnv1a64("bar", 3, dp::fnv1a64("foo", 3)), dp::fnv1a64("foobar", 6));
+}
+
+TEST(CheckpointFile, RoundTripKeepsMetadataAndPayload) {
+  TempDir dir("checkpoint_file");
+  const std::string path = dir.file("f.bin"), payload("\0\1\2binary\xff", 10);
+  dp::write_checkpoint_file(path, kTest, "{\"hello\": 1}", payload);
+  EXPECT_EQ(read_file(path).substr(0, 8), "TESTFILE");
+  auto f = dp::read_checkpoint_file(path, kTest);
+  EXPECT_EQ(f.version, 3u);
+  EXPECT_EQ(f.meta(), "{\"hello\": 1}");
+  EXPECT_EQ(std::string(f.payload(), f.payload_size), payload);
+  EXPECT_EQ(f.bytes.size(), 36 + f.meta_size + f.payload_size);
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+}
+
+TEST(CheckpointFile, HeaderLengthAndChecksumAreChecked) {
+  TempDir dir("checkpoint_file");
+  const std::string good = dir.file("good.bin"), bad = dir.file("bad.bin");
+  dp::write_checkpoint_file(good, kTest, "meta", std::string(100, 'x'));
+  const std::string bytes = read_file(good);
+  auto refused = [&](const std::string& content, const std::vector<std::string>& needles) {
+    write_file(bad, content);
+    expect_usage_error([&] { dp::read_checkpoint_file(bad, kTest); }, needles);
+  };
+  refused(bytes.substr(0, 20), {"is damaged", "shorter than the 36-byte header"});
+  refused("X" + bytes.substr(1), {"is damaged", "magic bytes TESTFILE"});
+  refused(bytes.substr(0, bytes.size() - 1), {"is damaged", "truncated"});
+  refused(bytes + "!", {"is damaged", "appended to"});
+  std::string flipped = bytes;
+  flipped[flipped.size() - 10] ^= 0x01;  // one bit of the payload
+  refused(flipped, {"is damaged", "checksum mismatch"});
+  expect_usage_error([&] { dp::read_checkpoint_file(good, {"TESTFILE", 4}); },
+                     {"format version 3", "this program reads version 4"});
+  expect_usage_error([&] { dp::read_checkpoint_file(dir.file("missing.bin"), kTest); }, {"cannot read checkpoint"});
+}
+
+TEST(CheckpointFile, FailedWriteLeavesThePreviousFileIntact) {
+  TempDir dir("checkpoint_file");
+  const std::string path = dir.file("f.bin");
+  dp::write_checkpoint_file(path, kTest, "old", "payload");
+  const std::string before = read_file(path);
+  fs::create_directories(path + ".tmp");  // the temporary file cannot be created (even as root)
+  expect_usage_error([&] { dp::write_checkpoint_file(path, kTest, "new", "payload"); }, {"cannot write checkpoint"});
+  EXPECT_EQ(read_file(path), before);
+  expect_usage_error([&] { dp::write_file_atomically(dir.file("no/such/dir/f.bin"), {}); },
+                     {"cannot write checkpoint", "No such file or directory"});
+  fs::remove(path + ".tmp");
+  dp::write_checkpoint_file(path, kTest, "new", "payload");
+  EXPECT_EQ(dp::read_checkpoint_file(path, kTest).meta(), "new");
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+}
+
+TEST(BroadcastText, EveryRankGetsTheRootsText) {
+  run_ranks(3, [](dp::ProcessGroup& pg) {
+    const std::string mine = pg.rank() == 1 ? "error on rank 1" : "";
+    if (dp::broadcast_text(pg, mine, 1) != "error on rank 1") throw dp::CheckFailed("wrong text");
+    if (!dp::broadcast_text(pg, mine, 0).empty()) throw dp::CheckFailed("empty text not kept");
+  });
+}
+
+}  // namespace

@@ -1,0 +1,48 @@
+// Unit tests for common/memory: tensor bytes, optimizer state bytes, training bytes and the RSS probes.
+#include "common/memory.hpp"
+#include "common/models.hpp"
+
+#include <gtest/gtest.h>
+
+namespace {
+
+namespace optim = torch::optim;
+
+TEST(Memory, TensorBytesCountEveryDefinedTensor) {
+  EXPECT_EQ(dp::tensor_bytes({torch::zeros({10}), torch::zeros({2, 3}, torch::kFloat64), torch::Tensor()}),
+            4 * 10 + 8 * 6);
+  EXPECT_EQ(dp::tensor_bytes({}), 0);
+}
+
+TEST(Memory, TrainingBytesOfTiedModelWithAdamW) {
+  auto model = dp::make_toy_model("tied");  // 4 distinct tensors, 1350 floats, the tied one listed twice
+  optim::AdamW opt(dp::unique_parameters(*model), optim::AdamWOptions(0.1));
+  auto before = dp::count_training_bytes(*model, opt);
+  EXPECT_EQ(before.params, 4 * 1350);
+  EXPECT_EQ(before.grads, 0);  // no backward yet
+  EXPECT_EQ(before.state, 0);  // AdamW allocates its state in the first step
+  model->forward(torch::rand({4, 10})).sum().backward();
+  opt.step();
+  auto after = dp::count_training_bytes(*model, opt);
+  EXPECT_EQ(after.grads, 4 * 1350);
+  EXPECT_EQ(after.state, 8 * 1350);  // exp_avg and exp_avg_sq
+  EXPECT_EQ(after.total(), 16 * 1350);
+  EXPECT_EQ(dp::optimizer_state_bytes(opt), after.state);
+}
+
+TEST(Memory, ResidentSetProbes) {
+  EXPECT_GT(dp::peak_rss_bytes(), 0);
+  EXPECT_GT(dp::current_rss_bytes(), 0);
+  EXPECT_GE(dp::peak_rss_bytes(), dp::current_rss_bytes());
+  const int64_t base = dp::current_rss_bytes();
+  { auto big = torch::ones({50'000'000}); }  // 200 MB touched, then freed (mmap'ed: back to the OS)
+  const int64_t high = dp::peak_rss_bytes();
+  EXPECT_GE(high, base + 190'000'000);
+  if (dp::reset_peak_rss()) {
+    EXPECT_LT(dp::peak_rss_bytes(), high - 100'000'000);  // the peak forgot it
+  }
+  EXPECT_EQ(dp::cuda_peak_allocated_bytes(torch::kCPU), 0);  // no CUDA peak for a CPU device
+  dp::reset_cuda_peak(torch::kCPU);
+}
+
+}  // namespace
