@@ -23,6 +23,7 @@
 // all-gathers the parameters (plain DDP's bytes); FSDP (ZeRO-3) shards the parameters too.
 #include "common/cli.hpp"
 #include "common/ddp_bench.hpp"
+#include "common/ddp_check.hpp"
 #include "common/memory.hpp"
 #include "common/models.hpp"
 #include "common/runtime.hpp"
