@@ -14,10 +14,6 @@ namespace dp {
 
 namespace {
 
-std::string shape_str(const std::vector<int64_t>& dims) {
-  return "[" + fmt::format("{}", fmt::join(dims, ", ")) + "]";
-}
-
 // Every rank compares its parameter count and shapes with rank 0's; all ranks vote, so they all throw
 // together and none is left waiting in a collective.
 void verify_same_model(ProcessGroup& pg, torch::nn::Module& module) {
@@ -45,7 +41,7 @@ void verify_same_model(ProcessGroup& pg, torch::nn::Module& module) {
       return v;
     };
     problem = fmt::format("ranks built different models: parameter {} ({}) has shape {} on rank {} but {} on rank 0",
-                          i, params[i].first, shape_str(dims(mine[i])), pg.rank(), shape_str(dims(shapes[i])));
+                          i, params[i].first, shape_text(dims(mine[i])), pg.rank(), shape_text(dims(shapes[i])));
   }
   auto votes = pg.all_gather(problem.empty() ? 1.0 : 0.0);
   for (int r = 0; r < pg.world_size(); ++r)

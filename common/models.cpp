@@ -140,4 +140,6 @@ void copy_parameters(torch::nn::Module& dst, const torch::nn::Module& src) {
   for (size_t i = 0; i < d.size(); ++i) d[i].copy_(s[i]);
 }
 
+std::string shape_text(c10::IntArrayRef sizes) { return fmt::format("[{}]", fmt::join(sizes, ", ")); }
+
 }  // namespace dp

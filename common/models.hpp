@@ -108,6 +108,9 @@ std::mutex& model_init_mutex();
 /// count it twice. With trainable_only, parameters with requires_grad false are left out.
 std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& m, bool trainable_only = false);
 
+/// A shape as people write it, "[10, 5]" (for messages).
+std::string shape_text(c10::IntArrayRef sizes);
+
 /// Copies `src`'s unique parameter values into `dst`, a model of the same structure (frozen ones too):
 /// the C++ stand-in for Python's copy.deepcopy of the weights. No autograd history is recorded.
 void copy_parameters(torch::nn::Module& dst, const torch::nn::Module& src);

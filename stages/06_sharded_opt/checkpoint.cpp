@@ -22,8 +22,6 @@ namespace {
 
 const FileFormat kFormat{"DPZ1CKPT", kCheckpointVersion};
 
-std::string shape_text(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
-
 // A checkpoint that passed the container's checks, with its metadata parsed.
 struct Checked {
   CheckpointFile file;
@@ -64,7 +62,7 @@ void check_matches(const std::string& path, const json& meta,
     const auto shape = params[i].at("shape").get<std::vector<int64_t>>();
     if (shape != p.sizes().vec())
       throw misfit(fmt::format("parameter '{}' has shape {} in the checkpoint but {} in the model", name,
-                               shape_text(shape), shape_text(p.sizes().vec())));
+                               shape_text(shape), shape_text(p.sizes())));
     const auto dtype = params[i].at("dtype").get<std::string>();
     if (dtype != c10::toString(p.scalar_type()))
       throw misfit(fmt::format("parameter '{}' is {} in the checkpoint but {} in the model", name, dtype,

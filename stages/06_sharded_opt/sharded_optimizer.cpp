@@ -3,6 +3,7 @@
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"
 
 #include "common/cli.hpp"
+#include "common/models.hpp"
 #include "common/optim_state.hpp"
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
@@ -37,7 +38,6 @@ std::vector<int> partition_greedy(const std::vector<int64_t>& sizes, std::vector
 }
 // [partition]
 
-static std::string shape_text(const torch::Tensor& t) { return fmt::format("[{}]", fmt::join(t.sizes(), ", ")); }
 
 ShardedOptimizer::ShardedOptimizer(ProcessGroup& pg, std::vector<optim::OptimizerParamGroup> groups,
                                    MakeLocalOptimizer make_local)
@@ -62,10 +62,10 @@ void ShardedOptimizer::add_param_group(const optim::OptimizerParamGroup& group) 
     if (!seen.insert(key).second) continue;  // tied weight listed twice: keep it once
     if (auto it = slot_of_.find(key); it != slot_of_.end())
       throw UsageError(fmt::format("add_param_group: a parameter of shape {} is already in group {}",
-                                   shape_text(p), slots_[it->second].group));
+                                   shape_text(p.sizes()), slots_[it->second].group));
     if (!p.is_leaf())
       throw UsageError(fmt::format("add_param_group: a tensor of shape {} is not a leaf (can't optimize it)",
-                                   shape_text(p)));
+                                   shape_text(p.sizes())));
     params.push_back(p);
   }
 
