@@ -116,7 +116,6 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
   // Rank 0's single-process model: the whole global batch, every core.
   std::unique_ptr<Trainee> solo;
   if (pg.rank() == 0) solo = std::make_unique<Trainee>(pg, mcfg, Variant{"single process", nullptr});
-  int64_t trainable = 0;
   for (size_t first = 0, group = 0; first < variants.size(); first += per_group, ++group) {
     // The baseline and the next few variants, all in memory at once.
     std::vector<std::unique_ptr<Trainee>> ts;
@@ -125,7 +124,7 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
     for (size_t v = first; v < std::min(variants.size(), first + per_group); ++v)
       ts.push_back(std::make_unique<Trainee>(pg, mcfg, variants[v]));
     print0("  group {}: {} models trained in turn, step by step", group + 1, ts.size());
-    trainable = count_elements(unique_parameters(*ts[0]->model, /*trainable_only=*/true));
+    const int64_t trainable = count_elements(unique_parameters(*ts[0]->model, /*trainable_only=*/true));
     auto all_grads = torch::zeros({trainable}, torch::TensorOptions().device(pg.device()));
 
     std::vector<double> flat, single;

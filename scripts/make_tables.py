@@ -42,7 +42,7 @@ def fmt_ci(samples, f="{:.2f}"):
     return f"{f.format(c[0])} [{f.format(c[1])}, {f.format(c[2])}]"
 
 
-def compare(rows, a, b):
+def compare(a, b):
     """Per-round ratio a/b of two rows measured in the same rounds: (median, low, high) or None."""
     if a.get("group") != b.get("group") or "step_samples_s" not in a or "step_samples_s" not in b:
         return None
@@ -83,7 +83,7 @@ def ddp_table(doc):
         pairs += [(best["variant"], "overlap (stage 04)"), (best["variant"], "flat (stage 03)")]
     said = []
     for a, b in pairs:
-        c = compare(rows, by[a], by[b]) if a in by and b in by else None
+        c = compare(by[a], by[b]) if a in by and b in by else None
         if c:
             verdict = "faster" if c[2] < 1 else "slower" if c[1] > 1 else "no difference shown"
             said.append(f"{a} / {b} x{c[0]:.3f} [{c[1]:.3f}, {c[2]:.3f}], {verdict}")
@@ -91,7 +91,7 @@ def ddp_table(doc):
         notes.append("Step against step, round by round (median and 95% CI): " + "; ".join(said) + ".")
     for r in rows:
         c = ci(r.get("ratio_samples", []))
-        if c and c[2] < 1 and r.get("variant", "").startswith("no communication") is False:
+        if c and c[2] < 1 and not r["variant"].startswith("no communication"):
             notes.append(f"Note: {r['variant']} is faster than its no-communication baseline beyond the interval "
                          f"(x{c[0]:.3f} [{c[1]:.3f}, {c[2]:.3f}]); read it as noise of this shared machine.")
     if rows and rows[0].get("cut_by_budget"):

@@ -89,8 +89,8 @@ TEST(LauncherNet, SubnetOption) {
   SKIP_WITHOUT_NET();
   Sandbox box;
   const Running run =
-      start(box, {"--nproc", "3", "--net", "500mbit", "--net-subnet", "10.213.7.0/29", "--", kProbe, "net"});
-  expect_cluster(finish(run), 3, "500mbit", "10.213.7.", "29");
+      start(box, {"--nproc", "3", "--net", "500mbit", "--net-subnet", "198.19.7.0/29", "--", kProbe, "net"});
+  expect_cluster(finish(run), 3, "500mbit", "198.19.7.", "29");
   expect_no_leftovers(run.pid);
 }
 
