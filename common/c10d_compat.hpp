@@ -29,8 +29,13 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <torch/csrc/autograd/variable.h>
+#include <torch/optim/optimizer.h>
+
 #include <chrono>
+#include <sstream>
 #include <string>
+#include <type_traits>
 
 namespace dp::compat {
 
@@ -86,5 +91,22 @@ inline CommPtr make_nccl(const StorePtr& store, int rank, int world, std::chrono
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world, opts);
 }
 #endif
+
+/// An owning pointer to an autograd Node (a parameter's AccumulateGrad): std::shared_ptr in 1.13,
+/// c10::intrusive_ptr in recent 2.x releases.
+using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
+/// The key under which torch::optim keeps a parameter's state: the address of its TensorImpl, as text in
+/// 1.13 (`c10::guts::to_string`, gone in 2.x), as the pointer itself in recent 2.x releases.
+inline auto optim_state_key(const at::Tensor& p) {
+  using Key = typename std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;
+    s << static_cast<const void*>(p.unsafeGetTensorImpl());
+    return s.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
 
 }  // namespace dp::compat

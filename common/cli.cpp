@@ -1,6 +1,7 @@
 // Command-line parsing: CLI11 does the work; we add units and map every bad input to exit code 2.
 #include "common/cli.hpp"
 
+#include "common/dist.hpp"
 #include "common/runtime.hpp"
 
 #include <fmt/format.h>
@@ -55,7 +56,7 @@ std::string format_bytes(double bytes) {
   const char* units[] = {"B", "kB", "MB", "GB", "TB"};
   int i = 0;
   while (bytes >= 1000 && i < 4) bytes /= 1000, ++i;
-  return fmt::format(bytes == std::floor(bytes) ? "{:.0f} {}" : "{:.3g} {}", bytes, units[i]);
+  return bytes == std::floor(bytes) ? fmt::format("{:.0f} {}", bytes, units[i]) : fmt::format("{:.3g} {}", bytes, units[i]);
 }
 
 double parse_seconds(const std::string& text, const std::string& what) {
@@ -106,12 +107,7 @@ int Cli::parse(int argc, char** argv) {
   try {
     app_.parse(argc, argv);
     parse_seconds(common_.timeout, "--timeout");
-    if (common_.backend == "nccl") {
-#ifndef DP_WITH_NCCL
-      throw UsageError("--backend nccl: this build has no NCCL (Debian's LibTorch is CPU-only). "
-                       "Use --backend gloo, or rebuild against a CUDA LibTorch (README: 'NCCL on a GPU machine')");
-#endif
-    }
+    check_backend(common_.backend);  // nccl: a CUDA build, and a GPU for every rank on this node
   } catch (const CLI::CallForHelp&) {
     fmt::print("{}", app_.help());
     return 0;

@@ -58,6 +58,7 @@ LaunchEnv LaunchEnv::from_environment() {
   env.local_world_size = env_int("LOCAL_WORLD_SIZE", env.world_size, 1);
   env.master_port = env_int("MASTER_PORT", 29500, 1);
   if (const char* a = std::getenv("MASTER_ADDR"); a && *a) env.master_addr = a;
+  if (const char* u = std::getenv("TORCHELASTIC_USE_AGENT_STORE"); u) env.agent_store = std::string(u) == "True";
   if (env.rank >= env.world_size)
     throw UsageError(fmt::format("RANK={} is not below WORLD_SIZE={}; check the launcher's settings",
                                  env.rank, env.world_size));
@@ -105,14 +106,29 @@ bool backend_available(const std::string& backend) {
   return false;
 }
 
-static void check_backend(const std::string& backend) {
+void check_backend(const std::string& backend, int gpus) {
   if (backend != "gloo" && backend != "nccl")
     throw UsageError(fmt::format("unknown backend '{}'; use --backend gloo (CPU) or nccl (CUDA)", backend));
   if (!backend_available(backend))
     throw UsageError(fmt::format(
-        "backend '{}' is not in this build: LibTorch {}.{} here was built without CUDA/NCCL. "
-        "Use --backend gloo, or rebuild against a CUDA LibTorch (see README, 'NCCL on a GPU machine')",
+        "backend '{}': this build has no NCCL (LibTorch {}.{}, built without CUDA/NCCL). "
+        "Use --backend gloo, or build the cuda preset (README: 'LibTorch 2.x, CUDA and NCCL')",
         backend, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR));
+  if (backend != "nccl") return;
+#ifdef DP_WITH_NCCL
+  if (gpus < 0) gpus = static_cast<int>(torch::cuda::device_count());
+#endif
+  // NCCL wants one GPU per rank: each rank binds the GPU of its LOCAL_RANK.
+  const LaunchEnv env = LaunchEnv::from_environment();
+  const int local_world = env.launched ? env.local_world_size : 1;
+  if (gpus <= 0)
+    throw UsageError("--backend nccl: no GPU is visible here (CUDA device count 0; check CUDA_VISIBLE_DEVICES "
+                     "and the driver). Use --backend gloo on a machine without a GPU");
+  if (local_world > gpus)
+    throw UsageError(fmt::format("--backend nccl: {} ranks on this node but {} GPU(s); NCCL needs one GPU per "
+                                 "rank. Start at most {} ranks per node (ddp_launch --nproc {} or torchrun "
+                                 "--nproc_per_node {}), or use --backend gloo",
+                                 local_world, gpus, gpus, gpus, gpus));
 }
 
 ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store, int rank, int world,
@@ -131,6 +147,7 @@ ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store
 #ifdef DP_WITH_NCCL
       const LaunchEnv env = LaunchEnv::from_environment();
       const int local = env.launched ? env.local_rank : rank;  // threads as ranks: no environment
+      // Each rank binds the GPU of its LOCAL_RANK (check_backend made sure there are enough).
       pg.device_ = torch::Device(torch::kCUDA, local % std::max<int>(1, torch::cuda::device_count()));
       c10::cuda::set_device(pg.device_.index());
       pg.impl_->comm = compat::make_nccl(store, rank, world, opts.timeout);
@@ -161,8 +178,11 @@ ProcessGroup ProcessGroup::init_from_env(const DistOptions& opts) {
   }
   compat::StorePtr store;
   try {
-    store = compat::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size,
-                                   opts.timeout);
+    // Under torchrun (2.x) its agent hosts the store on MASTER_PORT already: every rank is a client, and
+    // our keys get a prefix of their own so they cannot meet the agent's.
+    const bool host = env.rank == 0 && !env.agent_store;
+    store = compat::make_tcp_store(env.master_addr, env.master_port, host, env.world_size, opts.timeout);
+    if (env.agent_store) store = c10::make_intrusive<c10d::PrefixStore>("dp_from_scratch", store);
   } catch (const std::exception& e) {
     std::string msg = first_line(e);
     if (env.rank == 0 && (msg.find("in use") != std::string::npos || msg.find("bind") != std::string::npos))

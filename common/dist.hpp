@@ -24,6 +24,8 @@ struct LaunchEnv {
   std::string master_addr = "127.0.0.1";  ///< MASTER_ADDR: host of rank 0's rendezvous store
   int master_port = 29500;   ///< MASTER_PORT: its TCP port
   bool launched = false;     ///< true when RANK and WORLD_SIZE were set
+  bool agent_store = false;  ///< TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent already hosts the
+                             ///< store at MASTER_ADDR:MASTER_PORT, so rank 0 connects instead of hosting
   std::string gloo_ifname;   ///< GLOO_SOCKET_IFNAME: the interface Gloo binds (PyTorch's variable), or empty
   std::string net;           ///< DP_NET: the rate of ddp_launch --net's simulated links ("1gbit"), or empty
   std::string launch_command;  ///< DP_LAUNCH_COMMAND: ddp_launch's own command line, or empty
@@ -117,5 +119,10 @@ class ProcessGroup {
 
 /// True when this build can run `backend` ("gloo" always; "nccl" only with a CUDA LibTorch).
 bool backend_available(const std::string& backend);
+
+/// Throws UsageError (exit 2) unless `backend` is gloo or nccl and this build and machine can run it:
+/// for nccl, a CUDA build and one GPU per rank on this node (LOCAL_WORLD_SIZE). `gpus` < 0 asks CUDA
+/// how many GPUs there are; tests pass a number.
+void check_backend(const std::string& backend, int gpus = -1);
 
 }  // namespace dp

@@ -1,6 +1,7 @@
 // torch::optim state <-> named tensors, for AdamW, Adam and SGD.
 #include "common/optim_state.hpp"
 
+#include "common/c10d_compat.hpp"
 #include "common/runtime.hpp"
 
 namespace dp {
@@ -9,8 +10,7 @@ namespace optim = torch::optim;
 
 namespace {
 
-// torch::optim keys each parameter's state by the address of its TensorImpl, as text.
-std::string state_key(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+using compat::optim_state_key;
 
 template <typename AdamState>
 ParamState adam_like(const AdamState& s) {
@@ -46,7 +46,7 @@ std::vector<std::string> state_tensor_names(const std::string& kind, bool amsgra
 }
 
 ParamState get_param_state(const optim::Optimizer& opt, const torch::Tensor& p) {
-  auto it = opt.state().find(state_key(p));
+  auto it = opt.state().find(optim_state_key(p));
   if (it == opt.state().end()) return {};
   const auto* st = it->second.get();
   if (auto* a = dynamic_cast<const optim::AdamWParamState*>(st)) return adam_like(*a);
@@ -60,7 +60,7 @@ ParamState get_param_state(const optim::Optimizer& opt, const torch::Tensor& p) 
 
 void set_param_state(optim::Optimizer& opt, const std::string& kind, const torch::Tensor& p, ParamState s) {
   auto& state = opt.state();
-  const std::string key = state_key(p);
+  const auto key = optim_state_key(p);
   if (!s.present) {
     state.erase(key);
   } else if (kind == "adamw") {

@@ -41,6 +41,8 @@ std::vector<double> max_over_ranks(ProcessGroup& pg, const std::vector<double>& 
 
 /// Runs `fn` `warmup` times, then times it `iters` times (stopping early after `budget_s` seconds
 /// of measurement, at least 1 iteration); returns the per-iteration seconds on this rank.
+/// On a CUDA device each iteration is timed by CUDA events recorded on the current stream, which a
+/// blocking collective orders after its communication stream; on the CPU, by the wall clock.
 std::vector<double> time_iterations(const std::function<void()>& fn, int warmup, int iters,
                                     double budget_s = 1e9, torch::Device device = torch::kCPU);
 

@@ -10,6 +10,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libfmt-dev   # options, JSON, formatting
   doxygen                          # the documentation site
   python3 python3-matplotlib python3-scipy   # plots, timelines and confidence intervals for the docs
+  python3-venv                     # scripts/install_torch2.sh: the pip torch 2.x lives in a venv
   iproute2                         # ip and tc: ddp_launch --net builds a simulated network from them
   procps                           # pgrep, used by the tests to look for left-over processes
 )

@@ -45,7 +45,7 @@ AccumulateGradHooks::AccumulateGradHooks(const std::vector<torch::Tensor>& param
     //
     // The parameter only holds a weak reference to its AccumulateGrad; if nobody holds a strong one,
     // it is freed with the graph and the next backward builds a fresh node without our hooks. Keep it.
-    std::shared_ptr<torch::autograd::Node> node = torch::autograd::impl::grad_accumulator(p);
+    compat::NodePtr node = torch::autograd::impl::grad_accumulator(p);
     auto pre = std::make_unique<LambdaPreHook>([before_accumulate, i] { before_accumulate(i); });
     Entry e{node, pre.get(), 0};
     node->add_pre_hook(std::move(pre));

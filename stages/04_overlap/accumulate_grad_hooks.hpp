@@ -4,6 +4,8 @@
 
 #include <torch/torch.h>
 
+#include "common/c10d_compat.hpp"
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -39,7 +41,7 @@ class AccumulateGradHooks {
 
  private:
   struct Entry {
-    std::shared_ptr<torch::autograd::Node> node;  ///< the parameter's AccumulateGrad (kept alive)
+    compat::NodePtr node;  ///< the parameter's AccumulateGrad (kept alive)
     torch::autograd::FunctionPreHook* pre = nullptr;  ///< our pre-hook, found again by address
     uintptr_t post = 0;  ///< key returned by Node::add_post_hook, for del_post_hook
   };

@@ -188,7 +188,10 @@ CheckpointInfo load_checkpoint(const std::string& path, ProcessGroup& pg, torch:
           if (!t.sizes().equals(named[i].second.sizes()))
             throw UsageError(fmt::format("checkpoint {} is damaged: state tensor {} of '{}' has the wrong shape", path,
                                          tn.get<std::string>(), named[i].first));
-          states[i].tensors[tn.get<std::string>()] = t.to(named[i].second.device());
+          // A copy of its own: a tensor read from the archive may alias the archive's buffer.
+          states[i].tensors[tn.get<std::string>()] =
+              t.to(named[i].second.device(), t.scalar_type(), /*non_blocking=*/false, /*copy=*/true)
+                  .contiguous();
         }
       }
     } catch (const c10::Error& e) {

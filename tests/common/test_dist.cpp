@@ -119,6 +119,28 @@ TEST(Backends, NcclOnCpuBuildIsAUsageError) {
   EXPECT_THROW(ProcessGroup::init_with_store(store2, 0, 1, {"mpi", std::chrono::milliseconds(1000)}), dp::UsageError);
 }
 
+// NCCL needs a CUDA build and one GPU per rank on the node; each refusal is a UsageError (exit 2).
+TEST(Backends, NcclNeedsOneGpuPerLocalRank) {
+  EXPECT_NO_THROW(dp::check_backend("gloo", 0));
+  EXPECT_THROW(dp::check_backend("mpi", 8), dp::UsageError);
+#ifndef DP_WITH_NCCL
+  EXPECT_THROW(dp::check_backend("nccl", 8), dp::UsageError);  // not in this build, GPUs or not
+#else
+  EXPECT_THROW(dp::check_backend("nccl", 0), dp::UsageError);  // no GPU
+  EXPECT_NO_THROW(dp::check_backend("nccl", 1));                // one process, one GPU
+  for (auto [k, v] : {std::pair{"RANK", "0"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "4"}})
+    setenv(k, v, 1);
+  EXPECT_THROW(dp::check_backend("nccl", 2), dp::UsageError);  // 4 ranks on this node, 2 GPUs
+  EXPECT_NO_THROW(dp::check_backend("nccl", 4));
+  for (auto v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) unsetenv(v);
+  try {
+    dp::check_backend("nccl", 0);
+  } catch (const dp::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("no GPU"), std::string::npos) << e.what();
+  }
+#endif
+}
+
 TEST(LaunchEnv, ReadsTorchrunVariablesAndRejectsBadOnes) {
   setenv("RANK", "3", 1);
   setenv("WORLD_SIZE", "4", 1);

@@ -50,16 +50,17 @@ TEST_P(Resume, SaveAtWorld2AfterThreeStepsThenThreeMoreEqualsSixSteps) {
   EXPECT_EQ(info.optimizer, kind);
   EXPECT_EQ(info.max_step, kind == "sgd" ? 0 : 3);
 
-  // Uninterrupted: the plain optimizer for 6 steps (equal to the sharded one: test_sharded_optimizer.cpp).
-  auto u = build_pair(model, 6);
-  auto plain = plain_optimizer(kind, make_groups(kind, *u.ref, "two", false));
-  for (int step = 0; step < 6; ++step) {
-    plain->zero_grad();
-    loss_of(*u.ref, u.batches[step]).backward();
-    plain->step();
-  }
-
   run_ranks(load_world, [&](ProcessGroup& pg) {
+    // Uninterrupted: the plain optimizer for 6 steps (equal to the sharded one: test_sharded_optimizer.cpp).
+    // Computed here, on the rank's thread, with the rank's intra-op thread count: LibTorch 2.x splits
+    // the backward's reductions by thread count, and a different split rounds differently.
+    auto u = build_pair(model, 6);
+    auto plain = plain_optimizer(kind, make_groups(kind, *u.ref, "two", false));
+    for (int step = 0; step < 6; ++step) {
+      plain->zero_grad();
+      loss_of(*u.ref, u.batches[step]).backward();
+      plain->step();
+    }
     auto p = build_pair(model, 6);
     {
       torch::NoGradGuard no_grad;

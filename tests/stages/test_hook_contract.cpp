@@ -2,6 +2,7 @@
 // each: launch its all-reduces while backward still runs, refuse a second backward before
 // finish_gradient_synchronization() with a std::logic_error that says so, and remove exactly its own
 // hooks when destroyed. Ranks are threads; the model is the toy MLP (fc1, fc2, fc3, weight and bias each).
+#include "common/c10d_compat.hpp"
 #include "common/models.hpp"
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/support/fixtures.hpp"
@@ -119,7 +120,7 @@ TYPED_TEST(HookContract, DestructorRemovesItsHooksOnly) {
   run_ranks(2, [](ProcessGroup& pg) {
     auto [model, x] = make_local(pg.rank());
     // Hold the AccumulateGrad nodes ourselves so that we look at the very nodes the wrapper hooked.
-    std::vector<std::shared_ptr<torch::autograd::Node>> nodes;
+    std::vector<dp::compat::NodePtr> nodes;  // AccumulateGrad nodes, kept alive
     for (auto& p : dp::unique_parameters(*model, true)) nodes.push_back(torch::autograd::impl::grad_accumulator(p));
     int foreign_calls = 0;  // somebody else's hook on the same node must survive
     nodes[0]->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(

@@ -2,6 +2,7 @@
 // at CS336's caps, bad caps, and buckets launched strictly in index order. What every DDP variant must
 // do is in test_grad_sync_contract.cpp, what every hook-driven one must do in test_hook_contract.cpp.
 // Ranks are threads.
+#include "common/c10d_compat.hpp"
 #include "common/models.hpp"
 #include "common/runtime.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
@@ -164,7 +165,7 @@ TEST(Stage05Bucketed, CompleteBucketWaitsForEarlierOnes) {
     auto model = make_seeded<OutOfOrderImpl>(pg.rank());
     // Record the order in which gradients become final, with our own hooks on the same nodes.
     std::vector<std::string> ready_order;
-    std::vector<std::shared_ptr<torch::autograd::Node>> nodes;
+    std::vector<dp::compat::NodePtr> nodes;  // AccumulateGrad nodes, kept alive
     for (auto& [name, p] : dp::unique_named_parameters(*model, true)) {
       nodes.push_back(torch::autograd::impl::grad_accumulator(p));
       nodes.back()->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
