@@ -60,15 +60,20 @@ if(DP_CUDA)
   set(DP_CUDA_MSG "wheel built for ${DP_TORCH_CUDA_VERSION}, toolkit ${CUDAToolkit_VERSION} (same major: minor-version compatible)")
   # The wheel ships its own NCCL; libtorch_cuda is linked against it, so compile against its header too.
   get_filename_component(_dp_site "${TORCH_INSTALL_PREFIX}/.." ABSOLUTE)
-  file(GLOB _dp_nccl_inc "${_dp_site}/nvidia/nccl/include" "${_dp_site}/nvidia/*/include/nccl.h")
   find_path(DP_NCCL_INCLUDE nccl.h HINTS "${_dp_site}/nvidia/nccl/include" "${_dp_site}/nvidia/cu13/include" NO_DEFAULT_PATH)
-  set(DP_NCCL_INCLUDE_MSG " (the wheel's nvidia-nccl: ${DP_NCCL_INCLUDE})")
   # Torch's config looks its libraries up with PATHS, which come after the system folders: on a machine
   # with Debian's libtorch-dev it would pick /usr/lib's 1.13 libtorch.so and libc10.so. Name the wheel's.
   set(TORCH_LIBRARY "${TORCH_INSTALL_PREFIX}/lib/libtorch.so" CACHE FILEPATH "the wheel's libtorch" FORCE)
   set(c10_LIBRARY "${TORCH_INSTALL_PREFIX}/lib/libc10.so" CACHE FILEPATH "the wheel's libc10" FORCE)
   list(APPEND CMAKE_PREFIX_PATH "${TORCH_INSTALL_PREFIX}/share/cmake")
   find_package(Torch REQUIRED CONFIG PATHS "${TORCH_INSTALL_PREFIX}/share/cmake/Torch" NO_DEFAULT_PATH)
+  # libtorch_cuda needs the wheel's libnccl.so.2 (2.30 here): the toolkit's older one, which the linker
+  # would otherwise find first through /usr/local/cuda/lib, lacks symbols it uses (ncclSignal, ...).
+  # Link the wheel's by path, and search the wheel's CUDA libraries first at run time too.
+  find_library(DP_NCCL_LIB NAMES libnccl.so.2 nccl PATHS "${_dp_site}/nvidia/nccl/lib" NO_DEFAULT_PATH REQUIRED)
+  list(APPEND TORCH_LIBRARIES "${DP_NCCL_LIB}")
+  set(CMAKE_BUILD_RPATH "${_dp_site}/nvidia/nccl/lib" "${_dp_site}/nvidia/cu13/lib" "${TORCH_INSTALL_PREFIX}/lib")
+  set(DP_NCCL_INCLUDE_MSG " (the wheel's nvidia-nccl: ${DP_NCCL_LIB})")
 else()
   set(DP_CUDA_MSG "not used (CPU build against the wheel's libtorch_cpu; wheel built for CUDA ${DP_TORCH_CUDA_VERSION})")
   find_library(DP_TORCH_CPU_LIB torch_cpu PATHS "${TORCH_INSTALL_PREFIX}/lib" NO_DEFAULT_PATH REQUIRED)
