@@ -4,10 +4,12 @@
 // are threads (run_ranks). What only Zero1Optimizer has (flat buffers, views) is tested at the end.
 #include "common/transformer.hpp"
 #include "tests/stages/sharded_opt_support.hpp"
+#include "tests/support/expect.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <limits>
 
 namespace {
 
@@ -127,6 +129,141 @@ TYPED_TEST(ShardedDesign, TransformerDdpEqualsUnshardedAdam) {
 }
 TYPED_TEST(ShardedDesign, TransformerDdpEqualsUnshardedSgdMomentum) {
   for (int world = 1; world <= 4; ++world) transformer_ddp<TypeParam>("sgd", world);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// ZeRO-1 against DDP with Gloo's own all-reduce, where the sums' orders differ (N = 3, 4)
+// ---------------------------------------------------------------------------------------------------
+
+// One step of SGD (the first, so momentum is the gradient): p - lr * avg(g). Two sums of the same N terms
+// in different orders each lie within (N-1) u sum_k |g_k| of the exact sum (u = 2^-24, float32's unit
+// roundoff), so the averages differ by at most 2 (N-1)/N u S + u |avg| < 2 u S with S = sum_k |g_k|; the
+// product with lr and the subtraction from p add a rounding of |p| each. Hence, per element,
+//   |p_zero1 - p_ddp| <= lr * 2 eps S + 2 eps |p|,  eps = 2^-23 = 2u (a factor 2 of slack throughout).
+TEST(Zero1VsGlooAllReduce, OneSgdStepWithinTheSummationBound) {
+  for (int world : {3, 4}) {
+    run_ranks(world, [&](ProcessGroup& pg) {
+      auto cfg = dp::TransformerConfig::preset("tiny", 16);
+      dp::TransformerLM ref{nullptr}, shd{nullptr};
+      torch::Tensor tokens;
+      {
+        std::lock_guard<std::mutex> lock(rng_mutex());
+        torch::manual_seed(7);
+        ref = dp::TransformerLM(cfg);
+        shd = dp::TransformerLM(cfg);
+        dp::copy_parameters(*shd, *ref);
+        tokens = torch::randint(0, cfg.vocab_size, {world * 2, 17}, torch::kInt64);
+      }
+      const double lr = 0.1;
+      auto rows = tokens.narrow(0, pg.rank() * 2, 2);
+      auto plain = plain_optimizer("sgd", {optim::OptimizerParamGroup(dp::unique_parameters(*ref))}, lr);
+      dp::Zero1Optimizer zero1(pg, dp::unique_parameters(*shd), local_factory("sgd", lr));
+      dp::lm_loss(ref->forward(rows.narrow(1, 0, 16)), rows.narrow(1, 1, 16)).backward();
+      dp::lm_loss(shd->forward(rows.narrow(1, 0, 16)), rows.narrow(1, 1, 16)).backward();
+      std::vector<torch::Tensor> abs_sum;  // S = sum over ranks of |g_k|, element by element
+      for (auto& g : grads_of(*ref)) abs_sum.push_back(g.abs());
+      for (auto& a : abs_sum) pg.all_reduce(a);
+      Cs336Design::ddp_average(pg, grads_of(*ref));  // Gloo's all-reduce, / N
+      plain->step();
+      zero1.step();
+      const double eps = std::numeric_limits<float>::epsilon();
+      auto a = dp::unique_parameters(*ref, true), b = dp::unique_parameters(*shd, true);
+      for (size_t i = 0; i < a.size(); ++i) {
+        auto bound = lr * 2 * eps * abs_sum[i] + 2 * eps * a[i].abs();
+        require(torch::all((a[i] - b[i]).abs() <= bound).item<bool>(),
+                fmt::format("W={} tensor {}: a difference beyond the summation bound", world, i));
+      }
+    });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Zero1Optimizer's own: flat buffers, padding, gradients that backward did not write, bad parameters
+// ---------------------------------------------------------------------------------------------------
+
+TEST(Zero1Optimizer, FlatLayoutHoldsOnlyTrainableTensorsOnce) {
+  run_ranks(3, [](ProcessGroup& pg) {
+    auto p = build_pair("tied", 1);  // the tied weight is listed twice by LibTorch
+    dp::Zero1Optimizer opt(pg, p.shd->parameters(), local_factory("adamw"));
+    require(opt.parameters().size() == 4, "4 distinct tensors");
+    const int64_t n = dp::count_elements(dp::unique_parameters(*p.shd, true));
+    require(opt.layout().numel == n && opt.layout().padded % 3 == 0 && opt.layout().padded - n < 3, "layout");
+    require(opt.shard().numel() == opt.layout().chunk && opt.shard().is_leaf() && opt.shard().requires_grad(),
+            "the shard is a leaf the optimizer can step");
+    require(opt.describe().find("all-to-all + local sum") != std::string::npos, opt.describe());
+    // The model's tensors are views of the flat buffer: writing this rank's chunk changes the model.
+    {
+      torch::NoGradGuard g;
+      opt.shard().fill_(0.5f);
+    }
+    const auto after = dp::unique_parameters(*p.shd, true);
+    int64_t halves = 0;
+    for (auto& t : after) halves += (t == 0.5f).sum().item<int64_t>();
+    require(halves == opt.layout().data_in(pg.rank()), fmt::format("{} model elements changed", halves));
+  });
+}
+
+TEST(Zero1Optimizer, StateIsOneChunkAndBuffersAreCounted) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto p = build_pair("toy", 1);
+    dp::Zero1Optimizer opt(pg, p.shd->parameters(), local_factory("adamw"));
+    loss_of(*p.shd, p.batches[0]).backward();
+    opt.step();
+    const int64_t chunk = opt.layout().chunk;  // 850 trainable elements over 2 ranks: 425 each
+    require(chunk == 425, "chunk");
+    require(dp::optimizer_state_bytes(opt.local()) == 8 * chunk, "AdamW state is two moments of one chunk");
+    require(opt.buffer_bytes() == 4 * chunk + 4 * 850, "the shard's gradient and the all-to-all's receive buffer");
+    auto bytes = dp::count_training_bytes(*p.shd, opt.local());
+    require(bytes.grads == 4 * 850, "gradients: views of the flat buffer, each counted once");
+  });
+}
+
+TEST(Zero1Optimizer, GradientsReplacedOrDroppedAreStillUsed) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto p = build_pair("toy", 3);
+    auto ref = plain_optimizer("sgd", {optim::OptimizerParamGroup(dp::unique_parameters(*p.ref))});
+    dp::Zero1Optimizer opt(pg, p.shd->parameters(), local_factory("sgd"));
+    for (int step = 0; step < 3; ++step) {
+      ref->zero_grad();
+      for (auto& t : dp::unique_parameters(*p.shd)) t.mutable_grad().reset();  // set_to_none by hand
+      loss_of(*p.ref, p.batches[step]).backward();
+      loss_of(*p.shd, p.batches[step]).backward();  // fresh gradients, outside the flat buffer
+      ref->step();
+      opt.step();
+      require_same(*p.ref, *p.shd, fmt::format("step {}", step + 1));
+    }
+  });
+}
+
+// More ranks than elements: the padding is most of the buffer, a rank may own only padding.
+TEST(Zero1Optimizer, MoreRanksThanElements) {
+  for (int world : {3, 4}) {
+    run_ranks(world, [&](ProcessGroup& pg) {
+      auto a = torch::tensor({1.0f, -2.0f}).requires_grad_(), b = a.detach().clone().requires_grad_();
+      auto ref = plain_optimizer("adam", {optim::OptimizerParamGroup({a})});
+      dp::Zero1Optimizer opt(pg, {b}, local_factory("adam"));
+      require(opt.layout().padded == world && opt.layout().chunk == 1, "one element per rank");
+      for (int step = 0; step < 5; ++step) {
+        ref->zero_grad();
+        opt.zero_grad();
+        (a * a * 3).sum().backward();
+        (b * b * 3).sum().backward();
+        ref->step();
+        opt.step();
+        require(torch::equal(a, b), fmt::format("W={} step {}", world, step + 1));
+      }
+    });
+  }
+}
+
+TEST(Zero1Optimizer, RefusesParametersItCannotFlatten) {
+  run_ranks(1, [](ProcessGroup& pg) {
+    auto d = torch::zeros({3}, torch::dtype(torch::kFloat64).requires_grad(true));
+    expect_usage_error([&] { dp::Zero1Optimizer(pg, {d}, local_factory("sgd")); }, {"not a float32 leaf"});
+    auto leaf = torch::zeros({3}, torch::requires_grad());
+    auto non_leaf = leaf * 2;
+    expect_usage_error([&] { dp::Zero1Optimizer(pg, {non_leaf}, local_factory("sgd")); }, {"not a float32 leaf"});
+  });
 }
 
 }  // namespace
