@@ -56,8 +56,17 @@ void reduce_scatter(ProcessGroup& pg, torch::Tensor& flat, torch::Tensor& out, R
 }
 // [reduce_scatter]
 
+static bool gather_by_all_to_all(const ProcessGroup& pg, AllGatherAlgo algo) {
+  return algo == AllGatherAlgo::all_to_all || (algo == AllGatherAlgo::automatic && pg.backend() == "gloo");
+}
+
+std::string all_gather_name(const ProcessGroup& pg, AllGatherAlgo algo) {
+  return gather_by_all_to_all(pg, algo) ? "all-to-all" : "list all-gather";
+}
+
 // [all_gather]
-Work all_gather_flat_async(ProcessGroup& pg, torch::Tensor& chunk, torch::Tensor& flat, const std::string& label) {
+Work all_gather_flat_async(ProcessGroup& pg, torch::Tensor& chunk, torch::Tensor& flat, const std::string& label,
+                           AllGatherAlgo algo, torch::Tensor scratch) {
   const int W = pg.world_size();
   const int64_t n = chunk.numel();
   if (flat.numel() != n * W || !flat.is_contiguous())
@@ -67,16 +76,23 @@ Work all_gather_flat_async(ProcessGroup& pg, torch::Tensor& chunk, torch::Tensor
     if (chunk.data_ptr() != flat.data_ptr()) flat.copy_(chunk.view_as(flat));
     return Work();
   }
+  torch::Tensor line = flat.view({-1});
+  if (gather_by_all_to_all(pg, algo)) {
+    // N copies of my chunk, copy j for rank j; piece i of `flat` then receives rank i's chunk.
+    if (!scratch.defined()) scratch = torch::empty_like(line);
+    scratch.view({W, n}).copy_(chunk.reshape({1, n}).expand({W, n}));
+    return pg.all_to_all_async(line, scratch, label);
+  }
   std::vector<torch::Tensor> views;  // rank r's piece lands in flat[r*n, (r+1)*n)
-  const torch::Tensor line = flat.view({-1});
   for (int r = 0; r < W; ++r) views.push_back(line.narrow(0, r * n, n));
   torch::Tensor in = chunk.view({n});
   return pg.all_gather_async(views, in, label);
 }
 // [all_gather]
 
-void all_gather_flat(ProcessGroup& pg, torch::Tensor& chunk, torch::Tensor& flat, const std::string& label) {
-  all_gather_flat_async(pg, chunk, flat, label).wait();
+void all_gather_flat(ProcessGroup& pg, torch::Tensor& chunk, torch::Tensor& flat, const std::string& label,
+                     AllGatherAlgo algo, torch::Tensor scratch) {
+  all_gather_flat_async(pg, chunk, flat, label, algo, std::move(scratch)).wait();
 }
 
 }  // namespace dp

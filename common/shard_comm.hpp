@@ -48,13 +48,27 @@ void reduce_scatter(ProcessGroup& pg, torch::Tensor& flat, torch::Tensor& out,
                     ReduceScatterAlgo algo = ReduceScatterAlgo::automatic, const std::string& label = {},
                     torch::Tensor scratch = {});
 
+/// How to all-gather into a flat buffer.
+enum class AllGatherAlgo {
+  automatic,   ///< all_to_all on Gloo (measured faster there), list elsewhere
+  list,        ///< the list form of all-gather, its outputs views of the flat buffer
+  all_to_all,  ///< every rank sends its chunk to every rank: an all-to-all of N copies of the chunk
+};
+
+/// "list all-gather" or "all-to-all", whichever all_gather_flat uses on `pg` under `algo`.
+std::string all_gather_name(const ProcessGroup& pg, AllGatherAlgo algo = AllGatherAlgo::automatic);
+
 /// Gathers every rank's `chunk` into `flat` (W x chunk.numel() elements, contiguous): rank r's chunk lands
 /// in elements [r x n, (r + 1) x n). `chunk` may be a view of `flat` (this rank's own part). Asynchronous:
-/// wait on the handle before reading `flat`. Uses the list form of all-gather into views of `flat`
-/// (LibTorch 1.13's Gloo has no flat all-gather).
-Work all_gather_flat_async(ProcessGroup& pg, torch::Tensor& chunk, torch::Tensor& flat, const std::string& label = {});
+/// wait on the handle before reading `flat`. List path: all-gather into views (`narrow`) of `flat`
+/// (LibTorch 1.13's Gloo has no flat all-gather). All-to-all path: `scratch` (a buffer like `flat`,
+/// allocated when undefined) holds N copies of the chunk, and piece j goes to rank j. Both send
+/// (W-1)/W of the buffer per rank, as a ring does.
+Work all_gather_flat_async(ProcessGroup& pg, torch::Tensor& chunk, torch::Tensor& flat, const std::string& label = {},
+                           AllGatherAlgo algo = AllGatherAlgo::automatic, torch::Tensor scratch = {});
 
 /// Blocking all_gather_flat_async().
-void all_gather_flat(ProcessGroup& pg, torch::Tensor& chunk, torch::Tensor& flat, const std::string& label = {});
+void all_gather_flat(ProcessGroup& pg, torch::Tensor& chunk, torch::Tensor& flat, const std::string& label = {},
+                     AllGatherAlgo algo = AllGatherAlgo::automatic, torch::Tensor scratch = {});
 
 }  // namespace dp

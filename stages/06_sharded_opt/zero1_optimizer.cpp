@@ -47,7 +47,8 @@ Zero1Optimizer::Zero1Optimizer(ProcessGroup& pg, const std::vector<torch::Tensor
   // writes the flat buffer (and through it the model's own tensors in that chunk).
   shard_ = flat_params_.narrow(0, layout_.offset(pg.rank()), layout_.chunk).detach().requires_grad_(true);
   shard_.mutable_grad() = torch::zeros({layout_.chunk}, fp32);
-  if (!pg.has_native_reduce_scatter() || algo_ == ReduceScatterAlgo::all_to_all)
+  // The all-to-all's buffer (reduce-scatter's receive side, all-gather's send side), where they run.
+  if (!pg.has_native_reduce_scatter() || algo_ == ReduceScatterAlgo::all_to_all || pg.backend() == "gloo")
     scratch_ = torch::empty({layout_.padded}, fp32);
   local_ = make_local({torch::optim::OptimizerParamGroup({shard_})});
   if (!local_) throw UsageError("Zero1Optimizer: make_local returned no optimizer");
@@ -77,7 +78,7 @@ void Zero1Optimizer::step() {
   reduce_scatter(*pg_, flat_grads_, grad, algo_, "gradients", scratch_);  // my chunk of the sum
   grad.div_(pg_->world_size());                                          // the DDP average
   local_->step();                                                        // 1/N of the optimizer's work
-  all_gather_flat(*pg_, shard_, flat_params_, "parameters");             // every chunk back into the model
+  all_gather_flat(*pg_, shard_, flat_params_, "parameters", AllGatherAlgo::automatic, scratch_);  // into the model
 }
 // [step]
 
@@ -92,9 +93,10 @@ int64_t Zero1Optimizer::buffer_bytes() const {
 
 std::string Zero1Optimizer::describe() const {
   return fmt::format("ZeRO-1 {} over {} ranks: {} tensors, {} elements in one flat buffer padded to {} ({} per "
-                     "rank); gradients by {}, parameters by all-gather",
+                     "rank); gradients by {}, parameters by {}",
                      kind_, pg_->world_size(), params_.size(), with_commas(layout_.numel),
-                     with_commas(layout_.padded), with_commas(layout_.chunk), reduce_scatter_name(*pg_, algo_));
+                     with_commas(layout_.padded), with_commas(layout_.chunk), reduce_scatter_name(*pg_, algo_),
+                     all_gather_name(*pg_));
 }
 
 // [traffic]

@@ -75,12 +75,13 @@ TEST_P(ShardComm, ReduceScatterGivesEachRankItsChunkOfTheSum) {
 
 TEST_P(ShardComm, AllGatherFlatPutsEveryChunkInPlace) {
   const auto [W, n] = GetParam();
+  for (auto algo : {dp::AllGatherAlgo::list, dp::AllGatherAlgo::all_to_all})
   run_ranks(W, [&, W = W, n = n](ProcessGroup& pg) {
     const auto l = FlatLayout::of(n, W);
     // Rank r's chunk is 1000 * r + j; the gathered buffer is then 1000 * (i / chunk) + i % chunk.
     auto chunk = 1000.0f * pg.rank() + torch::arange(l.chunk, torch::kFloat32);
     auto flat = torch::full({l.padded}, -1.0f);
-    dp::all_gather_flat(pg, chunk, flat, "test");
+    dp::all_gather_flat(pg, chunk, flat, "test", algo);
     auto i = torch::arange(l.padded, torch::kInt64);
     auto want = (1000 * torch::div(i, l.chunk, "floor") + torch::remainder(i, l.chunk)).to(torch::kFloat32);
     EXPECT_TRUE(torch::equal(flat, want)) << "rank " << pg.rank();
@@ -88,7 +89,7 @@ TEST_P(ShardComm, AllGatherFlatPutsEveryChunkInPlace) {
     auto flat2 = torch::zeros({l.padded});
     auto own = flat2.narrow(0, l.offset(pg.rank()), l.chunk);
     own.copy_(chunk);
-    dp::all_gather_flat_async(pg, own, flat2).wait();
+    dp::all_gather_flat_async(pg, own, flat2, "", algo).wait();
     EXPECT_TRUE(torch::equal(flat2, want)) << "rank " << pg.rank() << " (aliased input)";
   });
 }
@@ -119,6 +120,8 @@ TEST(ShardCommGloo, NoNativeReduceScatterSoTheFallbackIsChosen) {
     EXPECT_FALSE(pg.has_native_reduce_scatter());
     EXPECT_EQ(dp::reduce_scatter_name(pg), "all-to-all + local sum");
     EXPECT_EQ(dp::reduce_scatter_name(pg, ReduceScatterAlgo::native), "native reduce_scatter");
+    EXPECT_EQ(dp::all_gather_name(pg), "all-to-all");
+    EXPECT_EQ(dp::all_gather_name(pg, dp::AllGatherAlgo::list), "list all-gather");
     auto flat = torch::ones({4});
     auto out = torch::empty({2});
     expect_usage_error([&] { dp::reduce_scatter(pg, flat, out, ReduceScatterAlgo::native); },
