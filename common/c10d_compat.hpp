@@ -109,4 +109,19 @@ inline auto optim_state_key(const at::Tensor& p) {
   }
 }
 
+// ---- flat-buffer sharding (common/shard_comm.cpp, through ProcessGroup) ---------------------------
+// Added for ZeRO-1's reduce-scatter. Gloo has no reduce_scatter in 1.13 (2.x adds a naive one that runs
+// one all-reduce per rank, slower than all-to-all + local sum), so only NCCL counts as native here.
+
+/// True when `backend` has a reduce_scatter worth using in this LibTorch.
+inline bool has_native_reduce_scatter(const std::string& backend) { return backend == "nccl"; }
+
+/// Native reduce_scatter of a flat buffer: `in` holds world x out.numel() elements, summed over ranks;
+/// rank r gets chunk r in `out`. `_reduce_scatter_base` has this signature in 1.13 and 2.x.
+inline WorkPtr reduce_scatter_flat(const CommPtr& comm, at::Tensor& out, at::Tensor& in) {
+  c10d::ReduceScatterOptions o;
+  o.reduceOp = c10d::ReduceOp::SUM;
+  return comm->_reduce_scatter_base(out, in, o);
+}
+
 }  // namespace dp::compat

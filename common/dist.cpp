@@ -255,6 +255,38 @@ std::vector<torch::Tensor> ProcessGroup::all_gather(const torch::Tensor& t) {
   return out[0];
 }
 
+Work ProcessGroup::all_gather_async(std::vector<torch::Tensor>& outs, torch::Tensor& in, const std::string& label) {
+  if (static_cast<int>(outs.size()) != world_)
+    throw std::invalid_argument(fmt::format("all_gather_async: {} outputs for {} ranks", outs.size(), world_));
+  std::vector<at::Tensor> input{in};
+  std::vector<std::vector<at::Tensor>> output{outs};
+  const int64_t id = trace_launch("all_gather", in, label);
+  return wrap(impl_->comm->allgather(output, input), describe("all_gather", in), id);
+}
+
+Work ProcessGroup::all_to_all_async(torch::Tensor& out, torch::Tensor& in, const std::string& label) {
+  if (in.size(0) % world_ != 0 || !out.sizes().equals(in.sizes()))
+    throw std::invalid_argument(fmt::format("all_to_all_async: {} and {} elements do not split evenly over {} ranks",
+                                            in.numel(), out.numel(), world_));
+  std::vector<int64_t> equal_splits;  // empty: world_size equal chunks
+  const int64_t id = trace_launch("all_to_all", in, label);
+  return wrap(impl_->comm->alltoall_base(out, in, equal_splits, equal_splits), describe("all_to_all", in), id);
+}
+
+bool ProcessGroup::has_native_reduce_scatter() const { return compat::has_native_reduce_scatter(backend_); }
+
+Work ProcessGroup::reduce_scatter_native_async(torch::Tensor& out, torch::Tensor& in, const std::string& label) {
+  if (!has_native_reduce_scatter())
+    throw UsageError(fmt::format("the {} backend of LibTorch {}.{} has no reduce_scatter; use dp::reduce_scatter "
+                                 "(common/shard_comm.hpp), which falls back to all-to-all + local sum",
+                                 backend_, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR));
+  if (in.numel() != out.numel() * world_)
+    throw std::invalid_argument(fmt::format("reduce_scatter: input of {} elements is not {} x {}", in.numel(),
+                                            world_, out.numel()));
+  const int64_t id = trace_launch("reduce_scatter", in, label);
+  return wrap(compat::reduce_scatter_flat(impl_->comm, out, in), describe("reduce_scatter", in), id);
+}
+
 std::vector<std::vector<double>> ProcessGroup::all_gather(const std::vector<double>& v) {
   auto t = torch::tensor(v, torch::kFloat64).to(device_);
   std::vector<std::vector<double>> res;

@@ -94,6 +94,19 @@ class ProcessGroup {
   Work broadcast_async(torch::Tensor& t, int root, const std::string& label = {});
   /// Every rank's tensor, in rank order (all tensors must have t's shape and dtype).
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t);
+  /// List-form all-gather: `outs[r]` receives rank r's `in` (one output per rank, each shaped like `in`;
+  /// they may be views of one flat buffer, and this rank's may alias `in`). Asynchronous.
+  Work all_gather_async(std::vector<torch::Tensor>& outs, torch::Tensor& in, const std::string& label = {});
+  /// All-to-all with equal splits: `in` is cut into world_size() equal chunks along dim 0, chunk j goes to
+  /// rank j, and `out`'s chunk i receives rank i's piece. `out` and `in` have the same shape and must not
+  /// overlap. Asynchronous.
+  Work all_to_all_async(torch::Tensor& out, torch::Tensor& in, const std::string& label = {});
+  /// True when this backend has a reduce_scatter of its own (NCCL); Gloo has none (common/shard_comm.hpp
+  /// builds one from all_to_all_async).
+  bool has_native_reduce_scatter() const;
+  /// The backend's own reduce_scatter: `in` (world_size() x out.numel() elements) is summed over ranks and
+  /// rank r gets chunk r in `out`. Throws dp::UsageError when has_native_reduce_scatter() is false.
+  Work reduce_scatter_native_async(torch::Tensor& out, torch::Tensor& in, const std::string& label = {});
   /// Every rank's value, in rank order (small values such as timings or counts).
   std::vector<double> all_gather(double v);
   /// Every rank's vector, in rank order (all ranks must pass the same length).

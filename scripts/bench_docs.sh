@@ -65,9 +65,11 @@ for part in $parts; do
     net $L --nproc 2 --net 1gbit -- $B/stage05_bucketed --bench --preset small --context 128 --warmup 1 \
         --steps 5 --caps 25,100 --json $R/stage05_small_1gbit.json ;;
   zero)
-    echo "== stage 06: memory and speed with and without sharding"
+    echo "== stage 06: memory and speed with and without sharding, then both designs side by side"
     $L --nproc 2 -- $B/stage06_sharded_opt --bench --preset small --context 128 --batch 4 --warmup 1 --steps 4 \
-        --json $R/stage06.json
+        --design cs336 --json $R/stage06.json
+    $L --nproc 2 -- $B/stage06_sharded_opt --bench --preset small --context 128 --batch 4 --warmup 1 --steps 4 \
+        --json $R/stage06_designs.json
     net $L --nproc 2 --net 1gbit -- $B/stage06_sharded_opt --bench --preset tiny --context 128 --batch 4 \
         --warmup 2 --steps 10 --json $R/stage06_tiny_1gbit.json ;;
   *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, small, zero)" >&2; exit 2 ;;

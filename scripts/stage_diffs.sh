@@ -39,9 +39,11 @@ for p in "${pairs[@]}"; do
   done
 done
 # Stage 06: each file with its line count and its first comment line, which says what it holds.
-files06=(stages/06_sharded_opt/main.cpp stages/06_sharded_opt/sharded_optimizer.hpp
-         stages/06_sharded_opt/sharded_optimizer.cpp stages/06_sharded_opt/checkpoint.hpp
-         stages/06_sharded_opt/checkpoint.cpp stages/06_sharded_opt/CMakeLists.txt
+files06=(stages/06_sharded_opt/main.cpp stages/06_sharded_opt/benchmark.hpp stages/06_sharded_opt/benchmark.cpp
+         stages/06_sharded_opt/sharded_optimizer.hpp stages/06_sharded_opt/sharded_optimizer.cpp
+         stages/06_sharded_opt/zero1_optimizer.hpp stages/06_sharded_opt/zero1_optimizer.cpp
+         stages/06_sharded_opt/checkpoint.hpp stages/06_sharded_opt/checkpoint.cpp stages/06_sharded_opt/CMakeLists.txt
+         common/shard_comm.hpp common/shard_comm.cpp
          common/memory.hpp common/memory.cpp common/optim_state.hpp common/optim_state.cpp
          common/checkpoint_file.hpp common/checkpoint_file.cpp)
 {

@@ -51,6 +51,8 @@ foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed sta
   dp_bad_input(${prog}_batch_not_divisible 2 "cannot be split" ${LAUNCH} --nproc 2 -- $<TARGET_FILE:${prog}> --bench --batch 3)
 endforeach()
 dp_bad_input(stage05_zero_cap 2 "caps" $<TARGET_FILE:stage05_bucketed> --caps 0)
+dp_bad_input(stage06_unknown_design 2 "unknown design 'zero2': use cs336 .* zero1 .* or both"
+  $<TARGET_FILE:stage06_sharded_opt> --design zero2)
 # A world size the CS336 check cannot split 20 rows over.
 dp_bad_input(stage02_world_size_3 2 "does not divide" ${LAUNCH} --nproc 3 -- ${S02})
 

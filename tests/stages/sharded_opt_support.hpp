@@ -6,10 +6,13 @@
 #include "common/models.hpp"
 #include "common/runtime.hpp"
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"
+#include "stages/06_sharded_opt/zero1_optimizer.hpp"
 #include "tests/support/ranks.hpp"
 
 #include <fmt/format.h>
 
+#include <climits>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,16 +37,16 @@ inline std::unique_ptr<optim::OptimizerOptions> options_for(const std::string& k
   return std::make_unique<optim::SGDOptions>(optim::SGDOptions(lr).momentum(0.9));
 }
 
-inline std::unique_ptr<optim::Optimizer> plain_optimizer(const std::string& kind, Groups groups) {
-  auto d = options_for(kind, 0.1);
+inline std::unique_ptr<optim::Optimizer> plain_optimizer(const std::string& kind, Groups groups, double lr = 0.1) {
+  auto d = options_for(kind, lr);
   if (kind == "adamw") return std::make_unique<optim::AdamW>(std::move(groups), static_cast<optim::AdamWOptions&>(*d));
   if (kind == "adam") return std::make_unique<optim::Adam>(std::move(groups), static_cast<optim::AdamOptions&>(*d));
   return std::make_unique<optim::SGD>(std::move(groups), static_cast<optim::SGDOptions&>(*d));
 }
 
 // The generic construction: ShardedOptimizer with a function that builds the local optimizer.
-inline MakeLocalOptimizer local_factory(const std::string& kind) {
-  return [kind](Groups groups) { return plain_optimizer(kind, std::move(groups)); };
+inline MakeLocalOptimizer local_factory(const std::string& kind, double lr = 0.1) {
+  return [kind, lr](Groups groups) { return plain_optimizer(kind, std::move(groups), lr); };
 }
 
 struct Batch {
@@ -99,5 +102,104 @@ inline void require_same(torch::nn::Module& a, torch::nn::Module& b, const std::
     }
   }
 }
+
+// Distance in units in the last place between two float32 tensors of one shape: the largest number of
+// representable floats between corresponding elements (0 = bit-identical). Integer arithmetic on the bit
+// patterns, mapped so that the order of the integers is the order of the floats.
+inline int64_t max_ulps(const torch::Tensor& a, const torch::Tensor& b) {
+  auto ordered = [](const torch::Tensor& t) {
+    auto i = t.contiguous().view(torch::kInt32).to(torch::kInt64);
+    return torch::where(i < 0, static_cast<int64_t>(INT32_MIN) - i, i);
+  };
+  return a.numel() == 0 ? 0 : (ordered(a) - ordered(b)).abs().max().template item<int64_t>();
+}
+
+// Every parameter within `ulps` of the reference (0: bit-identical).
+inline void require_within_ulps(torch::nn::Module& a, torch::nn::Module& b, int64_t ulps, const std::string& when) {
+  auto na = unique_named_parameters(a), nb = unique_named_parameters(b);
+  require(na.size() == nb.size(), "models differ in structure");
+  for (size_t i = 0; i < na.size(); ++i) {
+    const int64_t d = max_ulps(na[i].second, nb[i].second);
+    if (d > ulps)
+      throw CheckFailed(fmt::format("{}: parameter {} is {} ulps away (allowed {}; max |diff| {:.3g})", when,
+                                    na[i].first, d, ulps, (na[i].second - nb[i].second).abs().max().item<double>()));
+  }
+}
+
+// The two ZeRO-1 designs behind one face, for the typed suites. step_replicated(): every rank holds the
+// same full gradient (CS336's test, no DDP). step_ddp(): every rank holds its own gradient; the step
+// must average them as DDP does.
+struct Cs336Design {
+  static constexpr const char* name = "cs336";
+  ProcessGroup& pg;
+  std::unique_ptr<ShardedOptimizer> opt;
+  Cs336Design(ProcessGroup& g, const std::vector<torch::Tensor>& params, const std::string& kind, double lr)
+      : pg(g), opt(std::make_unique<ShardedOptimizer>(g, Groups{optim::OptimizerParamGroup(params)},
+                                                      local_factory(kind, lr))) {}
+  void zero_grad() { opt->zero_grad(); }
+  void step_replicated() { opt->step(); }
+  void step_ddp() {  // the design's own DDP part: all-reduce every gradient, divide by N
+    for (auto& p : opt->parameters())
+      if (p.grad().defined()) {
+        auto g = p.grad();
+        pg.all_reduce(g);
+        g.div_(pg.world_size());
+      }
+    opt->step();
+  }
+  const std::string& kind() const { return opt->kind(); }
+  // The reference's gradient averaging that this design's arithmetic equals. Replicated: none (the
+  // gradients are used as they are). DDP: Gloo's all-reduce, as step_ddp() does.
+  static void replicated_average(ProcessGroup&, const std::vector<torch::Tensor>&) {}
+  static void ddp_average(ProcessGroup& pg, const std::vector<torch::Tensor>& grads) {
+    for (auto g : grads) {
+      pg.all_reduce(g);
+      g.div_(pg.world_size());
+    }
+  }
+};
+
+// One flat copy of `grads`, padded for `world` ranks; and back.
+inline torch::Tensor flatten_padded(const std::vector<torch::Tensor>& grads, int world) {
+  std::vector<torch::Tensor> parts;
+  for (const auto& g : grads) parts.push_back(g.reshape({-1}));
+  auto flat = torch::cat(parts);
+  const auto l = FlatLayout::of(flat.numel(), world);
+  return torch::cat({flat, torch::zeros({l.padded - l.numel})});
+}
+inline void unflatten_into(const torch::Tensor& flat, const std::vector<torch::Tensor>& grads) {
+  int64_t off = 0;
+  for (auto g : grads) g.copy_(flat.narrow(0, off, g.numel()).view(g.sizes())), off += g.numel();
+}
+
+struct Zero1Design {
+  static constexpr const char* name = "zero1";
+  std::unique_ptr<Zero1Optimizer> opt;
+  Zero1Design(ProcessGroup& g, const std::vector<torch::Tensor>& params, const std::string& kind, double lr)
+      : opt(std::make_unique<Zero1Optimizer>(g, params, local_factory(kind, lr))) {}
+  void zero_grad() { opt->zero_grad(); }
+  void step_replicated() { opt->step(); }  // N equal gradients summed, divided by N
+  void step_ddp() { opt->step(); }         // the reduce-scatter does DDP's averaging
+  const std::string& kind() const { return opt->kind(); }
+  // Summing over ranks is the one place where ZeRO-1's arithmetic differs from DDP with Gloo's
+  // all-reduce: the all-to-all path adds the N pieces in rank order, Gloo's ring in an order that depends
+  // on the chunk. At N <= 2 both are a + b; at N = 3 and 4 they can round differently (see
+  // test_zero1.cpp). The reference therefore averages with the same sum: replicated gradients as N
+  // equal copies summed in rank order, then divided by N (exact for N = 1, 2); DDP through common's
+  // reduce-scatter + all-gather, an all-reduce whose sum is ZeRO-1's.
+  static void replicated_average(ProcessGroup& pg, const std::vector<torch::Tensor>& grads) {
+    const int W = pg.world_size();
+    for (auto g : grads) g.copy_(torch::stack(std::vector<torch::Tensor>(W, g.reshape({-1}))).sum(0).div_(W).view(g.sizes()));
+  }
+  static void ddp_average(ProcessGroup& pg, const std::vector<torch::Tensor>& grads) {
+    const int W = pg.world_size();
+    auto flat = flatten_padded(grads, W);
+    auto mine = torch::empty({flat.numel() / W});
+    reduce_scatter(pg, flat, mine, ReduceScatterAlgo::all_to_all);
+    mine.div_(W);
+    all_gather_flat(pg, mine, flat);
+    unflatten_into(flat, grads);
+  }
+};
 
 }  // namespace dp::testing

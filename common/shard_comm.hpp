@@ -1,0 +1,74 @@
+// Collectives on flat buffers split evenly over the ranks: what sharding (ZeRO, FSDP) is built from.
+// A flat buffer of n elements is padded to a multiple of the world size W and cut into W equal chunks;
+// rank r owns chunk r. reduce_scatter sums every rank's buffer and leaves rank r with its chunk of the
+// sum; all_gather_flat puts every rank's chunk back together. Together they move what one all-reduce
+// moves: an all-reduce IS a reduce-scatter followed by an all-gather.
+#pragma once
+
+#include "common/dist.hpp"
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+namespace dp {
+
+/// How a flat buffer of `numel` elements is split over `world` ranks: padded up to a multiple of `world`
+/// and cut into equal chunks, rank r owning elements [r x chunk, (r + 1) x chunk).
+struct FlatLayout {
+  int64_t numel = 0;   ///< elements that carry data
+  int64_t padded = 0;  ///< numel rounded up to a multiple of world (the buffers' length)
+  int64_t chunk = 0;   ///< padded / world: one rank's share
+  int world = 1;
+
+  /// The layout of `numel` elements over `world` ranks (world >= 1; numel >= 0).
+  static FlatLayout of(int64_t numel, int world);
+  /// First element of rank r's chunk.
+  int64_t offset(int r) const { return chunk * r; }
+  /// Elements of rank r's chunk that carry data (the last chunks may be partly or wholly padding).
+  int64_t data_in(int r) const;
+};
+
+/// How to reduce-scatter.
+enum class ReduceScatterAlgo {
+  automatic,   ///< the backend's own when it has one (NCCL), else all_to_all_sum
+  native,      ///< the backend's own; dp::UsageError where there is none (Gloo)
+  all_to_all,  ///< all-to-all of the chunks, then a local sum of the W received pieces
+};
+
+/// "native" when `pg`'s backend would use its own reduce_scatter under `algo`, else "all-to-all + sum".
+std::string reduce_scatter_name(const ProcessGroup& pg, ReduceScatterAlgo algo = ReduceScatterAlgo::automatic);
+
+/// Sums `flat` (padded length W x out.numel(), fp32, contiguous) over all ranks; rank r gets chunk r of the
+/// sum in `out`. Blocking; a collective. All-to-all path: rank r sends chunk j to rank j and receives W
+/// pieces of its own chunk, one per rank, into `scratch` (a buffer like `flat`, allocated when undefined),
+/// then adds them up in rank order. Each rank sends and receives (W-1)/W of the buffer, as a ring does.
+void reduce_scatter(ProcessGroup& pg, torch::Tensor& flat, torch::Tensor& out,
+                    ReduceScatterAlgo algo = ReduceScatterAlgo::automatic, const std::string& label = {},
+                    torch::Tensor scratch = {});
+
+/// How to all-gather into a flat buffer.
+enum class AllGatherAlgo {
+  automatic,   ///< all_to_all on Gloo (measured faster there), list elsewhere
+  list,        ///< the list form of all-gather, its outputs views of the flat buffer
+  all_to_all,  ///< every rank sends its chunk to every rank: an all-to-all of N copies of the chunk
+};
+
+/// "list all-gather" or "all-to-all", whichever all_gather_flat uses on `pg` under `algo`.
+std::string all_gather_name(const ProcessGroup& pg, AllGatherAlgo algo = AllGatherAlgo::automatic);
+
+/// Gathers every rank's `chunk` into `flat` (W x chunk.numel() elements, contiguous): rank r's chunk lands
+/// in elements [r x n, (r + 1) x n). `chunk` may be a view of `flat` (this rank's own part). Asynchronous:
+/// wait on the handle before reading `flat`. List path: all-gather into views (`narrow`) of `flat`
+/// (LibTorch 1.13's Gloo has no flat all-gather). All-to-all path: `scratch` (a buffer like `flat`,
+/// allocated when undefined) holds N copies of the chunk, and piece j goes to rank j. Both send
+/// (W-1)/W of the buffer per rank, as a ring does.
+Work all_gather_flat_async(ProcessGroup& pg, torch::Tensor& chunk, torch::Tensor& flat, const std::string& label = {},
+                           AllGatherAlgo algo = AllGatherAlgo::automatic, torch::Tensor scratch = {});
+
+/// Blocking all_gather_flat_async().
+void all_gather_flat(ProcessGroup& pg, torch::Tensor& chunk, torch::Tensor& flat, const std::string& label = {},
+                     AllGatherAlgo algo = AllGatherAlgo::automatic, torch::Tensor scratch = {});
+
+}  // namespace dp

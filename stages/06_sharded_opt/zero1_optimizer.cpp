@@ -1,0 +1,113 @@
+// Zero1Optimizer: flat buffers, the model's tensors re-pointed into them, reduce-scatter, a chunk's step,
+// all-gather.
+#include "stages/06_sharded_opt/zero1_optimizer.hpp"
+
+#include "common/memory.hpp"
+#include "common/models.hpp"
+#include "common/optim_state.hpp"
+#include "common/runtime.hpp"
+#include "common/transformer.hpp"
+
+#include <fmt/format.h>
+
+#include <unordered_set>
+
+namespace dp {
+
+// [flatten]
+Zero1Optimizer::Zero1Optimizer(ProcessGroup& pg, const std::vector<torch::Tensor>& params,
+                               const MakeLocalOptimizer& make_local, ReduceScatterAlgo algo)
+    : pg_(&pg), algo_(algo) {
+  std::unordered_set<const void*> seen;
+  int64_t total = 0;
+  for (const auto& p : params) {
+    if (!p.defined() || !p.requires_grad()) continue;            // frozen: never changes, not sharded
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // tied weight listed twice
+    if (!p.is_leaf() || p.scalar_type() != torch::kFloat32 || p.device() != pg.device())
+      throw UsageError(fmt::format("Zero1Optimizer: a parameter of shape {} is not a float32 leaf on {}",
+                                   shape_text(p.sizes()), pg.device().str()));
+    offsets_.push_back(total);
+    params_.push_back(p);
+    total += p.numel();
+  }
+  layout_ = FlatLayout::of(total, pg.world_size());
+  const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(pg.device());
+  flat_params_ = torch::zeros({layout_.padded}, fp32);
+  flat_grads_ = torch::zeros({layout_.padded}, fp32);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i];
+    auto region = [&](const torch::Tensor& flat) { return flat.narrow(0, offsets_[i], p.numel()).view(p.sizes()); };
+    region(flat_params_).copy_(p);
+    if (p.grad().defined()) region(flat_grads_).copy_(p.grad());
+    p.set_data(region(flat_params_));     // the model's tensor now lives in the flat buffer
+    p.mutable_grad() = region(flat_grads_);  // and backward accumulates into the gradient buffer
+  }
+  // The local optimizer's one parameter: a leaf aliasing this rank's chunk, so its in-place update
+  // writes the flat buffer (and through it the model's own tensors in that chunk).
+  shard_ = flat_params_.narrow(0, layout_.offset(pg.rank()), layout_.chunk).detach().requires_grad_(true);
+  shard_.mutable_grad() = torch::zeros({layout_.chunk}, fp32);
+  // The all-to-all's buffer (reduce-scatter's receive side, all-gather's send side), where they run.
+  if (!pg.has_native_reduce_scatter() || algo_ == ReduceScatterAlgo::all_to_all || pg.backend() == "gloo")
+    scratch_ = torch::empty({layout_.padded}, fp32);
+  local_ = make_local({torch::optim::OptimizerParamGroup({shard_})});
+  if (!local_) throw UsageError("Zero1Optimizer: make_local returned no optimizer");
+  kind_ = optimizer_kind(*local_);
+}
+// [flatten]
+
+void Zero1Optimizer::gather_gradients() {
+  // Backward wrote into the buffer unless someone replaced or dropped a gradient (model.zero_grad() with
+  // set_to_none, for one): copy such gradients in (a missing one is zero) and put the view back.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i];
+    auto view = flat_grads_.narrow(0, offsets_[i], p.numel()).view(p.sizes());
+    const auto& g = p.grad();
+    if (g.defined() && g.data_ptr() == view.data_ptr()) continue;
+    if (g.defined()) view.copy_(g);
+    else view.zero_();
+    p.mutable_grad() = view;
+  }
+}
+
+// [step]
+void Zero1Optimizer::step() {
+  torch::NoGradGuard no_grad;
+  gather_gradients();
+  auto grad = shard_.mutable_grad();
+  reduce_scatter(*pg_, flat_grads_, grad, algo_, "gradients", scratch_);  // my chunk of the sum
+  grad.div_(pg_->world_size());                                          // the DDP average
+  local_->step();                                                        // 1/N of the optimizer's work
+  all_gather_flat(*pg_, shard_, flat_params_, "parameters", AllGatherAlgo::automatic, scratch_);  // into the model
+}
+// [step]
+
+void Zero1Optimizer::zero_grad() {
+  flat_grads_.zero_();
+  gather_gradients();  // re-installs a view where a gradient was replaced
+}
+
+int64_t Zero1Optimizer::buffer_bytes() const {
+  return tensor_bytes({shard_.grad(), scratch_});
+}
+
+std::string Zero1Optimizer::describe() const {
+  return fmt::format("ZeRO-1 {} over {} ranks: {} tensors, {} elements in one flat buffer padded to {} ({} per "
+                     "rank); gradients by {}, parameters by {}",
+                     kind_, pg_->world_size(), params_.size(), with_commas(layout_.numel),
+                     with_commas(layout_.padded), with_commas(layout_.chunk), reduce_scatter_name(*pg_, algo_),
+                     all_gather_name(*pg_));
+}
+
+// [traffic]
+double zero1_bytes_per_step(int64_t num_params, int world_size) {
+  const double pass = 4.0 * num_params * (world_size - 1) / world_size;  // one ring pass over 4P bytes
+  return 2 * pass;  // reduce-scatter + all-gather: an all-reduce's two halves
+}
+double cs336_bytes_per_step(int64_t num_params, int world_size) {
+  const double pass = 4.0 * num_params * (world_size - 1) / world_size;
+  return 3 * pass;  // all-reduce (two passes) + every parameter broadcast once
+}
+// [traffic]
+
+}  // namespace dp
