@@ -98,8 +98,10 @@ using NodePtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<co
 
 /// The key under which torch::optim keeps a parameter's state: the address of its TensorImpl, as text in
 /// 1.13 (`c10::guts::to_string`, gone in 2.x), as the pointer itself in recent 2.x releases.
-inline auto optim_state_key(const at::Tensor& p) {
-  using Key = typename std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+/// (A template, so that `if constexpr` discards the branch of the other version.)
+template <typename Optimizer = torch::optim::Optimizer>
+auto optim_state_key(const at::Tensor& p) {
+  using Key = typename std::decay_t<decltype(std::declval<Optimizer&>().state())>::key_type;
   if constexpr (std::is_same_v<Key, std::string>) {
     std::ostringstream s;
     s << static_cast<const void*>(p.unsafeGetTensorImpl());
