@@ -45,6 +45,7 @@ endif()
 # The c10d headers hide ProcessGroupGloo / ProcessGroupNCCL behind USE_C10D_GLOO / USE_C10D_NCCL,
 # and Torch's CMake config does not define them, so we probe and define them ourselves.
 set(DP_TORCH_VERSION "${Torch_VERSION}")
+string(REGEX MATCH "^[0-9]+" DP_TORCH_VERSION_MAJOR "${Torch_VERSION}")
 find_file(DP_GLOO_HEADER torch/csrc/distributed/c10d/ProcessGroupGloo.hpp PATHS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
 find_file(DP_NCCL_HEADER torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp PATHS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
 find_path(DP_GLOO_INCLUDE gloo/config.h PATHS ${TORCH_INCLUDE_DIRS} /usr/include)

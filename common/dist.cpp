@@ -180,6 +180,13 @@ ProcessGroup ProcessGroup::init_from_env(const DistOptions& opts) {
   try {
     // Under torchrun (2.x) its agent hosts the store on MASTER_PORT already: every rank is a client, and
     // our keys get a prefix of their own so they cannot meet the agent's.
+#if TORCH_VERSION_MAJOR < 2
+    if (env.agent_store)  // measured: a 1.13 client never gets through a 2.x agent's store, it hangs
+      throw UsageError(
+          "torchrun's agent hosts the rendezvous store here (TORCHELASTIC_USE_AGENT_STORE=True), and this "
+          "LibTorch 1.13 cannot join a torchrun 2.x agent's store (the client hangs). Start torchrun with "
+          "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, so that rank 0 hosts its own store, or use ddp_launch");
+#endif
     const bool host = env.rank == 0 && !env.agent_store;
     store = compat::make_tcp_store(env.master_addr, env.master_port, host, env.world_size, opts.timeout);
     if (env.agent_store) store = c10::make_intrusive<c10d::PrefixStore>("dp_from_scratch", store);
