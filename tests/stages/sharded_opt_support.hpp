@@ -5,6 +5,7 @@
 #include "common/ddp_check.hpp"
 #include "common/models.hpp"
 #include "common/runtime.hpp"
+#include "common/transformer.hpp"
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 #include "tests/support/ranks.hpp"
@@ -87,6 +88,24 @@ inline Groups make_groups(const std::string& kind, torch::nn::Module& m, const s
   g.emplace_back(first, options_for(kind, 0.1));
   g.emplace_back(rest, options_for(kind, 0.01));
   return g;
+}
+
+// Two identical Transformers (reference and sharded) and random tokens of `token_shape`, all from `seed`
+// under the RNG lock, so every rank thread builds the same values.
+struct TwinTransformers {
+  dp::TransformerLM ref{nullptr}, shd{nullptr};
+  torch::Tensor tokens;
+};
+inline TwinTransformers twin_transformers(const dp::TransformerConfig& cfg, uint64_t seed,
+                                          std::vector<int64_t> token_shape) {
+  std::lock_guard<std::mutex> lock(rng_mutex());
+  torch::manual_seed(seed);
+  TwinTransformers t;
+  t.ref = dp::TransformerLM(cfg);
+  t.shd = dp::TransformerLM(cfg);
+  dp::copy_parameters(*t.shd, *t.ref);
+  t.tokens = torch::randint(0, cfg.vocab_size, token_shape, torch::kInt64);
+  return t;
 }
 
 // Bit-identical: the CS336 test demands rtol 1e-7 with atol 0, below float32's epsilon.

@@ -264,16 +264,9 @@ TEST(Transformer, DdpWithShardedAdamWEqualsDdpWithAdamW) {
   constexpr int kWorld = 2, kSteps = 3, kPerRank = 2, kT = 16;
   run_ranks(kWorld, [&](ProcessGroup& pg) {
     auto cfg = dp::TransformerConfig::preset("tiny", kT);
-    dp::TransformerLM ref{nullptr}, shd{nullptr};
-    torch::Tensor tokens;
-    {
-      std::lock_guard<std::mutex> lock(rng_mutex());
-      torch::manual_seed(42);
-      ref = dp::TransformerLM(cfg);
-      shd = dp::TransformerLM(cfg);
-      dp::copy_parameters(*shd, *ref);
-      tokens = torch::randint(0, cfg.vocab_size, {kSteps, kWorld * kPerRank, kT + 1}, torch::kInt64);
-    }
+    auto twins = twin_transformers(cfg, 42, {kSteps, kWorld * kPerRank, kT + 1});
+    auto &ref = twins.ref, &shd = twins.shd;
+    const torch::Tensor& tokens = twins.tokens;
     dp::broadcast_parameters(pg, *ref);
     dp::broadcast_parameters(pg, *shd);
     const auto opts = optim::AdamWOptions(1e-3).weight_decay(0.1);

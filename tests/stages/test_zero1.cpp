@@ -88,16 +88,9 @@ void transformer_ddp(const std::string& kind, int world) {
   constexpr int kSteps = 3, kPerRank = 2, kT = 16;
   run_ranks(world, [&](ProcessGroup& pg) {
     auto cfg = dp::TransformerConfig::preset("tiny", kT);
-    dp::TransformerLM ref{nullptr}, shd{nullptr};
-    torch::Tensor tokens;
-    {
-      std::lock_guard<std::mutex> lock(rng_mutex());
-      torch::manual_seed(42);
-      ref = dp::TransformerLM(cfg);
-      shd = dp::TransformerLM(cfg);
-      dp::copy_parameters(*shd, *ref);
-      tokens = torch::randint(0, cfg.vocab_size, {kSteps, world * kPerRank, kT + 1}, torch::kInt64);
-    }
+    auto twins = twin_transformers(cfg, 42, {kSteps, world * kPerRank, kT + 1});
+    auto &ref = twins.ref, &shd = twins.shd;
+    const torch::Tensor& tokens = twins.tokens;
     const double lr = kind == "sgd" ? 0.1 : 1e-3;
     auto plain = plain_optimizer(kind, {optim::OptimizerParamGroup(dp::unique_parameters(*ref))}, lr);
     Design sharded(pg, dp::unique_parameters(*shd), kind, lr);
@@ -144,16 +137,9 @@ TEST(Zero1VsGlooAllReduce, OneSgdStepWithinTheSummationBound) {
   for (int world : {3, 4}) {
     run_ranks(world, [&](ProcessGroup& pg) {
       auto cfg = dp::TransformerConfig::preset("tiny", 16);
-      dp::TransformerLM ref{nullptr}, shd{nullptr};
-      torch::Tensor tokens;
-      {
-        std::lock_guard<std::mutex> lock(rng_mutex());
-        torch::manual_seed(7);
-        ref = dp::TransformerLM(cfg);
-        shd = dp::TransformerLM(cfg);
-        dp::copy_parameters(*shd, *ref);
-        tokens = torch::randint(0, cfg.vocab_size, {world * 2, 17}, torch::kInt64);
-      }
+      auto twins = twin_transformers(cfg, 7, {world * 2, 17});
+      auto &ref = twins.ref, &shd = twins.shd;
+      const torch::Tensor& tokens = twins.tokens;
       const double lr = 0.1;
       auto rows = tokens.narrow(0, pg.rank() * 2, 2);
       auto plain = plain_optimizer("sgd", {optim::OptimizerParamGroup(dp::unique_parameters(*ref))}, lr);
