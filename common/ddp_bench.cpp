@@ -8,6 +8,7 @@
 
 #include "common/cli.hpp"
 #include "common/data.hpp"
+#include "common/memory.hpp"
 #include "common/models.hpp"
 #include "common/runtime.hpp"
 #include "common/trace.hpp"
@@ -26,6 +27,15 @@ void validate_bench_config(BenchConfig& cfg, int world) {
     throw UsageError(fmt::format("--batch {} cannot be split evenly over {} ranks; use a multiple of {}",
                                  cfg.global_batch, world, world));
   cfg.budget_s = cfg.budget.empty() ? 0 : parse_seconds(cfg.budget, "--budget");
+  // Whole replicas on every rank: a model too large is refused now, not killed by the kernel later.
+  const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
+  check_fits_in_memory(cfg.bytes_per_param * static_cast<double>(mcfg.num_parameters()) +
+                           activation_bytes(mcfg, cfg.global_batch / world, cfg.context),
+                       LaunchEnv::from_environment().local_world_size,
+                       fmt::format("--preset {} ({} parameters, {:.0f} bytes each on every rank)", cfg.preset,
+                                   with_commas(mcfg.num_parameters()), cfg.bytes_per_param),
+                       "use a smaller --preset, fewer ranks on this machine, or shard the parameters too "
+                       "(FSDP, stage 07)");
   if (!cfg.trace.empty()) {  // an unwritable path fails now, not after the whole benchmark
     std::ofstream probe(cfg.trace, std::ios::app);
     if (!probe)

@@ -21,6 +21,10 @@ struct BenchConfig {
   std::string budget;            ///< --budget text; empty: no budget
   double budget_s = 0;           ///< stop timing after this long (0: never); set by validate_bench_config
   std::string trace;             ///< --trace FILE: Chrome trace of the timed steps; empty: none
+  /// Bytes per parameter a rank needs, for validate_bench_config()'s memory check: bench_variants()
+  /// holds two replicas at a time (parameters, gradients, AdamW state, a gradient-sized buffer: 20 B
+  /// each) and rank 0 a third, the single-process one. A stage that trains one replica at a time sets 20.
+  double bytes_per_param = 50;
 };
 
 /// One way of synchronizing gradients to benchmark. `make` is nullptr for the no-communication baseline.
@@ -64,7 +68,8 @@ struct BenchRun {
 BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vector<Variant>& variants);
 
 /// Throws dp::UsageError when `cfg` names an unknown preset, a batch that W ranks cannot split, a bad
-/// budget or an unwritable trace path. Programs call it before their checks, so bad input fails at once.
+/// budget, an unwritable trace path, or a model whose replicas (cfg.bytes_per_param per parameter, plus
+/// activations) the ranks on this machine cannot hold in its available memory. Programs call it before their checks, so bad input fails at once.
 void validate_bench_config(BenchConfig& cfg, int world);
 
 /// Adds the standard CLI options (--preset, --batch, --context, --warmup, --steps, --budget, --trace) to

@@ -1,6 +1,9 @@
 // Memory measurement: tensor bytes from the tensors themselves, resident memory from /proc.
 #include "common/memory.hpp"
 
+#include "common/runtime.hpp"
+
+#include <fmt/format.h>
 #include <malloc.h>
 #include <sys/resource.h>
 
@@ -14,6 +17,25 @@
 #endif
 
 namespace dp {
+
+int64_t available_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
+void check_fits_in_memory(double bytes_per_rank, int ranks_here, const std::string& what, const std::string& remedy) {
+  const double avail = static_cast<double>(available_memory_bytes());
+  const double need = bytes_per_rank * ranks_here;
+  if (avail <= 0 || need <= avail) return;
+  throw UsageError(fmt::format("{} needs about {:.1f} GB per rank, {:.1f} GB for the {} rank(s) on this machine, "
+                               "which has {:.1f} GB available: {}", what, bytes_per_rank / 1e9, need / 1e9, ranks_here,
+                               avail / 1e9, remedy));
+}
 
 namespace optim = torch::optim;
 

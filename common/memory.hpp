@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace dp {
@@ -39,6 +40,16 @@ int64_t current_rss_bytes();
 /// Gives freed heap memory back to the OS (malloc_trim) and resets the peak to the current RSS
 /// (writes "5" to /proc/self/clear_refs, Linux >= 4.0). Returns false if the reset is not allowed.
 bool reset_peak_rss();
+
+/// MemAvailable of /proc/meminfo: what this machine can still give processes without swapping, in
+/// bytes; 0 when unknown.
+int64_t available_memory_bytes();
+
+/// Throws dp::UsageError (exit 2) when `ranks_here` processes needing about `bytes_per_rank` each would
+/// not fit in available_memory_bytes(), before anything is allocated, so that the kernel's OOM killer
+/// does not end the run halfway. The message names `what`, the figures and `remedy`. Does nothing when
+/// the available memory is unknown.
+void check_fits_in_memory(double bytes_per_rank, int ranks_here, const std::string& what, const std::string& remedy);
 
 /// Peak bytes allocated by the CUDA caching allocator on `device` since the last reset_cuda_peak()
 /// (on a GPU the number that matters, not the host's RSS); 0 for a CPU device or a build without CUDA.

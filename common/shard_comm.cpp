@@ -34,27 +34,34 @@ std::string reduce_scatter_name(const ProcessGroup& pg, ReduceScatterAlgo algo) 
 }
 
 // [reduce_scatter]
-void reduce_scatter(ProcessGroup& pg, torch::Tensor& flat, torch::Tensor& out, ReduceScatterAlgo algo,
-                    const std::string& label, torch::Tensor scratch) {
+ReduceScatterWork reduce_scatter_async(ProcessGroup& pg, torch::Tensor& flat, torch::Tensor& out,
+                                       ReduceScatterAlgo algo, const std::string& label, torch::Tensor scratch) {
   const int W = pg.world_size();
   if (flat.numel() != out.numel() * W || !flat.is_contiguous() || !out.is_contiguous())
     throw std::invalid_argument(fmt::format("reduce_scatter: a contiguous buffer of {} x {} elements is needed, "
                                             "got {}", W, out.numel(), flat.numel()));
   if (W == 1) {  // nothing to exchange
     if (!out.is_same(flat)) out.copy_(flat.view_as(out));
-    return;
+    return {};
   }
-  if (use_native(pg, algo)) {
-    pg.reduce_scatter_native_async(out, flat, label).wait();
-    return;
-  }
+  if (use_native(pg, algo)) return {pg.reduce_scatter_native_async(out, flat, label), {}, out, W};
   // Rank r sends chunk j of its buffer to rank j; piece i of `scratch` is then rank i's chunk r.
   if (!scratch.defined()) scratch = torch::empty_like(flat);
-  pg.all_to_all_async(scratch, flat, label).wait();
+  Work work = pg.all_to_all_async(scratch, flat, label);
+  return {std::move(work), scratch.view({W, out.numel()}), out, W};
+}
+
+void ReduceScatterWork::wait() {
+  if (work_.valid()) work_.wait(), work_ = Work();
   // The local sum, in rank order: piece 0 + piece 1 + ... + piece W-1.
-  torch::sum_out(out, scratch.view({W, out.numel()}), /*dim=*/0);
+  if (pieces_.defined()) torch::sum_out(out_, pieces_, /*dim=*/0), pieces_ = torch::Tensor();
 }
 // [reduce_scatter]
+
+void reduce_scatter(ProcessGroup& pg, torch::Tensor& flat, torch::Tensor& out, ReduceScatterAlgo algo,
+                    const std::string& label, torch::Tensor scratch) {
+  reduce_scatter_async(pg, flat, out, algo, label, std::move(scratch)).wait();
+}
 
 static bool gather_by_all_to_all(const ProcessGroup& pg, AllGatherAlgo algo) {
   return algo == AllGatherAlgo::all_to_all || (algo == AllGatherAlgo::automatic && pg.backend() == "gloo");

@@ -40,6 +40,31 @@ enum class ReduceScatterAlgo {
 /// "native" when `pg`'s backend would use its own reduce_scatter under `algo`, else "all-to-all + sum".
 std::string reduce_scatter_name(const ProcessGroup& pg, ReduceScatterAlgo algo = ReduceScatterAlgo::automatic);
 
+/// A reduce_scatter in flight (reduce_scatter_async). wait() completes it: on the all-to-all path that is
+/// where the W received pieces are added up, so `out` holds the sum only after wait().
+class ReduceScatterWork {
+ public:
+  ReduceScatterWork() = default;
+  ReduceScatterWork(Work work, torch::Tensor pieces, torch::Tensor out, int world)
+      : work_(std::move(work)), pieces_(std::move(pieces)), out_(std::move(out)), world_(world) {}
+  /// Waits for the collective, then (all-to-all path) sums the pieces into `out` in rank order.
+  void wait();
+  /// True while wait() has something left to do.
+  bool pending() const { return work_.valid() || pieces_.defined(); }
+
+ private:
+  Work work_;
+  torch::Tensor pieces_;  // all-to-all path: [W, chunk], piece i from rank i; undefined otherwise
+  torch::Tensor out_;
+  int world_ = 1;
+};
+
+/// reduce_scatter() without waiting: the collective is launched, the local sum happens in wait().
+/// `flat`, `out` and `scratch` must stay untouched until then.
+ReduceScatterWork reduce_scatter_async(ProcessGroup& pg, torch::Tensor& flat, torch::Tensor& out,
+                                       ReduceScatterAlgo algo = ReduceScatterAlgo::automatic,
+                                       const std::string& label = {}, torch::Tensor scratch = {});
+
 /// Sums `flat` (padded length W x out.numel(), fp32, contiguous) over all ranks; rank r gets chunk r of the
 /// sum in `out`. Blocking; a collective. All-to-all path: rank r sends chunk j to rank j and receives W
 /// pieces of its own chunk, one per rank, into `scratch` (a buffer like `flat`, allocated when undefined),

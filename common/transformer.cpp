@@ -125,6 +125,12 @@ std::string with_commas(int64_t n) {
   return n < 0 ? "-" + out : out;
 }
 
+double activation_bytes(const TransformerConfig& c, int64_t batch, int64_t tokens, int bytes_per_value) {
+  const double per_token = double(c.num_layers) * (12.0 * c.d_model + 4.0 * c.d_ff + 2.0 * c.num_heads * tokens) +
+                           3.0 * c.vocab_size + 2.0 * c.d_model;
+  return per_token * double(batch) * double(tokens) * bytes_per_value;
+}
+
 std::string describe(const TransformerConfig& cfg) {
   const int64_t p = cfg.num_parameters();
   const MemoryBytes m = fp32_training_bytes(p);
@@ -230,13 +236,49 @@ TransformerLMImpl::TransformerLMImpl(const TransformerConfig& config) : cfg(conf
   lm_head = register_module("lm_head", make_linear(cfg.d_model, cfg.vocab_size));
 }
 
-torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens) {
+torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens) { return forward(tokens, UnitRunner()); }
+
+// Calls body() through the runner when there is one.
+static torch::Tensor run_unit(const UnitRunner& run, size_t unit, const std::function<torch::Tensor()>& body) {
+  return run ? run(unit, body) : body();
+}
+
+torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens, const UnitRunner& run) {
   if (tokens.dim() != 2 || tokens.size(1) > cfg.context_length)
     throw UsageError(fmt::format("tokens must be [batch, T] with T <= context_length {}, got {}",
                                  cfg.context_length, tokens.sizes().vec()));
-  auto x = token_embeddings(tokens);  // [B, T, d_model]
-  for (const auto& layer : *layers) x = layer->as<TransformerBlockImpl>()->forward(x);
-  return lm_head(ln_final(x));        // [B, T, V]
+  auto x = run_unit(run, 0, [&] { return token_embeddings(tokens); });  // [B, T, d_model]
+  for (size_t i = 0; i < layers->size(); ++i)
+    x = run_unit(run, i + 1, [&] { return layers[i]->as<TransformerBlockImpl>()->forward(x); });
+  return run_unit(run, layers->size() + 1, [&] { return lm_head(ln_final(x)); });  // [B, T, V]
+}
+
+ModuleUnits TransformerLMImpl::units() {
+  ModuleUnits u{{token_embeddings.ptr()}};
+  for (const auto& layer : *layers) u.push_back({layer});
+  u.push_back({ln_final.ptr(), lm_head.ptr()});
+  return u;
+}
+
+ToyFSDPModelImpl::ToyFSDPModelImpl() {
+  embedding = register_module("embedding", torch::nn::Embedding(100, 64));
+  trunc_normal_(embedding->weight, 1.0);
+  norm1 = register_module("norm1", RMSNorm(64));
+  fc1 = register_module("fc1", make_linear(64, 128));
+  norm2 = register_module("norm2", RMSNorm(128));
+  fc2 = register_module("fc2", make_linear(128, 64));
+  lm_head = register_module("lm_head", make_linear(64, 100));
+}
+
+torch::Tensor ToyFSDPModelImpl::forward(const torch::Tensor& tokens, const UnitRunner& run) {
+  auto x = run_unit(run, 0, [&] { return embedding(tokens); });         // [B, T, 64]
+  x = run_unit(run, 1, [&] { return torch::relu(fc1(norm1(x))); });    // [B, T, 128]
+  x = run_unit(run, 2, [&] { return fc2(norm2(x)); });                 // [B, T, 64]
+  return run_unit(run, 3, [&] { return lm_head(x); });                 // [B, T, 100]
+}
+
+ModuleUnits ToyFSDPModelImpl::units() {
+  return {{embedding.ptr()}, {norm1.ptr(), fc1.ptr()}, {norm2.ptr(), fc2.ptr()}, {lm_head.ptr()}};
 }
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {

@@ -5,6 +5,8 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,12 +41,25 @@ struct TransformerConfig {
   void validate() const;
 };
 
+/// How a wrapper that shards a model (FSDP) runs one unit of it. LibTorch's C++ modules have no forward
+/// hooks, so a model that can be sharded says where its units begin and end: it calls
+/// `run(unit, body)`, and `run` must call `body()` once and return its result. In between, the wrapper
+/// may gather the unit's weights first and free them afterwards. An empty runner calls body() directly.
+using UnitRunner = std::function<torch::Tensor(size_t unit, const std::function<torch::Tensor()>& body)>;
+/// The modules of each unit, in the order forward() runs the units.
+using ModuleUnits = std::vector<std::vector<std::shared_ptr<torch::nn::Module>>>;
+
 /// Bytes of fp32 training state for P parameters: weights 4P, gradients 4P, AdamW moments 8P.
 struct MemoryBytes {
   int64_t params = 0, grads = 0, adam_state = 0;
   int64_t total() const { return params + grads + adam_state; }
 };
 MemoryBytes fp32_training_bytes(int64_t num_params);
+
+/// About how many bytes of activations forward() keeps for backward: per token and layer the block's
+/// saved tensors (~12 d + 4 d_ff + 2 H T values), plus ~3 V for the logits and the loss, times
+/// `bytes_per_value`. An estimate for memory checks, not a measurement.
+double activation_bytes(const TransformerConfig& cfg, int64_t batch, int64_t tokens, int bytes_per_value = 4);
 
 /// One line: preset, shape, parameter count with thousands separators and the fp32 bytes of weights,
 /// gradients and AdamW state (decimal units: 1 MB = 10^6 B), e.g.
@@ -109,6 +124,11 @@ struct TransformerLMImpl : torch::nn::Module {
   explicit TransformerLMImpl(const TransformerConfig& cfg);
   /// tokens: [B, T] int64 with T <= context_length and values in [0, V) -> logits [B, T, V].
   torch::Tensor forward(const torch::Tensor& tokens);
+  /// forward(), the same operations in the same order, with each unit's computation handed to `run`:
+  /// unit 0 is the token embedding, units 1..L the blocks, unit L+1 ln_final and lm_head.
+  torch::Tensor forward(const torch::Tensor& tokens, const UnitRunner& run);
+  /// The modules of units 0..L+1 (see forward(tokens, run)).
+  ModuleUnits units();
   TransformerConfig cfg;
   torch::nn::Embedding token_embeddings{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -116,6 +136,20 @@ struct TransformerLMImpl : torch::nn::Module {
   torch::nn::Linear lm_head{nullptr};
 };
 TORCH_MODULE(TransformerLM);
+
+/// CS336 2026's ToyFSDPModel, the model of its FSDP tests: Embedding(100, 64) -> RMSNorm(64) ->
+/// Linear 64->128 -> ReLU -> RMSNorm(128) -> Linear 128->64 -> lm_head 64->100, bias-free Linears
+/// initialised like the TransformerLM's. 29,376 parameters; tokens [B, T] in [0, 100) -> logits [B, T, 100].
+/// Units (forward(tokens, run)): 0 embedding, 1 norm1 + fc1, 2 norm2 + fc2, 3 lm_head.
+struct ToyFSDPModelImpl : torch::nn::Module {
+  ToyFSDPModelImpl();
+  torch::Tensor forward(const torch::Tensor& tokens, const UnitRunner& run = {});
+  ModuleUnits units();
+  torch::nn::Embedding embedding{nullptr};
+  RMSNorm norm1{nullptr}, norm2{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, lm_head{nullptr};
+};
+TORCH_MODULE(ToyFSDPModel);
 
 /// Mean cross-entropy over all tokens. logits: [B, T, V]; targets: [B, T] int64 -> scalar.
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);

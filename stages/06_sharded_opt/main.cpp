@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
   Cli cli("stage06_sharded_opt", "Stage 06: sharded AdamW (ZeRO-1, two designs) checked against AdamW, memory and speed");
   Stage06Options o;
   o.cfg.preset = "tiny", o.cfg.context = 64, o.cfg.warmup = 1, o.cfg.steps = 5;  // a short run by default
+  o.cfg.bytes_per_param = 20;  // one replica at a time, plain AdamW's: 16 B + buffers
   bool bench = false;
   cli.app().add_flag("--bench", bench, "After the checks, train the Transformer with AdamW and the sharded designs");
   add_bench_options(cli.app(), o.cfg);

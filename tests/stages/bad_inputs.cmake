@@ -9,7 +9,8 @@ function(dp_bad_input name code regex)
   dp_add_test(bad_input_${name} LABELS "hardening;cli" TIMEOUT 90 COMMAND ${EXPECT} ${code} ${regex} -- ${ARGN})
 endfunction()
 
-foreach(prog stage01_allreduce stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt)
+foreach(prog stage01_allreduce stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt
+             stage07_fsdp)
   set(P $<TARGET_FILE:${prog}>)
   dp_bad_input(${prog}_unknown_option 2 "--no-such-option" ${P} --no-such-option)
   dp_bad_input(${prog}_missing_value 2 "--timeout" ${P} --timeout)
@@ -32,7 +33,7 @@ dp_bad_input(stage01_size_unit 2 "unknown unit 'xb'" ${S01} --sizes 1MB,10XB)
 dp_bad_input(stage01_zero_iters 2 "positive" ${S01} --iters 0)
 dp_bad_input(stage01_negative_warmup 2 "warmup" ${S01} --warmup -1)
 dp_bad_input(stage01_bad_budget 2 "budget" ${S01} --budget 5h)
-foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt)
+foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt stage07_fsdp)
   set(P $<TARGET_FILE:${prog}>)
   dp_bad_input(${prog}_zero_steps 2 "steps" ${P} --bench --steps 0)
   dp_bad_input(${prog}_negative_batch 2 "batch" ${P} --bench --batch -4)
@@ -47,12 +48,25 @@ foreach(prog stage02_naive_ddp stage05_bucketed)
   dp_bad_input(${prog}_budget_cut_is_said 0 "--budget 1ms reached after 1 of 3 timed steps"
     $<TARGET_FILE:${prog}> --bench --preset tiny --context 16 --warmup 0 --steps 3 --budget 1ms)
 endforeach()
-foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt)  # global batch split over ranks
+foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt stage07_fsdp)  # global batch split over ranks
   dp_bad_input(${prog}_batch_not_divisible 2 "cannot be split" ${LAUNCH} --nproc 2 -- $<TARGET_FILE:${prog}> --bench --batch 3)
 endforeach()
 dp_bad_input(stage05_zero_cap 2 "caps" $<TARGET_FILE:stage05_bucketed> --caps 0)
 dp_bad_input(stage06_unknown_design 2 "unknown design 'zero2': use cs336 .* zero1 .* or both"
   $<TARGET_FILE:stage06_sharded_opt> --design zero2)
+# Whole replicas of the 970 M-parameter `large` preset (about 16 B per parameter on every rank, plus the
+# benchmark's second replica) do not fit this machine: refused up front, pointing at FSDP (stage 07),
+# instead of being killed by the kernel. Stage 07 refuses what does not fit even sharded.
+foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt)
+  dp_bad_input(${prog}_large_does_not_fit 2 "--preset large .* needs about .* GB per rank.*FSDP, stage 07"
+    $<TARGET_FILE:${prog}> --bench --preset large)
+endforeach()
+dp_bad_input(stage07_too_large_even_sharded 2 "FSDP .fsdp. needs about .* GB per rank.*more ranks"
+  $<TARGET_FILE:stage07_fsdp> --bench --preset 2.7b --variants fsdp --reshard-after-forward true)
+dp_bad_input(stage07_unknown_compute_dtype 2 "unknown compute dtype 'float16'.*bfloat16"
+  $<TARGET_FILE:stage07_fsdp> --compute-dtype float16)
+dp_bad_input(stage07_reshard_misspelt 2 "--reshard-after-forward.*yes" $<TARGET_FILE:stage07_fsdp> --reshard-after-forward yes)
+dp_bad_input(stage07_unknown_variant 2 "--variants.*zero2" $<TARGET_FILE:stage07_fsdp> --bench --variants ddp,zero2)
 # A world size the CS336 check cannot split 20 rows over.
 dp_bad_input(stage02_world_size_3 2 "does not divide" ${LAUNCH} --nproc 3 -- ${S02})
 

@@ -1,0 +1,196 @@
+// Stage 07's benchmark: bucketed DDP (stage 05) against FSDP in both resharding modes, on the Transformer.
+// All variants are built first and then take turns step by step, so each round's ratio compares steps
+// run back to back. Memory is counted tensor by tensor; peak RSS only means something for one variant
+// per process (--variants fsdp), which is how scripts/bench_docs.sh measures it.
+#include "stages/07_fsdp/benchmark.hpp"
+
+#include "common/memory.hpp"
+#include "common/models.hpp"
+#include "common/runtime.hpp"
+#include "common/timing.hpp"
+#include "common/trace.hpp"
+#include "common/transformer.hpp"
+#include "stages/05_bucketed/bucketed_ddp.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+
+namespace dp {
+
+namespace optim = torch::optim;
+
+std::vector<std::string> stage07_variant_names() { return {"ddp", "fsdp", "fsdp-keep"}; }
+
+// [estimate]
+double estimated_bytes_per_rank(const Stage07Options& o, const std::string& variant, int world) {
+  const auto m = TransformerConfig::preset(o.cfg.preset, o.cfg.context);
+  const double P = static_cast<double>(m.num_parameters());
+  const double e = o.compute_dtype == torch::kFloat32 ? 4 : 2;  // bytes per gathered value
+  const double act = activation_bytes(m, o.cfg.global_batch / world, o.cfg.context, static_cast<int>(e));
+  if (variant == "ddp") return 20 * P + act;  // weights, grads, AdamW 16P, + 4P of buckets
+  const double unit = std::max(4.0 * m.d_model * m.d_model + 3.0 * m.d_model * m.d_ff, double(m.vocab_size) * m.d_model);
+  // 16P/N of shards, shard grads and AdamW state; gathered units: the one computing, the one prefetched,
+  // the all-to-all's send copy; two units' fp32 gradients in flight. fsdp-keep holds every unit from
+  // forward to backward.
+  const double gathered = variant == "fsdp" ? 3 * unit * e : P * e + 2 * unit * e;
+  return 16 * P / world + gathered + 2 * 4 * unit + act;
+}
+// [estimate]
+
+void check_memory(Stage07Options& o, int world) {
+  const int here = LaunchEnv::from_environment().local_world_size;
+  const std::string remedy = "use more ranks (more machines), a smaller --preset or --compute-dtype bf16";
+  for (const auto& v : o.variants)
+    if (v != "ddp") check_fits_in_memory(estimated_bytes_per_rank(o, v, world), here, "FSDP (" + v + ")", remedy);
+  // The variants train side by side: keep those that fit together, FSDP first, and say what was left out.
+  const double avail = static_cast<double>(available_memory_bytes());
+  std::vector<std::string> order = o.variants, kept;
+  std::stable_partition(order.begin(), order.end(), [](const std::string& v) { return v == "fsdp"; });
+  double total = 0;
+  for (const auto& v : order) {
+    const double need = estimated_bytes_per_rank(o, v, world) * here;
+    if (avail > 0 && total + need > 0.9 * avail) {
+      print0("note: {} left out: it needs about {:.1f} GB per rank ({:.1f} GB for {} ranks here) beside the others, "
+             "and this machine has {:.1f} GB available", v, need / here / 1e9, need / 1e9, here, avail / 1e9);
+      continue;
+    }
+    total += need, kept.push_back(v);
+  }
+  std::vector<std::string> in_order;  // back to the requested order
+  for (const auto& v : o.variants)
+    if (std::count(kept.begin(), kept.end(), v)) in_order.push_back(v);
+  o.variants = in_order;
+}
+
+namespace {
+
+// One model in training with DDP or FSDP, its AdamW, and what it measured.
+struct Trainee {
+  std::string name;
+  TransformerLM model{nullptr};
+  std::unique_ptr<BucketedDdp> ddp;
+  std::unique_ptr<Fsdp> fsdp;
+  std::unique_ptr<optim::AdamW> opt;
+  std::vector<double> step_s;
+  TrainingBytes bytes;      // after the first step (AdamW state allocated)
+  double sent_per_step = 0;
+
+  Trainee(ProcessGroup& pg, const TransformerConfig& mcfg, const Stage07Options& o, const std::string& variant)
+      : name(variant) {
+    torch::manual_seed(0);  // every variant trains the same model
+    model = TransformerLM(mcfg);
+    model->to(pg.device());
+    const auto adamw = optim::AdamWOptions(1e-4);
+    if (variant == "ddp") {
+      ddp = std::make_unique<BucketedDdp>(pg, model.ptr(), 25.0);  // PyTorch's default bucket cap
+      opt = std::make_unique<optim::AdamW>(model->parameters(), adamw);
+    } else {
+      FsdpOptions f;
+      f.reshard_after_forward = variant == "fsdp", f.compute_dtype = o.compute_dtype;
+      fsdp = std::make_unique<Fsdp>(pg, model.ptr(), model->units(), f);
+      opt = std::make_unique<optim::AdamW>(fsdp->parameters(), adamw);
+    }
+  }
+
+  // [step]
+  double step(const torch::Tensor& x, const torch::Tensor& y, const torch::Device& device, int round) {
+    trace::Span whole("step", {{"variant", name}, {"round", round}});
+    Timer t(device);
+    if (ddp) ddp->on_train_batch_start();
+    opt->zero_grad();
+    torch::Tensor loss;
+    {
+      trace::Span f("forward");
+      auto logits = fsdp ? model->forward(x, fsdp->runner()) : model->forward(x);
+      loss = lm_loss(logits.to(torch::kFloat32), y);
+    }
+    { trace::Span b("backward"); loss.backward(); }  // FSDP: gathers and reduce-scatters happen in here
+    {
+      trace::Span s("sync");
+      if (ddp) ddp->finish_gradient_synchronization();
+      else fsdp->finish_gradient_synchronization();
+    }
+    { trace::Span s("optimizer"); opt->step(); }
+    return t.seconds();
+  }
+  // [step]
+
+  TrainingBytes count() const {
+    if (ddp) return count_training_bytes(*model, *opt);
+    TrainingBytes b;  // FSDP: what the optimizer steps is what the rank keeps
+    for (const auto& p : fsdp->parameters()) b.params += tensor_bytes({p}), b.grads += tensor_bytes({p.grad()});
+    b.state = optimizer_state_bytes(*opt);
+    return b;
+  }
+};
+
+}  // namespace
+
+void run_benchmark(ProcessGroup& pg, const Stage07Options& o, Results& results) {
+  const auto mcfg = TransformerConfig::preset(o.cfg.preset, o.cfg.context);
+  const int W = pg.world_size();
+  const bool alone = o.variants.size() == 1;  // then the peak RSS is this variant's
+  const bool reset_ok = reset_peak_rss();
+  std::vector<std::unique_ptr<Trainee>> ts;
+  for (const auto& v : o.variants) ts.push_back(std::make_unique<Trainee>(pg, mcfg, o, v));
+  if (!o.cfg.trace.empty()) pg.barrier(), trace::enable();
+  const int64_t rows = o.cfg.global_batch / W, T = o.cfg.context;
+  for (int it = 0; it < o.cfg.warmup + o.cfg.steps; ++it) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + it * W + pg.rank());  // each rank its own batch
+    auto tokens = torch::randint(0, mcfg.vocab_size, {rows, T + 1}, gen).to(pg.device());
+    auto x = tokens.narrow(1, 0, T), y = tokens.narrow(1, 1, T);
+    const bool timed = it >= o.cfg.warmup;
+    trace::set_recording(timed);  // no-op without --trace
+    for (auto& t : ts) {
+      const double sent0 = t->fsdp ? t->fsdp->sent_bytes() : 0;
+      const double s = t->step(x, y, pg.device(), it);
+      if (timed) t->step_s.push_back(s);
+      if (it == 0) t->bytes = t->count(), t->sent_per_step = t->fsdp ? t->fsdp->sent_bytes() - sent0 : 0;
+    }
+    print0("  step {} of {} done", it + 1, o.cfg.warmup + o.cfg.steps);
+  }
+  trace::set_recording(false);
+  if (!o.cfg.trace.empty()) trace::write(pg, o.cfg.trace), print0("trace of the timed steps written to {}", o.cfg.trace);
+  auto max_all = [&](double v) { auto a = pg.all_gather(v); return *std::max_element(a.begin(), a.end()); };
+  const double rss = max_all(static_cast<double>(peak_rss_bytes()));
+  const double P = static_cast<double>(mcfg.num_parameters());
+  std::vector<double> first;  // the first variant's per-round steps: the ratios' denominator
+  for (auto& t : ts) {
+    const auto per_round = max_over_ranks(pg, t->step_s);
+    if (first.empty()) first = per_round;
+    std::vector<double> ratio;
+    for (size_t k = 0; k < per_round.size(); ++k) ratio.push_back(per_round[k] / first[k]);
+    const Stats st = summarize(per_round), rt = summarize(ratio);
+    const double sent = t->ddp ? 2.0 * (W - 1) / W * 4 * P : t->sent_per_step;
+    results.add({{"variant", t->name}, {"vs", ts.front()->name}, {"world_size", W}, {"preset", o.cfg.preset},
+                 {"context", o.cfg.context}, {"batch", o.cfg.global_batch}, {"params", mcfg.num_parameters()},
+                 {"compute_dtype", t->fsdp ? dtype_name(o.compute_dtype) : "float32"},
+                 {"param_MB", max_all(t->bytes.params) / 1e6}, {"grad_MB", max_all(t->bytes.grads) / 1e6},
+                 {"state_MB", max_all(t->bytes.state) / 1e6}, {"total_MB", max_all(t->bytes.total()) / 1e6},
+                 {"expected_MB", (t->ddp ? 16 * P : 16 * P / W) / 1e6},
+                 {"gathered_peak_MB", t->fsdp ? max_all(t->fsdp->peak_gathered_bytes()) / 1e6 : 0.0},
+                 {"peak_rss_MB", alone && reset_ok ? rss / 1e6 : -1.0},
+                 {"sent_MB_per_step", sent / 1e6}, {"steps", st.n}, {"step_median_s", st.median},
+                 {"step_min_s", st.min}, {"step_max_s", st.max}, {"ratio_median", rt.median}, {"ratio_min", rt.min},
+                 {"ratio_max", rt.max}, {"step_s", per_round}, {"ratio", ratio}});
+  }
+  if (!alone) print0("note: peak RSS is reported for one variant per process only (--variants fsdp)");
+}
+
+void print_tables(const Results& r) {
+  print0("\nmemory per rank in MB (10^6 B), counted tensor by tensor after the first step (max over ranks): DDP keeps\n"
+         "16P, FSDP 16P/N plus the gathered units at their peak; peak RSS of the process (-1: several variants ran)\n{}",
+         r.markdown({"variant", "world_size", "compute_dtype", "param_MB", "grad_MB", "state_MB", "total_MB",
+                     "expected_MB", "gathered_peak_MB", "peak_rss_MB"},
+                    {"variant", "ranks", "compute", "params", "grads", "AdamW state", "total", "16P or 16P/N",
+                     "gathered (peak)", "peak RSS"}, 4));
+  print0("\ntime per step (slowest rank): median and range over the rounds; ratio to the first variant taken round\n"
+         "by round; bytes each rank sends per step (ring arithmetic: DDP 2(N-1)/N x 4P, FSDP as launched)\n{}",
+         r.markdown({"variant", "vs", "world_size", "preset", "steps", "sent_MB_per_step", "step_median_s",
+                     "step_min_s", "step_max_s", "ratio_median", "ratio_min", "ratio_max"},
+                    {"variant", "ratio to", "ranks", "preset", "steps", "sent per step (MB)", "step (s)", "min",
+                     "max", "ratio", "ratio min", "ratio max"}, 4));
+}
+
+}  // namespace dp

@@ -1,0 +1,310 @@
+// FSDP: shard each unit's weights, gather them just in time, reduce-scatter gradients as they are ready.
+#include "stages/07_fsdp/fsdp.hpp"
+
+#include "common/grad_sync.hpp"  // broadcast_parameters
+#include "common/models.hpp"
+#include "common/runtime.hpp"
+#include "common/trace.hpp"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <unordered_map>
+
+namespace dp {
+
+torch::ScalarType parse_compute_dtype(const std::string& name) {
+  if (name == "float32" || name == "fp32") return torch::kFloat32;
+  if (name == "bfloat16" || name == "bf16") return torch::kBFloat16;
+  throw UsageError(fmt::format("unknown compute dtype '{}': use float32 (fp32) or bfloat16 (bf16); float16 "
+                               "is not offered because LibTorch 1.13 has no fp16 matmul on the CPU", name));
+}
+
+std::string dtype_name(torch::ScalarType t) {
+  return t == torch::kBFloat16 ? "bfloat16" : t == torch::kFloat32 ? "float32" : c10::toString(t);
+}
+
+// Linear and Embedding weights are sharded (CS336 2026's rule); everything else is replicated.
+bool is_sharded_module(const torch::nn::Module& m) {
+  return dynamic_cast<const torch::nn::LinearImpl*>(&m) || dynamic_cast<const torch::nn::EmbeddingImpl*>(&m);
+}
+
+// [shard]
+Fsdp::Fsdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const ModuleUnits& units, FsdpOptions opts)
+    : pg_(pg), model_(std::move(model)), opts_(opts) {
+  if (!model_ || units.empty()) throw std::invalid_argument("Fsdp: a model with at least one unit is needed");
+  if (opts_.compute_dtype != torch::kFloat32 && opts_.compute_dtype != torch::kBFloat16)
+    throw UsageError("Fsdp: the compute dtype must be float32 or bfloat16");
+  broadcast_parameters(pg_, *model_);  // every rank starts from rank 0's weights
+  // Sort the trainable parameters into units: sharded (Linear, Embedding) or replicated (the rest).
+  std::unordered_map<const void*, size_t> owner;
+  units_.resize(units.size());
+  for (size_t u = 0; u < units.size(); ++u)
+    for (const auto& top : units[u])
+      for (const auto& m : top->modules(/*include_self=*/true))
+        for (const auto& item : m->named_parameters(/*recurse=*/false)) {
+          const torch::Tensor& p = item.value();
+          if (!p.requires_grad()) continue;  // frozen tensors stay whole on every rank
+          auto [it, fresh] = owner.emplace(p.unsafeGetTensorImpl(), u);
+          if (!fresh && it->second == u) continue;
+          if (!fresh) throw std::invalid_argument(fmt::format("Fsdp: a parameter is in units {} and {}", it->second, u));
+          (is_sharded_module(*m) ? units_[u].sharded : units_[u].replicated).push_back(p);
+        }
+  for (const auto& [name, p] : unique_named_parameters(*model_, /*trainable_only=*/true))
+    if (!owner.count(p.unsafeGetTensorImpl()))
+      throw std::invalid_argument("Fsdp: parameter " + name + " belongs to no unit");
+
+  // Per unit: one flat fp32 buffer of the sharded tensors, padded to a multiple of N; keep chunk `rank`.
+  torch::NoGradGuard no_grad;
+  const int W = pg_.world_size(), r = pg_.rank();
+  for (auto& U : units_) {
+    int64_t n = 0;
+    for (const auto& p : U.sharded) U.offsets.push_back(n), n += p.numel();
+    U.layout = FlatLayout::of(n, W);
+    auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(pg_.device());
+    auto flat = torch::zeros({U.layout.padded}, f32);
+    for (size_t i = 0; i < U.sharded.size(); ++i)
+      flat.narrow(0, U.offsets[i], U.sharded[i].numel()).copy_(U.sharded[i].reshape(-1));
+    U.shard = flat.narrow(0, U.layout.offset(r), U.layout.chunk).clone().set_requires_grad(true);
+    U.grad_shard = torch::zeros({U.layout.chunk}, f32);
+    // The gathered buffer, in the compute dtype. Each model parameter becomes a view of its storage
+    // (set_data keeps the parameter's identity, autograd metadata and shape); freeing the storage
+    // frees every one of them at once, and re-allocating it brings them back.
+    U.full = torch::empty({U.layout.padded}, f32.dtype(opts_.compute_dtype));
+    for (size_t i = 0; i < U.sharded.size(); ++i)
+      U.sharded[i].set_data(U.full.narrow(0, U.offsets[i], U.sharded[i].numel()).view(U.sharded[i].sizes()));
+    U.state = State::gathered;
+    gathered_now_ += U.full.nbytes();
+    free_full(&U - units_.data());
+    sharded_numel_ += n;
+    for (const auto& p : U.replicated) replicated_numel_ += p.numel();
+  }
+  gathered_peak_ = 0;
+  // [shard]
+  std::vector<torch::Tensor> hooked;
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (size_t i = 0; i < units_[u].sharded.size(); ++i) hooked.push_back(units_[u].sharded[i]), hooked_.push_back({u, i});
+  grad_seen_.assign(hooked.size(), 0);
+  hooks_ = std::make_unique<AccumulateGradHooks>(
+      hooked,
+      [this](size_t h) {
+        if (grad_seen_[h]) throw std::logic_error(std::string("Fsdp: ") + kBackwardTwiceMessage);
+      },
+      [this](size_t h) { on_gradient_ready(h); });
+}
+
+Fsdp::~Fsdp() {
+  hooks_.reset();
+  for (auto& U : units_) {  // collectives still writing into our buffers must end before they go
+    if (U.gather.valid()) try { U.gather.wait(); } catch (...) {}
+    try { U.rs.wait(); } catch (...) {}
+  }
+}
+
+double Fsdp::ring_share() const { return double(pg_.world_size() - 1) / pg_.world_size(); }
+
+// --- Gathering ------------------------------------------------------------------------------------
+
+void Fsdp::allocate_full(size_t u) {
+  auto* storage = units_[u].full.storage().unsafeGetStorageImpl();
+  const size_t bytes = units_[u].full.nbytes();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+  gathered_now_ += static_cast<int64_t>(bytes);
+  gathered_peak_ = std::max(gathered_peak_, gathered_now_);
+}
+
+void Fsdp::free_full(size_t u) {
+  Unit& U = units_[u];
+  if (U.state == State::freed) return;
+  wait_gathered(u);  // never free memory a collective is still writing into
+  auto* storage = U.full.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, U.full.device()));
+  storage->set_nbytes(0);
+  gathered_now_ -= static_cast<int64_t>(U.full.nbytes());
+  U.send = torch::Tensor();
+  U.state = State::freed;
+}
+
+// [gather]
+void Fsdp::launch_gather(size_t u) {
+  Unit& U = units_[u];
+  if (U.state != State::freed) return;  // gathered already, or on its way
+  allocate_full(u);
+  torch::NoGradGuard no_grad;
+  torch::Tensor chunk = U.shard.detach(), flat = U.full.detach();
+  if (opts_.compute_dtype != torch::kFloat32) {
+    // Cast the fp32 master chunk to the compute dtype, then gather raw bytes: Gloo has no bf16
+    // collectives in LibTorch 1.13, and a gather does no arithmetic, so a byte view is exact.
+    U.send = chunk.to(opts_.compute_dtype);
+    chunk = U.send.view(torch::kUInt8), flat = flat.view(torch::kUInt8);
+  }
+  U.gather = all_gather_flat_async(pg_, chunk, flat, fmt::format("unit {}", u));
+  U.state = State::in_flight;
+  ++gathers_;
+  sent_bytes_ += ring_share() * static_cast<double>(U.full.nbytes());
+}
+
+void Fsdp::wait_gathered(size_t u) {
+  Unit& U = units_[u];
+  if (U.state == State::freed) throw std::logic_error(fmt::format("Fsdp: unit {} is used before it was gathered", u));
+  if (U.state == State::in_flight) {
+    if (U.gather.valid()) U.gather.wait();
+    U.gather = Work();
+    U.send = torch::Tensor();
+    U.state = State::gathered;
+  }
+}
+
+torch::Tensor Fsdp::run_unit(size_t u, const std::function<torch::Tensor()>& body) {
+  if (u >= units_.size()) throw std::invalid_argument(fmt::format("Fsdp: unit {} of {}", u, units_.size()));
+  launch_gather(u);
+  // Prefetch: the next unit's gather runs while this one computes. (CS336: start gathering a layer once
+  // the layer two before it has finished its forward; u + 1 is launched right after u - 1 finished.)
+  if (u + 1 < units_.size()) launch_gather(u + 1);
+  wait_gathered(u);
+  torch::Tensor y;
+  {
+    trace::Span span("forward unit", {{"unit", u}});
+    y = body();
+  }
+  // Backward reaches this unit when y's gradient is complete: gather again then (if freed), first.
+  if (y.requires_grad()) y.register_hook([this, u](const torch::Tensor&) { before_unit_backward(u); });
+  const bool last = u + 1 == units_.size();
+  if (!y.requires_grad() || (opts_.reshard_after_forward && !last)) free_full(u);
+  return y;
+}
+
+void Fsdp::before_unit_backward(size_t u) {
+  launch_gather(u);
+  if (u > 0) launch_gather(u - 1);  // prefetch: the unit whose backward comes next
+  wait_gathered(u);
+  if (trace::recording()) trace::instant("backward unit", {{"unit", u}});
+}
+// [gather]
+
+UnitRunner Fsdp::runner() {
+  return [this](size_t u, const std::function<torch::Tensor()>& body) { return run_unit(u, body); };
+}
+
+// --- Gradients ------------------------------------------------------------------------------------
+
+void Fsdp::on_gradient_ready(size_t h) {
+  grad_seen_[h] = 1;
+  const size_t u = hooked_[h].first;
+  if (++units_[u].ready == units_[u].sharded.size()) launch_reduce_scatter(u);
+}
+
+// [reduce_scatter]
+void Fsdp::launch_reduce_scatter(size_t u) {
+  Unit& U = units_[u];
+  // At most one unit's full-size fp32 gradient in flight besides this one: finish the previous first.
+  if (!scatter_order_.empty()) complete_reduce_scatter(scatter_order_.back());
+  torch::NoGradGuard no_grad;
+  U.grad_flat = torch::zeros({U.layout.padded}, U.shard.options().requires_grad(false));
+  for (size_t i = 0; i < U.sharded.size(); ++i) {
+    auto& p = U.sharded[i];
+    if (p.grad().defined()) U.grad_flat.narrow(0, U.offsets[i], p.numel()).copy_(p.grad().reshape(-1));  // to fp32
+    p.mutable_grad() = torch::Tensor();  // the full-size gradient is not kept
+  }
+  free_full(u);  // the unit's backward is over: its weights are not needed until the next forward
+  U.rs = reduce_scatter_async(pg_, U.grad_flat, U.grad_shard, ReduceScatterAlgo::automatic, fmt::format("unit {}", u));
+  U.scattered = true;
+  scatter_order_.push_back(u);
+  ++reduce_scatters_;
+  sent_bytes_ += ring_share() * static_cast<double>(U.grad_flat.nbytes());
+}
+
+void Fsdp::complete_reduce_scatter(size_t u) {
+  Unit& U = units_[u];
+  if (!U.grad_flat.defined()) return;
+  U.rs.wait();  // grad_shard = sum over ranks of this rank's chunk
+  U.grad_flat = torch::Tensor();
+}
+// [reduce_scatter]
+
+void Fsdp::finish_gradient_synchronization() {
+  // A unit with a parameter that got no gradient this backward has not launched: do it now, in the
+  // same order on every rank (reverse unit order, as backward would have).
+  for (size_t u = units_.size(); u-- > 0;)
+    if (!units_[u].scattered) launch_reduce_scatter(u);  // a unit no gradient reached: zeros
+  // Replicated gradients (the norms): one flat all-reduce, then the mean.
+  std::vector<torch::Tensor> rep;
+  for (auto& U : units_)
+    for (auto& p : U.replicated) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+      rep.push_back(p.grad());
+    }
+  if (!rep.empty() && pg_.world_size() > 1) {
+    std::vector<torch::Tensor> lines;
+    for (const auto& g : rep) lines.push_back(g.reshape(-1));
+    auto flat = torch::cat(lines);
+    pg_.all_reduce(flat, "replicated");
+    sent_bytes_ += 2 * ring_share() * static_cast<double>(flat.nbytes());
+    flat.div_(pg_.world_size());
+    int64_t off = 0;
+    for (auto& g : rep) g.copy_(flat.narrow(0, off, g.numel()).view_as(g)), off += g.numel();
+  }
+  for (size_t u : scatter_order_) {
+    complete_reduce_scatter(u);
+    units_[u].grad_shard.div_(pg_.world_size());
+    units_[u].shard.mutable_grad() = units_[u].grad_shard;
+  }
+  for (size_t u = 0; u < units_.size(); ++u) {
+    free_full(u);  // kept from forward but never reached by backward (reshard_after_forward false)
+    units_[u].ready = 0, units_[u].scattered = false;
+  }
+  scatter_order_.clear();
+  std::fill(grad_seen_.begin(), grad_seen_.end(), 0);
+}
+
+// --- Reading the model ----------------------------------------------------------------------------
+
+std::vector<torch::Tensor> Fsdp::parameters() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& U : units_) out.push_back(U.shard);
+  for (const auto& U : units_) out.insert(out.end(), U.replicated.begin(), U.replicated.end());
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Fsdp::gather_full_parameters() {
+  torch::NoGradGuard no_grad;
+  std::unordered_map<const void*, torch::Tensor> full;
+  for (auto& U : units_) {
+    torch::Tensor flat = torch::empty({U.layout.padded}, U.shard.options().requires_grad(false));
+    torch::Tensor chunk = U.shard.detach();
+    all_gather_flat(pg_, chunk, flat, "gather_full_parameters");
+    for (size_t i = 0; i < U.sharded.size(); ++i)
+      full[U.sharded[i].unsafeGetTensorImpl()] = flat.narrow(0, U.offsets[i], U.sharded[i].numel()).view(U.sharded[i].sizes());
+    for (const auto& p : U.replicated) full[p.unsafeGetTensorImpl()] = p.detach().to(torch::kFloat32);
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& [name, p] : unique_named_parameters(*model_, /*trainable_only=*/true))
+    out.emplace_back(name, full.at(p.unsafeGetTensorImpl()));
+  return out;
+}
+
+int64_t Fsdp::resident_parameter_bytes() const {
+  int64_t b = 0;
+  for (const auto& U : units_) {
+    b += U.shard.nbytes();
+    for (const auto& p : U.replicated) b += p.nbytes();
+  }
+  return b;
+}
+
+std::string Fsdp::describe() const {
+  std::string s = fmt::format("FSDP over {} ranks, {} units, compute {}, reshard after forward {}:", pg_.world_size(),
+                              units_.size(), dtype_name(opts_.compute_dtype), opts_.reshard_after_forward);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const auto& U = units_[u];
+    int64_t rep = 0;
+    for (const auto& p : U.replicated) rep += p.numel();
+    s += fmt::format("\n  unit {}: {} sharded elements in {} tensors (padded {}, chunk {} per rank), {} replicated",
+                     u, with_commas(U.layout.numel), U.sharded.size(), with_commas(U.layout.padded),
+                     with_commas(U.layout.chunk), with_commas(rep));
+  }
+  return s;
+}
+
+}  // namespace dp

@@ -1,0 +1,134 @@
+// Stage 07: fully sharded data parallelism (FSDP, ZeRO-3). Stage 06 sharded the optimizer state but
+// every rank still held all parameters and all gradients (4P + 4P bytes). Here a rank keeps only its
+// 1/N chunk of each unit's parameters, gradients and optimizer state (16P/N with AdamW) and gathers a
+// unit's full weights just before that unit computes, in forward and again in backward, freeing them
+// right after. Gradients leave backward as shards: each unit's are reduce-scattered as soon as the
+// unit's backward is done.
+#pragma once
+
+#include "common/dist.hpp"
+#include "common/shard_comm.hpp"
+#include "common/transformer.hpp"  // UnitRunner, ModuleUnits
+#include "stages/04_overlap/accumulate_grad_hooks.hpp"
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dp {
+
+/// How Fsdp shards, gathers and computes.
+struct FsdpOptions {
+  /// Free a unit's gathered weights after its forward (ZeRO-3: gather again for backward). false keeps
+  /// them until the unit's backward is done (ZeRO-2-like: one all-gather fewer per unit, more memory).
+  /// The last unit is never freed after forward: its backward starts at once.
+  bool reshard_after_forward = true;
+  /// dtype of the gathered weights the units compute with: kFloat32 or kBFloat16. The shards the
+  /// optimizer steps (master weights) and the reduce-scattered gradients are fp32 either way.
+  torch::ScalarType compute_dtype = torch::kFloat32;
+};
+
+/// "float32" / "bfloat16" (or fp32 / bf16) -> the dtype; throws dp::UsageError naming the value and the choices.
+torch::ScalarType parse_compute_dtype(const std::string& name);
+/// "float32" or "bfloat16".
+std::string dtype_name(torch::ScalarType t);
+
+/// True for the modules whose weights Fsdp shards: Linear and Embedding (CS336 2026's rule); the
+/// parameters of every other module (RMSNorm) are replicated.
+bool is_sharded_module(const torch::nn::Module& m);
+
+/// FSDP over a model made of units (ModuleUnits, run through a UnitRunner).
+///
+/// Usage, on every rank:
+///   Fsdp fsdp(pg, model, model->units(), {});
+///   torch::optim::AdamW opt(fsdp.parameters(), ...);        // the shards, then the replicated tensors
+///   loop: opt.zero_grad(); lm_loss(model->forward(tokens, fsdp.runner()), targets).backward();
+///         fsdp.finish_gradient_synchronization(); opt.step();
+/// Linear and Embedding weights (and biases) are sharded: per unit, one flat fp32 buffer, padded to a
+/// multiple of N and cut into N chunks (common/shard_comm.hpp's FlatLayout). Every other parameter (the
+/// RMSNorm gains) is replicated, and its gradient all-reduced. Between steps the model's sharded
+/// parameters keep their shapes but own no memory; read them with gather_full_parameters().
+class Fsdp {
+ public:
+  /// Broadcasts rank 0's parameters, shards every unit and frees the full weights. Throws
+  /// std::invalid_argument when a trainable parameter is in no unit or in two, or units are empty.
+  Fsdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const ModuleUnits& units, FsdpOptions opts = {});
+  ~Fsdp();
+  Fsdp(const Fsdp&) = delete;
+  Fsdp& operator=(const Fsdp&) = delete;
+
+  /// Pass it to the model's forward(tokens, run): gathers before each unit, prefetches the next one,
+  /// frees after, and arms the unit's backward.
+  UnitRunner runner();
+  /// What the optimizer steps: each unit's fp32 shard (1-D, its chunk), then the replicated parameters.
+  std::vector<torch::Tensor> parameters() const;
+  /// Call after backward, before the optimizer: completes every reduce-scatter (shard grads = mean over
+  /// the ranks, fp32, the shard's shape) and all-reduces the replicated gradients (then / N).
+  void finish_gradient_synchronization();
+  /// Every parameter in full, fp32, named as in model->named_parameters() (a collective; rank order).
+  std::vector<std::pair<std::string, torch::Tensor>> gather_full_parameters();
+
+  size_t unit_count() const { return units_.size(); }
+  /// Parameters P (sharded + replicated), and of them sharded.
+  int64_t num_parameters() const { return sharded_numel_ + replicated_numel_; }
+  int64_t sharded_parameters() const { return sharded_numel_; }
+  /// Bytes this rank keeps between steps: fp32 shards + replicated parameters (gradients and optimizer
+  /// state are counted by the caller).
+  int64_t resident_parameter_bytes() const;
+  /// Bytes of gathered (full) weights allocated now, and the most at any moment since construction.
+  int64_t gathered_bytes() const { return gathered_now_; }
+  int64_t peak_gathered_bytes() const { return gathered_peak_; }
+  /// All-gathers and reduce-scatters since construction (a step at reshard_after_forward: 2U - 1 and U).
+  int64_t all_gathers() const { return gathers_; }
+  int64_t reduce_scatters() const { return reduce_scatters_; }
+  /// Bytes this rank has sent since construction by ring arithmetic: (N-1)/N of each gathered or
+  /// reduce-scattered buffer, 2(N-1)/N of the replicated all-reduce.
+  double sent_bytes() const { return sent_bytes_; }
+  /// Multi-line: one line per unit (sharded elements, padded, chunk, replicated elements).
+  std::string describe() const;
+
+ private:
+  enum class State { freed, in_flight, gathered };
+  struct Unit {
+    std::vector<torch::Tensor> sharded, replicated;  // the model's own parameter tensors
+    std::vector<int64_t> offsets;                    // per sharded tensor, into the flat buffer
+    FlatLayout layout;
+    torch::Tensor shard;     // fp32 [chunk], the master weights; what the optimizer steps
+    torch::Tensor full;      // compute dtype [padded]; sharded tensors are views of its storage
+    torch::Tensor send;      // bf16 copy of the shard to gather (compute dtype != fp32)
+    State state = State::freed;
+    Work gather;
+    size_t ready = 0;        // sharded gradients accumulated this backward
+    bool scattered = false;  // reduce-scatter launched this backward
+    torch::Tensor grad_flat, grad_shard;  // fp32 [padded] and [chunk]
+    ReduceScatterWork rs;
+  };
+
+  void launch_gather(size_t u);
+  void wait_gathered(size_t u);
+  void free_full(size_t u);
+  void allocate_full(size_t u);
+  torch::Tensor run_unit(size_t u, const std::function<torch::Tensor()>& body);
+  void before_unit_backward(size_t u);
+  void on_gradient_ready(size_t hooked);
+  void launch_reduce_scatter(size_t u);
+  void complete_reduce_scatter(size_t u);
+  double ring_share() const;  // (N-1)/N
+
+  ProcessGroup& pg_;
+  std::shared_ptr<torch::nn::Module> model_;
+  FsdpOptions opts_;
+  std::vector<Unit> units_;
+  std::vector<std::pair<size_t, size_t>> hooked_;  // hook index -> (unit, sharded index)
+  std::vector<char> grad_seen_;                    // per hook index: gradient accumulated this backward
+  std::vector<size_t> scatter_order_;              // units reduce-scattered this backward, in launch order
+  int64_t sharded_numel_ = 0, replicated_numel_ = 0;
+  int64_t gathered_now_ = 0, gathered_peak_ = 0, gathers_ = 0, reduce_scatters_ = 0;
+  double sent_bytes_ = 0;
+  std::unique_ptr<AccumulateGradHooks> hooks_;  // last member: destroyed first
+};
+
+}  // namespace dp

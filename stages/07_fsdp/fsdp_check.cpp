@@ -1,0 +1,176 @@
+// FSDP against single-process training: CS336 2026's two FSDP tests, and the Transformer.
+#include "stages/07_fsdp/fsdp_check.hpp"
+
+#include "common/models.hpp"
+#include "common/runtime.hpp"
+#include "common/transformer.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <mutex>
+
+namespace dp {
+
+namespace optim = torch::optim;
+
+// Data drawn from its own generator: every rank (and the reference) draws the same numbers, and ranks
+// running as threads of one test process do not race on the global RNG.
+static torch::Generator data_generator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
+
+// The reference's mixed precision: `cmp` computes with `ref`'s weights, those FSDP would gather in the
+// compute dtype cast to it (Linear, Embedding), the others (norms) as they are.
+static void load_compute_copy(torch::nn::Module& cmp, torch::nn::Module& ref, torch::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  std::unordered_set<const void*> cast;
+  for (const auto& m : cmp.modules())
+    if (is_sharded_module(*m))
+      for (const auto& p : m->parameters(/*recurse=*/false)) cast.insert(p.unsafeGetTensorImpl());
+  auto c = unique_parameters(cmp), r = unique_parameters(ref);
+  for (size_t i = 0; i < c.size(); ++i)
+    c[i].set_data(cast.count(c[i].unsafeGetTensorImpl()) ? r[i].detach().to(dtype) : r[i].detach().clone());
+}
+
+// One reference step: forward/backward through `cmp` (a compute-dtype copy) or `ref` itself, then SGD/AdamW.
+template <typename Loss>
+static void reference_step(torch::nn::Module& ref, torch::nn::Module& cmp, optim::Optimizer& opt,
+                           torch::ScalarType dtype, const Loss& loss_of) {
+  opt.zero_grad();
+  if (dtype == torch::kFloat32) {
+    loss_of(ref).backward();
+  } else {
+    load_compute_copy(cmp, ref, dtype);
+    for (auto& p : cmp.parameters()) p.mutable_grad() = torch::Tensor();  // this step's gradient only
+    loss_of(cmp).backward();
+    auto c = unique_parameters(cmp), r = unique_parameters(ref);
+    for (size_t i = 0; i < c.size(); ++i) r[i].mutable_grad() = c[i].grad().to(torch::kFloat32);
+  }
+  opt.step();
+}
+
+static double max_diff(const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::nn::Module& ref) {
+  auto r = unique_named_parameters(ref, /*trainable_only=*/true);
+  double d = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (full[i].first != r[i].first) throw CheckFailed("parameter order differs: " + full[i].first + " vs " + r[i].first);
+    d = std::max(d, (full[i].second - r[i].second.detach()).abs().max().item<double>());
+  }
+  return d;
+}
+
+// With bf16 compute on the Transformer, the reference continues from FSDP's weights after every step: a
+// weight that differs by 1e-5 can round to a different bf16 value, and momentum carries such flips into
+// the next steps (measured at 2 ranks: 2.4e-5 per step, 6.2e-5 after three chained steps, against the
+// bound 1e-4). Each step is then checked on its own, so the bound keeps a margin.
+static double compare_and_resync(const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::nn::Module& ref,
+                                 torch::ScalarType dtype) {
+  const double d = max_diff(full, ref);
+  if (dtype != torch::kFloat32) {
+    torch::NoGradGuard no_grad;
+    auto r = unique_named_parameters(ref, /*trainable_only=*/true);
+    for (size_t i = 0; i < r.size(); ++i) r[i].second.copy_(full[i].second);
+  }
+  return d;
+}
+
+// [toy]
+FsdpCheck check_toy_fsdp(ProcessGroup& pg, FsdpOptions opts) {
+  const int W = pg.world_size(), r = pg.rank();
+  const int64_t rows = 10, T = 8;  // per rank
+  ToyFSDPModel ref{nullptr}, cmp{nullptr}, shd{nullptr};
+  {
+    std::lock_guard<std::mutex> lock(model_init_mutex());
+    torch::manual_seed(42);
+    ref = ToyFSDPModel(), cmp = ToyFSDPModel(), shd = ToyFSDPModel();
+  }
+  copy_parameters(*shd, *ref);
+  ref->to(pg.device()), cmp->to(pg.device()), shd->to(pg.device());
+  Fsdp fsdp(pg, shd.ptr(), shd->units(), opts);
+  optim::SGD ref_opt(ref->parameters(), optim::SGDOptions(0.01)), opt(fsdp.parameters(), optim::SGDOptions(0.01));
+  auto last_token_loss = [](const torch::Tensor& logits, const torch::Tensor& labels) {
+    return torch::nn::functional::cross_entropy(logits.select(1, -1).to(torch::kFloat32), labels);
+  };
+  FsdpCheck result{0, opts.compute_dtype == torch::kFloat32 ? 1e-6 : 1e-4};
+  for (int step = 0; step < 3; ++step) {
+    auto gen = data_generator(123 + step);  // reshuffled every step, identically on every rank
+    auto tokens = torch::randint(0, 100, {rows * W, T}, gen).to(pg.device());
+    auto labels = torch::randint(0, 100, {rows * W}, gen).to(pg.device());
+    reference_step(*ref, *cmp, ref_opt, opts.compute_dtype,
+                   [&](torch::nn::Module& m) { return last_token_loss(static_cast<ToyFSDPModelImpl&>(m).forward(tokens), labels); });
+    opt.zero_grad();
+    last_token_loss(shd->forward(tokens.narrow(0, r * rows, rows), fsdp.runner()), labels.narrow(0, r * rows, rows)).backward();
+    fsdp.finish_gradient_synchronization();
+    opt.step();
+    result.max_abs_diff = std::max(result.max_abs_diff, max_diff(fsdp.gather_full_parameters(), *ref));
+  }
+  return result;
+}
+// [toy]
+
+void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts) {
+  ToyFSDPModel model{nullptr};
+  {
+    std::lock_guard<std::mutex> lock(model_init_mutex());
+    torch::manual_seed(42);
+    model = ToyFSDPModel();
+  }
+  model->to(pg.device());
+  Fsdp fsdp(pg, model.ptr(), model->units(), opts);
+  auto gen = data_generator(7 + pg.rank());  // every rank its own data
+  auto tokens = torch::randint(0, 100, {4, 8}, gen).to(pg.device());
+  model->forward(tokens, fsdp.runner()).to(torch::kFloat32).sum().backward();
+  fsdp.finish_gradient_synchronization();
+  auto params = fsdp.parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& g = params[i].grad();
+    if (!g.defined() || g.sizes() != params[i].sizes() || g.scalar_type() != torch::kFloat32)
+      throw CheckFailed(fmt::format("optimizer tensor {} {}: gradient {} {}", i, shape_text(params[i].sizes()),
+                                    g.defined() ? shape_text(g.sizes()) : "missing",
+                                    g.defined() ? c10::toString(g.scalar_type()) : ""));
+    if (i < fsdp.unit_count()) continue;  // shards differ across ranks by design
+    std::vector<torch::Tensor> all(pg.world_size());
+    for (auto& t : all) t = torch::empty_like(g);
+    torch::Tensor mine = g.clone();
+    pg.all_gather_async(all, mine).wait();
+    for (const auto& other : all)
+      if (!torch::equal(other, g)) throw CheckFailed(fmt::format("replicated gradient {} differs across ranks", i));
+  }
+}
+
+FsdpCheck check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts) {
+  TransformerConfig cfg;
+  cfg.vocab_size = 64, cfg.context_length = 16, cfg.d_model = 32, cfg.d_ff = 64, cfg.num_layers = 2, cfg.num_heads = 2;
+  const int W = pg.world_size(), r = pg.rank();
+  const int64_t rows = 2, T = cfg.context_length;
+  TransformerLM ref{nullptr}, cmp{nullptr}, shd{nullptr};
+  {
+    std::lock_guard<std::mutex> lock(model_init_mutex());
+    torch::manual_seed(3);
+    ref = TransformerLM(cfg), cmp = TransformerLM(cfg), shd = TransformerLM(cfg);
+  }
+  copy_parameters(*shd, *ref);
+  ref->to(pg.device()), cmp->to(pg.device()), shd->to(pg.device());
+  Fsdp fsdp(pg, shd.ptr(), shd->units(), opts);
+  // SGD with momentum: a gradient's rounding reaches the weights scaled by lr, where AdamW's normalised
+  // step can turn a 1e-9 difference in a near-zero gradient into a sizeable fraction of lr.
+  const auto o = optim::SGDOptions(0.05).momentum(0.9);
+  optim::SGD ref_opt(ref->parameters(), o), opt(fsdp.parameters(), o);
+  FsdpCheck result{0, opts.compute_dtype == torch::kFloat32 ? 1e-5 : 1e-4};
+  for (int step = 0; step < 3; ++step) {
+    auto gen = data_generator(99 + step);
+    auto tokens = torch::randint(0, cfg.vocab_size, {rows * W, T + 1}, gen).to(pg.device());
+    auto x = tokens.narrow(1, 0, T), y = tokens.narrow(1, 1, T);
+    reference_step(*ref, *cmp, ref_opt, opts.compute_dtype, [&](torch::nn::Module& m) {
+      return lm_loss(static_cast<TransformerLMImpl&>(m).forward(x).to(torch::kFloat32), y);
+    });
+    opt.zero_grad();
+    lm_loss(shd->forward(x.narrow(0, r * rows, rows), fsdp.runner()).to(torch::kFloat32), y.narrow(0, r * rows, rows))
+        .backward();
+    fsdp.finish_gradient_synchronization();
+    opt.step();
+    result.max_abs_diff = std::max(result.max_abs_diff, compare_and_resync(fsdp.gather_full_parameters(), *ref, opts.compute_dtype));
+  }
+  return result;
+}
+
+}  // namespace dp

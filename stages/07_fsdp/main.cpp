@@ -1,0 +1,128 @@
+// Stage 07: FSDP (ZeRO-3). Parameters, gradients and optimizer state sharded over the ranks; each unit
+// (the embedding, every Transformer block, the head) gathered just before it computes and freed after.
+//
+// What it adds: stage 06 sharded the optimizer state, but every rank still held all parameters and all
+// gradients, 4P + 4P bytes. FSDP keeps 1/N of everything: 16P/N with AdamW, plus the few units gathered
+// at any moment. The price is traffic: each step gathers the weights twice (forward, backward) and
+// reduce-scatters the gradients, 3 x (N-1)/N x 4P against DDP's 2 x, which prefetching (gathering the
+// next unit while this one computes) hides behind compute. --reshard-after-forward false keeps the
+// gathered weights from forward to backward: one gather fewer, more memory (ZeRO-2-like).
+// --compute-dtype bf16 gathers bf16 copies of the fp32 master shards and computes in bf16; gradients
+// are reduce-scattered and stepped in fp32.
+//
+// Run it:
+//   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage07_fsdp                        # checks only
+//   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage07_fsdp --bench --preset small --context 128
+//   ./build/bin/ddp_launch --nproc 2 --net 1gbit -- ./build/bin/stage07_fsdp --bench --trace t.json
+//   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage07_fsdp --bench --preset large --context 32 --batch 2
+//       --warmup 0 --steps 2 --variants fsdp --reshard-after-forward true   (970 M parameters: DDP cannot fit here)
+// Correct output: PASS lines for CS336 2026's two FSDP tests (ToyFSDPModel: FSDP equals one process
+// within 1e-6 in fp32 and 1e-4 in bf16; shard-shaped fp32 gradients, replicated ones equal on every
+// rank) and for the Transformer; with --bench a memory table (FSDP near 16P/N, DDP at 16P) and a time
+// table (ratios to DDP round by round); last, "PASS stage 07".
+//
+// What it leaves: every rank still runs the whole model on its own batch (data parallelism only); the
+// gathered unit must fit on one device. Tensor and pipeline parallelism split the model itself.
+#include "common/cli.hpp"
+#include "common/ddp_bench.hpp"
+#include "common/runtime.hpp"
+#include "common/transformer.hpp"
+#include "stages/07_fsdp/benchmark.hpp"
+#include "stages/07_fsdp/fsdp.hpp"
+#include "stages/07_fsdp/fsdp_check.hpp"
+
+using namespace dp;
+
+// Every rank must pass: the verdict is gathered, so all ranks print and exit alike.
+static bool everyone(ProcessGroup& pg, bool ok) {
+  auto votes = pg.all_gather(ok ? 1.0 : 0.0);
+  return std::count(votes.begin(), votes.end(), 1.0) == pg.world_size();
+}
+
+static std::string mode(const FsdpOptions& f) {
+  return fmt::format("{}, {}", dtype_name(f.compute_dtype), f.reshard_after_forward ? "reshard after forward"
+                                                                                         : "keep until backward");
+}
+
+static bool run_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes) {
+  // [checks]
+  bool all_ok = true;
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16})
+    for (bool reshard : reshard_modes) {
+      FsdpOptions f;
+      f.compute_dtype = dtype, f.reshard_after_forward = reshard;
+      const FsdpCheck toy = check_toy_fsdp(pg, f);
+      const bool ok = everyone(pg, toy.ok());
+      print0("{} FSDP == one process on ToyFSDPModel ({}; 3 SGD steps, {} ranks): max |diff| {:.3g} <= {:.0e}",
+             ok ? "PASS" : "FAIL", mode(f), pg.world_size(), toy.max_abs_diff, toy.tolerance);
+      check_fsdp_gradients(pg, f);  // throws CheckFailed
+      print0("PASS FSDP gradients ({}): fp32, shard-shaped, replicated ones equal on every rank", mode(f));
+      const FsdpCheck tf = check_transformer_fsdp(pg, f);
+      const bool ok2 = everyone(pg, tf.ok());
+      print0("{} FSDP == one process on a 2-layer Transformer ({}; 3 SGD steps): max |diff| {:.3g} <= {:.0e}",
+             ok2 ? "PASS" : "FAIL", mode(f), tf.max_abs_diff, tf.tolerance);
+      all_ok = all_ok && ok && ok2;
+    }
+  // [checks]
+  return all_ok;
+}
+
+int main(int argc, char** argv) {
+  Cli cli("stage07_fsdp", "Stage 07: FSDP (parameters, gradients and AdamW state sharded) checked and measured");
+  Stage07Options o;
+  o.cfg.preset = "tiny", o.cfg.context = 64, o.cfg.warmup = 1, o.cfg.steps = 5;  // a short run by default
+  bool bench = false;
+  std::string dtype = "float32", reshard = "both";
+  std::vector<std::string> variants{"ddp", "fsdp"};
+  cli.app().add_flag("--bench", bench, "After the checks, train the Transformer with DDP and FSDP");
+  add_bench_options(cli.app(), o.cfg);
+  cli.app().remove_option(cli.app().get_option("--budget"));
+  cli.app().get_option("--steps")->description("Timed steps per variant");
+  cli.app().add_option("--variants", variants, "With --bench: ddp (stage 05, 25 MB buckets) and/or fsdp")
+      ->delimiter(',')->check(CLI::IsMember({"ddp", "fsdp"}));
+  cli.app().add_option("--reshard-after-forward", reshard,
+                       "true: free gathered weights after forward (ZeRO-3); false: keep them until backward; both")
+      ->check(CLI::IsMember({"true", "false", "both"}));
+  cli.app().add_option("--compute-dtype", dtype, "With --bench: float32 or bfloat16 (bf16) for FSDP's gathered weights")
+      ->check([](const std::string& v) {
+        try { parse_compute_dtype(v); } catch (const UsageError& e) { return std::string(e.what()); }
+        return std::string();
+      });
+  if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
+
+  return run_main([&] {
+    configure_cpu_threads();
+    check_blas();
+    auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
+    std::vector<bool> modes;
+    if (reshard != "false") modes.push_back(true);
+    if (reshard != "true") modes.push_back(false);
+    if (bench) {  // fail fast on bad input, before the checks
+      o.cfg.bytes_per_param = 0;  // the memory check below knows each variant's own needs
+      validate_bench_config(o.cfg, pg.world_size());
+      o.compute_dtype = parse_compute_dtype(dtype);
+      o.variants.clear();
+      for (const auto& v : variants) {
+        if (v == "ddp") o.variants.push_back("ddp");
+        else for (bool m : modes) o.variants.push_back(m ? "fsdp" : "fsdp-keep");
+      }
+      check_memory(o, pg.world_size());
+    }
+    print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
+
+    if (!run_checks(pg, modes)) throw CheckFailed("FSDP differs from single-process training");
+
+    if (bench) {
+      print0("\n{}", describe(TransformerConfig::preset(o.cfg.preset, o.cfg.context)));
+      print0("variants, trained side by side step by step: {}", fmt::join(o.variants, ", "));
+      Results results("fsdp");
+      run_benchmark(pg, o, results);
+      print_tables(results);
+      if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
+    }
+    pg.barrier();
+    print0("PASS stage 07: FSDP trains like one process ({} ranks)", pg.world_size());
+    pg.shutdown();
+    return 0;
+  });
+}

@@ -1,0 +1,175 @@
+// Stage 07: FSDP against single-process training (a port of CS336 2026's test_fsdp.py) and what FSDP
+// promises besides: weights own no memory between steps, the next unit is gathered while this one
+// computes, a step issues 2U-1 (or U) all-gathers and U reduce-scatters, a second backward is refused.
+// One typed suite runs every body in the four modes (fp32/bf16 x reshard after forward or not); ranks
+// are threads (run_ranks).
+#include "common/models.hpp"
+#include "common/transformer.hpp"
+#include "stages/04_overlap/accumulate_grad_hooks.hpp"
+#include "stages/07_fsdp/fsdp.hpp"
+#include "stages/07_fsdp/fsdp_check.hpp"
+#include "tests/support/expect.hpp"
+#include "tests/support/ranks.hpp"
+
+#include <gtest/gtest.h>
+
+#include <mutex>
+
+namespace {
+
+using namespace dp::testing;
+using dp::Fsdp;
+using dp::FsdpOptions;
+using dp::ProcessGroup;
+
+template <bool Bf16, bool Reshard>
+struct Mode {
+  static FsdpOptions options() {
+    FsdpOptions f;
+    f.compute_dtype = Bf16 ? torch::kBFloat16 : torch::kFloat32;
+    f.reshard_after_forward = Reshard;
+    return f;
+  }
+  static constexpr bool reshard = Reshard;
+};
+template <typename M>
+class FsdpContract : public ::testing::Test {};
+using Modes = ::testing::Types<Mode<false, true>, Mode<false, false>, Mode<true, true>, Mode<true, false>>;
+struct ModeNames {
+  template <typename T>
+  static std::string GetName(int) {
+    auto f = T::options();
+    return dp::dtype_name(f.compute_dtype) + (f.reshard_after_forward ? "Reshard" : "Keep");
+  }
+};
+TYPED_TEST_SUITE(FsdpContract, Modes, ModeNames);
+
+dp::ToyFSDPModel seeded_toy(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(rng_mutex());
+  torch::manual_seed(seed);
+  return dp::ToyFSDPModel();
+}
+
+// CS336 2026's test_fsdp_correctness: 3 SGD steps equal one process on all rows (fp32 1e-6, bf16 1e-4).
+TYPED_TEST(FsdpContract, Cs336CorrectnessWorld2) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto r = dp::check_toy_fsdp(pg, TypeParam::options());
+    EXPECT_LE(r.max_abs_diff, r.tolerance) << "rank " << pg.rank();
+  });
+}
+
+// Padding: 6,400 / 8,192 / 8,192 / 6,400 sharded elements over 3 ranks leave partly padded chunks.
+TYPED_TEST(FsdpContract, Cs336CorrectnessWorld3Padded) {
+  run_ranks(3, [](ProcessGroup& pg) {
+    auto r = dp::check_toy_fsdp(pg, TypeParam::options());
+    EXPECT_LE(r.max_abs_diff, r.tolerance);
+  });
+}
+
+// CS336 2026's test_fsdp_gradient_sync: fp32 shard-shaped gradients, replicated ones equal on all ranks.
+TYPED_TEST(FsdpContract, Cs336GradientSync) {
+  run_ranks(2, [](ProcessGroup& pg) { dp::check_fsdp_gradients(pg, TypeParam::options()); });
+}
+
+TYPED_TEST(FsdpContract, TransformerWorld2And4) {
+  for (int world : {2, 4})
+    run_ranks(world, [](ProcessGroup& pg) {
+      auto r = dp::check_transformer_fsdp(pg, TypeParam::options());
+      EXPECT_LE(r.max_abs_diff, r.tolerance) << "world " << pg.world_size();
+    });
+}
+
+// Between steps the model's Linear/Embedding weights own no memory; a rank keeps its chunk only; the
+// gathered full weights of all units, shards gathered back, are rank 0's initial weights.
+TYPED_TEST(FsdpContract, ShardsOnlyBetweenSteps) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto model = seeded_toy(10 + pg.rank());  // different per rank: construction must broadcast rank 0's
+    auto rank0 = seeded_toy(10);
+    Fsdp fsdp(pg, model.ptr(), model->units(), TypeParam::options());
+    for (auto* lin : {model->fc1.get(), model->fc2.get(), model->lm_head.get()})
+      EXPECT_EQ(lin->weight.storage().nbytes(), 0u);
+    EXPECT_EQ(model->embedding->weight.storage().nbytes(), 0u);
+    EXPECT_EQ(fsdp.gathered_bytes(), 0);
+    EXPECT_EQ(fsdp.sharded_parameters(), 29376 - 64 - 128);  // all but the two RMSNorm gains
+    EXPECT_EQ(fsdp.resident_parameter_bytes(), 4 * (29184 / 2 + 64 + 128));  // 29,184 split evenly, norms whole
+    auto full = fsdp.gather_full_parameters();
+    auto want = dp::unique_named_parameters(*rank0, true);
+    ASSERT_EQ(full.size(), want.size());
+    for (size_t i = 0; i < full.size(); ++i) {
+      EXPECT_EQ(full[i].first, want[i].first);
+      EXPECT_TRUE(torch::equal(full[i].second, want[i].second)) << full[i].first;
+    }
+  });
+}
+
+// The prefetch: when unit u starts computing in forward, units up to u + 1 have been launched; a step
+// issues 2U - 1 all-gathers when resharding (the last unit is not freed after forward), else U, and U
+// reduce-scatters; afterwards nothing stays gathered. Reshard keeps at most two units gathered at once.
+TYPED_TEST(FsdpContract, PrefetchAndCollectiveCounts) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto model = seeded_toy(1);
+    Fsdp fsdp(pg, model.ptr(), model->units(), TypeParam::options());
+    const int64_t U = static_cast<int64_t>(fsdp.unit_count());
+    std::vector<int64_t> launched_at_start;
+    auto run = fsdp.runner();
+    dp::UnitRunner spy = [&](size_t u, const std::function<torch::Tensor()>& body) {
+      return run(u, [&] { launched_at_start.push_back(fsdp.all_gathers()); return body(); });
+    };
+    auto tokens = torch::randint(0, 100, {2, 8});
+    model->forward(tokens, spy).to(torch::kFloat32).sum().backward();
+    fsdp.finish_gradient_synchronization();
+    for (int64_t u = 0; u < U; ++u) EXPECT_EQ(launched_at_start[u], std::min(u + 2, U)) << "unit " << u;
+    EXPECT_EQ(fsdp.all_gathers(), TypeParam::reshard ? 2 * U - 1 : U);
+    EXPECT_EQ(fsdp.reduce_scatters(), U);
+    EXPECT_EQ(fsdp.gathered_bytes(), 0);
+    const int64_t e = TypeParam::options().compute_dtype == torch::kFloat32 ? 4 : 2;
+    if (TypeParam::reshard) EXPECT_EQ(fsdp.peak_gathered_bytes(), (8192 + 8192) * e);  // fc1 and fc2 units
+    else EXPECT_EQ(fsdp.peak_gathered_bytes(), 29184 * e);  // every unit, from forward to backward
+  });
+}
+
+// No gradient: forward under NoGradGuard frees every unit right after it ran.
+TYPED_TEST(FsdpContract, NoGradForwardFreesEverything) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto model = seeded_toy(1);
+    Fsdp fsdp(pg, model.ptr(), model->units(), TypeParam::options());
+    torch::NoGradGuard no_grad;
+    auto out = model->forward(torch::randint(0, 100, {2, 8}), fsdp.runner());
+    EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 8, 100}));
+    EXPECT_EQ(fsdp.gathered_bytes(), 0);
+  });
+}
+
+// A second backward before finish_gradient_synchronization() is refused with the stage 04 message.
+TYPED_TEST(FsdpContract, SecondBackwardRefused) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto model = seeded_toy(1);
+    Fsdp fsdp(pg, model.ptr(), model->units(), TypeParam::options());
+    auto tokens = torch::randint(0, 100, {2, 8});
+    model->forward(tokens, fsdp.runner()).to(torch::kFloat32).sum().backward();
+    auto again = model->forward(tokens, fsdp.runner()).to(torch::kFloat32).sum();
+    try {
+      again.backward();
+      ADD_FAILURE() << "a second backward was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(dp::kBackwardTwiceMessage), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(Fsdp, ComputeDtypeNamesAndRefusals) {
+  EXPECT_EQ(dp::parse_compute_dtype("bf16"), torch::kBFloat16);
+  EXPECT_EQ(dp::parse_compute_dtype("float32"), torch::kFloat32);
+  expect_usage_error([] { dp::parse_compute_dtype("float16"); }, {"float16", "bfloat16", "float32"});
+}
+
+TEST(Fsdp, ParameterInNoUnitRefused) {
+  run_ranks(1, [](ProcessGroup& pg) {
+    auto model = seeded_toy(1);
+    auto units = model->units();
+    units.pop_back();  // lm_head in no unit
+    EXPECT_THROW(Fsdp(pg, model.ptr(), units, {}), std::invalid_argument);
+  });
+}
+
+}  // namespace
