@@ -18,6 +18,8 @@
 
 namespace dp {
 
+bool map_large_allocations(size_t bytes) { return mallopt(M_MMAP_THRESHOLD, static_cast<int>(bytes)) == 1; }
+
 int64_t available_memory_bytes() {
   std::ifstream f("/proc/meminfo");
   std::string key;

@@ -134,6 +134,7 @@ void run_benchmark(ProcessGroup& pg, const Stage07Options& o, Results& results) 
   const bool reset_ok = reset_peak_rss();
   std::vector<std::unique_ptr<Trainee>> ts;
   for (const auto& v : o.variants) ts.push_back(std::make_unique<Trainee>(pg, mcfg, o, v));
+  print0("  built: RSS {:.2f} GB, peak {:.2f} GB (rank 0)", current_rss_bytes() / 1e9, peak_rss_bytes() / 1e9);
   if (!o.cfg.trace.empty()) pg.barrier(), trace::enable();
   const int64_t rows = o.cfg.global_batch / W, T = o.cfg.context;
   for (int it = 0; it < o.cfg.warmup + o.cfg.steps; ++it) {
@@ -148,7 +149,8 @@ void run_benchmark(ProcessGroup& pg, const Stage07Options& o, Results& results) 
       if (timed) t->step_s.push_back(s);
       if (it == 0) t->bytes = t->count(), t->sent_per_step = t->fsdp ? t->fsdp->sent_bytes() - sent0 : 0;
     }
-    print0("  step {} of {} done", it + 1, o.cfg.warmup + o.cfg.steps);
+    print0("  step {} of {} done: RSS {:.2f} GB, peak {:.2f} GB (rank 0)", it + 1, o.cfg.warmup + o.cfg.steps,
+           current_rss_bytes() / 1e9, peak_rss_bytes() / 1e9);
   }
   trace::set_recording(false);
   if (!o.cfg.trace.empty()) trace::write(pg, o.cfg.trace), print0("trace of the timed steps written to {}", o.cfg.trace);

@@ -25,6 +25,7 @@
 // gathered unit must fit on one device. Tensor and pipeline parallelism split the model itself.
 #include "common/cli.hpp"
 #include "common/ddp_bench.hpp"
+#include "common/memory.hpp"
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
 #include "stages/07_fsdp/benchmark.hpp"
@@ -93,6 +94,9 @@ int main(int argc, char** argv) {
   return run_main([&] {
     configure_cpu_threads();
     check_blas();
+    // Memory is this stage's subject: let a freed gathered unit or gradient go back to the OS at once, so
+    // that resident memory follows the live tensors (common/memory.hpp says what glibc does otherwise).
+    map_large_allocations();
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
     std::vector<bool> modes;
     if (reshard != "false") modes.push_back(true);
