@@ -236,14 +236,14 @@ TransformerLMImpl::TransformerLMImpl(const TransformerConfig& config) : cfg(conf
   lm_head = register_module("lm_head", make_linear(cfg.d_model, cfg.vocab_size));
 }
 
-torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens) { return forward(tokens, UnitRunner()); }
+torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens) { return forward_units(tokens, UnitRunner()); }
 
 // Calls body() through the runner when there is one.
 static torch::Tensor run_unit(const UnitRunner& run, size_t unit, const std::function<torch::Tensor()>& body) {
   return run ? run(unit, body) : body();
 }
 
-torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens, const UnitRunner& run) {
+torch::Tensor TransformerLMImpl::forward_units(const torch::Tensor& tokens, const UnitRunner& run) {
   if (tokens.dim() != 2 || tokens.size(1) > cfg.context_length)
     throw UsageError(fmt::format("tokens must be [batch, T] with T <= context_length {}, got {}",
                                  cfg.context_length, tokens.sizes().vec()));
@@ -270,7 +270,7 @@ ToyFSDPModelImpl::ToyFSDPModelImpl() {
   lm_head = register_module("lm_head", make_linear(64, 100));
 }
 
-torch::Tensor ToyFSDPModelImpl::forward(const torch::Tensor& tokens, const UnitRunner& run) {
+torch::Tensor ToyFSDPModelImpl::forward_units(const torch::Tensor& tokens, const UnitRunner& run) {
   auto x = run_unit(run, 0, [&] { return embedding(tokens); });         // [B, T, 64]
   x = run_unit(run, 1, [&] { return torch::relu(fc1(norm1(x))); });    // [B, T, 128]
   x = run_unit(run, 2, [&] { return fc2(norm2(x)); });                 // [B, T, 64]

@@ -125,9 +125,10 @@ struct TransformerLMImpl : torch::nn::Module {
   /// tokens: [B, T] int64 with T <= context_length and values in [0, V) -> logits [B, T, V].
   torch::Tensor forward(const torch::Tensor& tokens);
   /// forward(), the same operations in the same order, with each unit's computation handed to `run`:
-  /// unit 0 is the token embedding, units 1..L the blocks, unit L+1 ln_final and lm_head.
-  torch::Tensor forward(const torch::Tensor& tokens, const UnitRunner& run);
-  /// The modules of units 0..L+1 (see forward(tokens, run)).
+  /// unit 0 is the token embedding, units 1..L the blocks, unit L+1 ln_final and lm_head. (Not an
+  /// overload of forward: a ModuleHolder's operator() needs a single forward.)
+  torch::Tensor forward_units(const torch::Tensor& tokens, const UnitRunner& run);
+  /// The modules of units 0..L+1 (see forward_units).
   ModuleUnits units();
   TransformerConfig cfg;
   torch::nn::Embedding token_embeddings{nullptr};
@@ -140,10 +141,11 @@ TORCH_MODULE(TransformerLM);
 /// CS336 2026's ToyFSDPModel, the model of its FSDP tests: Embedding(100, 64) -> RMSNorm(64) ->
 /// Linear 64->128 -> ReLU -> RMSNorm(128) -> Linear 128->64 -> lm_head 64->100, bias-free Linears
 /// initialised like the TransformerLM's. 29,376 parameters; tokens [B, T] in [0, 100) -> logits [B, T, 100].
-/// Units (forward(tokens, run)): 0 embedding, 1 norm1 + fc1, 2 norm2 + fc2, 3 lm_head.
+/// Units (forward_units): 0 embedding, 1 norm1 + fc1, 2 norm2 + fc2, 3 lm_head.
 struct ToyFSDPModelImpl : torch::nn::Module {
   ToyFSDPModelImpl();
-  torch::Tensor forward(const torch::Tensor& tokens, const UnitRunner& run = {});
+  torch::Tensor forward(const torch::Tensor& tokens) { return forward_units(tokens, {}); }
+  torch::Tensor forward_units(const torch::Tensor& tokens, const UnitRunner& run);
   ModuleUnits units();
   torch::nn::Embedding embedding{nullptr};
   RMSNorm norm1{nullptr}, norm2{nullptr};

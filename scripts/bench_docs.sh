@@ -2,16 +2,16 @@
 # Regenerates the benchmark results behind docs/ on this machine, then the plots, timelines and tables.
 # Every result file records the exact command (launcher included) and the machine, row by row.
 #
-#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp small zero (default: all of them)
+#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp small zero fsdp (default: all of them)
 #
 # The DDP runs use the tiny Transformer with 10 timed steps: once over loopback (where Gloo's
 # communication is CPU work that competes with backward for the two cores) and on a simulated cluster
 # (ddp_launch --net: every rank in its own network namespace behind a 1 or 10 Gbit/s link), where
 # communication costs wall time as on a real one. --net needs root and iproute2; without them the net
-# runs are skipped with the reason. About 35 minutes on 2 cores.
+# runs are skipped with the reason. About 50 minutes on 2 cores (fsdp alone: about 15).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-parts=${*:-allreduce ddp small zero}
+parts=${*:-allreduce ddp small zero fsdp}
 R=docs/results
 mkdir -p $R
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -72,7 +72,28 @@ for part in $parts; do
         --json $R/stage06_designs.json
     net $L --nproc 2 --net 1gbit -- $B/stage06_sharded_opt --bench --preset tiny --context 128 --batch 4 \
         --warmup 2 --steps 10 --json $R/stage06_tiny_1gbit.json ;;
-  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, small, zero)" >&2; exit 2 ;;
+  fsdp)
+    echo "== stage 07: memory (one variant per process), speed against DDP on 1 Gbit/s, the large preset"
+    S7="$L --nproc 2 -- $B/stage07_fsdp --bench --context 128 --batch 4 --warmup 0 --steps 2"
+    files=()
+    for preset in small medium; do
+      for v in "ddp" "fsdp --reshard-after-forward true" "fsdp --reshard-after-forward false"; do
+        f=$R/s7_mem_${preset}_${#files[@]}.json
+        $S7 --preset $preset --variants $v --json $f
+        files+=($f)
+      done
+    done
+    $PY scripts/merge_results.py $R/stage07_memory.json "${files[@]}"
+    rm -f "${files[@]}"
+    net $L --nproc 2 --net 1gbit -- $B/stage07_fsdp --bench --preset small --context 128 --warmup 1 --steps 6 \
+        --json $R/stage07_small_1gbit.json --trace $R/stage07_small_1gbit.trace.json
+    net $L --nproc 2 --net 1gbit -- $B/stage07_fsdp --bench --preset small --context 128 --warmup 1 --steps 6 \
+        --compute-dtype bf16 --json $R/stage07_small_1gbit_bf16.json
+    [ -f $R/stage07_small_1gbit.trace.json ] && gzip -9f $R/stage07_small_1gbit.trace.json
+    # 970 M parameters: DDP would need ~31 GB for 2 ranks here, FSDP ~8 GB per rank.
+    $L --nproc 2 -- $B/stage07_fsdp --bench --preset large --context 32 --batch 2 --warmup 0 --steps 2 \
+        --variants fsdp --reshard-after-forward true --json $R/stage07_large.json ;;
+  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, small, zero, fsdp)" >&2; exit 2 ;;
   esac
 done
 

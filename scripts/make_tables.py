@@ -122,6 +122,12 @@ COLUMNS = {
                ("peak_rss_before_step_MB", "before step (MB)", "{:.0f}"),
                ("peak_rss_after_step_MB", "after step (MB)", "{:.0f}"), ("buffer_MB", "ZeRO-1 buffers (MB)", "{:.1f}"),
                ("sent_MB_per_step", "sent per rank per step (MB)", "{:.1f}"), ("step_median_s", "step (s)", "{:.3f}")],
+    "fsdp": [("variant", "variant", "{}"), ("world_size", "ranks", "{}"), ("preset", "preset", "{}"),
+             ("compute_dtype", "compute", "{}"), ("param_MB", "params (MB)", "{:.1f}"), ("grad_MB", "grads (MB)", "{:.1f}"),
+             ("state_MB", "AdamW state (MB)", "{:.1f}"), ("total_MB", "total (MB)", "{:.1f}"),
+             ("expected_MB", "16P or 16P/N (MB)", "{:.1f}"), ("gathered_peak_MB", "gathered, peak (MB)", "{:.1f}"),
+             ("peak_rss_MB", "peak RSS (MB)", "rss"), ("sent_MB_per_step", "sent per rank per step (MB)", "{:.1f}"),
+             ("step_s", "step (s), median [95% CI]", "ci"), ("ratio", "step / first variant's [95% CI]", "ci")],
 }
 
 
@@ -129,6 +135,10 @@ def cell(row, key, fmt):
     v = row.get(key)
     if v is None:
         return "-"
+    if fmt == "ci":  # per-round samples
+        return fmt_ci(v, "{:.3f}")
+    if fmt == "rss":  # -1: several variants shared the process, so its peak is no one's
+        return "-" if v < 0 else f"{v:.0f}"
     if fmt == "ms":
         return f"{v * 1e3:.3f}"
     return fmt.format(v)

@@ -58,7 +58,26 @@ def memory(doc, ax):
     ax.set_title(f"{rows[0]['preset']} Transformer: memory per rank with and without ZeRO-1")
     ax.legend(loc="lower right")
 
-PLOTS = {"allreduce": allreduce, "sharded_optimizer": memory}
+def fsdp(doc, ax):
+    """Stage 07: per variant (and preset) the bytes one rank keeps, stacked, and the gathered peak."""
+    rows = doc["rows"]
+    names = [f"{r['variant']}, {r['preset']}, {r['compute_dtype']}" for r in rows]
+    left = [0.0] * len(rows)
+    for key, label in [("param_MB", "parameters (shards)"), ("grad_MB", "gradients (shards)"),
+                       ("state_MB", "AdamW state"), ("gathered_peak_MB", "gathered units, peak")]:
+        vals = [r[key] for r in rows]
+        ax.barh(names, vals, left=left, label=label)
+        left = [a + b for a, b in zip(left, vals)]
+    rss = [(r["peak_rss_MB"], n) for r, n in zip(rows, names) if r.get("peak_rss_MB", -1) > 0]
+    if rss:
+        ax.scatter([v for v, _ in rss], [n for _, n in rss], color="k", marker="|", s=400, zorder=3,
+                   label="peak RSS (one variant per process)")
+    ax.invert_yaxis()
+    ax.set_xlabel("MB per rank")
+    ax.set_title(f"memory per rank, {rows[0]['world_size']} ranks: DDP 16P, FSDP 16P/N + gathered units", fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
+
+PLOTS = {"allreduce": allreduce, "sharded_optimizer": memory, "fsdp": fsdp}
 
 def main(paths):
     for p in map(pathlib.Path, paths):

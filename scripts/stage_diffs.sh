@@ -52,4 +52,14 @@ files06=(stages/06_sharded_opt/main.cpp stages/06_sharded_opt/benchmark.hpp stag
     printf '%5d  %-43s %s\n' "$(wc -l < "$f")" "$f" "$(head -n 1 "$f" | sed -E 's@^(//|#) ?@@')"
   done
 } > "$out/06.txt"
-echo "wrote ${#pairs[@]} diffs and the stage 06 file list to $out"
+# Stage 07, FSDP, is again a new idea: its files, and what it added to common/.
+files07=(stages/07_fsdp/main.cpp stages/07_fsdp/benchmark.hpp stages/07_fsdp/benchmark.cpp
+         stages/07_fsdp/fsdp.hpp stages/07_fsdp/fsdp.cpp stages/07_fsdp/fsdp_check.hpp stages/07_fsdp/fsdp_check.cpp
+         stages/07_fsdp/CMakeLists.txt common/transformer.hpp common/shard_comm.hpp common/memory.hpp)
+{
+  echo "lines  file                                        what it holds"
+  for f in "${files07[@]}"; do
+    printf '%5d  %-43s %s\n' "$(wc -l < "$f")" "$f" "$(head -n 1 "$f" | sed -E 's@^(//|#) ?@@')"
+  done
+} > "$out/07.txt"
+echo "wrote ${#pairs[@]} diffs and the stage 06 and 07 file lists to $out"

@@ -11,7 +11,7 @@ gradients and AdamW state held by each rank (stage 06 measures them from its ten
 import json, pathlib, sys
 
 IDEAS = {"01": "all-reduce", "02": "naive DDP", "03": "one flat all-reduce", "04": "overlap with backward",
-         "05": "buckets", "06": "ZeRO-1 sharded AdamW"}
+         "05": "buckets", "06": "ZeRO-1 sharded AdamW", "07": "FSDP (ZeRO-3)"}
 
 def load(d, n):
     p = d / f"stage{n}.json"
@@ -56,6 +56,16 @@ def main(d):
                         f"{sh['step_median_s'] / base02:.2f}" if base02 else "-", "-", "-", "-",
                         f"{mem:.0f} MB/rank (AdamW: {full['param_MB'] + full['grad_MB'] + full['state_MB_max_rank']:.0f});"
                         f" step x{sh['step_median_s'] / full['step_median_s']:.2f} of unsharded"])
+    s7 = load(d, "07")
+    if s7:
+        rows = {r["variant"]: r for r in s7["rows"]}
+        f, ddp = rows.get("fsdp"), rows.get("ddp")
+        if f:
+            note = f"{f['total_MB']:.0f} MB/rank"
+            if ddp:
+                note += f" (DDP: {ddp['total_MB']:.0f}); step x{f['ratio_median']:.2f} of stage 05's DDP, same run"
+            out.append(["07", IDEAS["07"], "PASS", f"{f['step_median_s']:.3f}", "-",
+                        f"{f['step_median_s'] / base02:.2f}" if base02 else "-", "-", "-", "-", note])
     head = ["stage", "idea", "check", "step (s)", "vs no-comm", "vs stage 02", "exposed comm (s)",
             "overlap efficiency", "speedup vs 1 process", "notes"]
     print("| " + " | ".join(head) + " |")

@@ -102,7 +102,7 @@ struct Trainee {
     torch::Tensor loss;
     {
       trace::Span f("forward");
-      auto logits = fsdp ? model->forward(x, fsdp->runner()) : model->forward(x);
+      auto logits = fsdp ? model->forward_units(x, fsdp->runner()) : model->forward(x);
       loss = lm_loss(logits.to(torch::kFloat32), y);
     }
     { trace::Span b("backward"); loss.backward(); }  // FSDP: gathers and reduce-scatters happen in here

@@ -45,7 +45,7 @@ bool is_sharded_module(const torch::nn::Module& m);
 /// Usage, on every rank:
 ///   Fsdp fsdp(pg, model, model->units(), {});
 ///   torch::optim::AdamW opt(fsdp.parameters(), ...);        // the shards, then the replicated tensors
-///   loop: opt.zero_grad(); lm_loss(model->forward(tokens, fsdp.runner()), targets).backward();
+///   loop: opt.zero_grad(); lm_loss(model->forward_units(tokens, fsdp.runner()), targets).backward();
 ///         fsdp.finish_gradient_synchronization(); opt.step();
 /// Linear and Embedding weights (and biases) are sharded: per unit, one flat fp32 buffer, padded to a
 /// multiple of N and cut into N chunks (common/shard_comm.hpp's FlatLayout). Every other parameter (the
@@ -60,7 +60,7 @@ class Fsdp {
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
 
-  /// Pass it to the model's forward(tokens, run): gathers before each unit, prefetches the next one,
+  /// Pass it to the model's forward_units(tokens, run): gathers before each unit, prefetches the next one,
   /// frees after, and arms the unit's backward.
   UnitRunner runner();
   /// What the optimizer steps: each unit's fp32 shard (1-D, its chunk), then the replicated parameters.

@@ -98,7 +98,7 @@ FsdpCheck check_toy_fsdp(ProcessGroup& pg, FsdpOptions opts) {
     reference_step(*ref, *cmp, ref_opt, opts.compute_dtype,
                    [&](torch::nn::Module& m) { return last_token_loss(static_cast<ToyFSDPModelImpl&>(m).forward(tokens), labels); });
     opt.zero_grad();
-    last_token_loss(shd->forward(tokens.narrow(0, r * rows, rows), fsdp.runner()), labels.narrow(0, r * rows, rows)).backward();
+    last_token_loss(shd->forward_units(tokens.narrow(0, r * rows, rows), fsdp.runner()), labels.narrow(0, r * rows, rows)).backward();
     fsdp.finish_gradient_synchronization();
     opt.step();
     result.max_abs_diff = std::max(result.max_abs_diff, max_diff(fsdp.gather_full_parameters(), *ref));
@@ -118,7 +118,7 @@ void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts) {
   Fsdp fsdp(pg, model.ptr(), model->units(), opts);
   auto gen = data_generator(7 + pg.rank());  // every rank its own data
   auto tokens = torch::randint(0, 100, {4, 8}, gen).to(pg.device());
-  model->forward(tokens, fsdp.runner()).to(torch::kFloat32).sum().backward();
+  model->forward_units(tokens, fsdp.runner()).to(torch::kFloat32).sum().backward();
   fsdp.finish_gradient_synchronization();
   auto params = fsdp.parameters();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -164,7 +164,7 @@ FsdpCheck check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts) {
       return lm_loss(static_cast<TransformerLMImpl&>(m).forward(x).to(torch::kFloat32), y);
     });
     opt.zero_grad();
-    lm_loss(shd->forward(x.narrow(0, r * rows, rows), fsdp.runner()).to(torch::kFloat32), y.narrow(0, r * rows, rows))
+    lm_loss(shd->forward_units(x.narrow(0, r * rows, rows), fsdp.runner()).to(torch::kFloat32), y.narrow(0, r * rows, rows))
         .backward();
     fsdp.finish_gradient_synchronization();
     opt.step();

@@ -59,7 +59,7 @@ dp_bad_input(stage06_unknown_design 2 "unknown design 'zero2': use cs336 .* zero
 # instead of being killed by the kernel. Stage 07 refuses what does not fit even sharded.
 foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt)
   dp_bad_input(${prog}_large_does_not_fit 2 "--preset large .* needs about .* GB per rank.*FSDP, stage 07"
-    $<TARGET_FILE:${prog}> --bench --preset large)
+    ${LAUNCH} --nproc 2 -- $<TARGET_FILE:${prog}> --bench --preset large)
 endforeach()
 dp_bad_input(stage07_too_large_even_sharded 2 "FSDP .fsdp. needs about .* GB per rank.*more ranks"
   $<TARGET_FILE:stage07_fsdp> --bench --preset 2.7b --variants fsdp --reshard-after-forward true)

@@ -116,7 +116,7 @@ TYPED_TEST(FsdpContract, PrefetchAndCollectiveCounts) {
       return run(u, [&] { launched_at_start.push_back(fsdp.all_gathers()); return body(); });
     };
     auto tokens = torch::randint(0, 100, {2, 8});
-    model->forward(tokens, spy).to(torch::kFloat32).sum().backward();
+    model->forward_units(tokens, spy).to(torch::kFloat32).sum().backward();
     fsdp.finish_gradient_synchronization();
     for (int64_t u = 0; u < U; ++u) EXPECT_EQ(launched_at_start[u], std::min(u + 2, U)) << "unit " << u;
     EXPECT_EQ(fsdp.all_gathers(), TypeParam::reshard ? 2 * U - 1 : U);
@@ -134,7 +134,7 @@ TYPED_TEST(FsdpContract, NoGradForwardFreesEverything) {
     auto model = seeded_toy(1);
     Fsdp fsdp(pg, model.ptr(), model->units(), TypeParam::options());
     torch::NoGradGuard no_grad;
-    auto out = model->forward(torch::randint(0, 100, {2, 8}), fsdp.runner());
+    auto out = model->forward_units(torch::randint(0, 100, {2, 8}), fsdp.runner());
     EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 8, 100}));
     EXPECT_EQ(fsdp.gathered_bytes(), 0);
   });
@@ -146,8 +146,8 @@ TYPED_TEST(FsdpContract, SecondBackwardRefused) {
     auto model = seeded_toy(1);
     Fsdp fsdp(pg, model.ptr(), model->units(), TypeParam::options());
     auto tokens = torch::randint(0, 100, {2, 8});
-    model->forward(tokens, fsdp.runner()).to(torch::kFloat32).sum().backward();
-    auto again = model->forward(tokens, fsdp.runner()).to(torch::kFloat32).sum();
+    model->forward_units(tokens, fsdp.runner()).to(torch::kFloat32).sum().backward();
+    auto again = model->forward_units(tokens, fsdp.runner()).to(torch::kFloat32).sum();
     try {
       again.backward();
       ADD_FAILURE() << "a second backward was accepted";
