@@ -20,7 +20,7 @@ void BucketWork::wait() {
 }
 
 CommHook allreduce_hook() {
-  // [default hook]
+  // [default_hook]
   return [](ProcessGroup& pg, torch::Tensor& bucket, const std::string& label) {
     BucketWork w;
     w.work = pg.all_reduce_async(bucket, label);  // in place: the bucket becomes the sum over ranks
@@ -29,13 +29,13 @@ CommHook allreduce_hook() {
     w.then = [bucket, world]() mutable { bucket.div_(world); };  // one division per bucket
     return w;
   };
-  // [default hook]
+  // [default_hook]
 }
 
 CommHook low_precision_hook(torch::ScalarType dtype) {
   if (dtype != torch::kHalf && dtype != torch::kBFloat16)
     throw std::invalid_argument("low_precision_hook: dtype must be kHalf or kBFloat16");
-  // [fp16 hook]
+  // [fp16_hook]
   return [dtype](ProcessGroup& pg, torch::Tensor& bucket, const std::string& label) {
     // [n] fp32 -> [n] 16-bit: each element rounded to nearest; 2 bytes per element on the wire, not 4.
     // The copy is owned by the lambda below, so it lives until the collective has completed.
@@ -50,7 +50,7 @@ CommHook low_precision_hook(torch::ScalarType dtype) {
     };
     return w;
   };
-  // [fp16 hook]
+  // [fp16_hook]
 }
 
 std::vector<std::string> comm_hook_names() { return {"allreduce", "fp16", "bf16"}; }
