@@ -9,8 +9,10 @@
 
 namespace dp {
 
-BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m, double bucket_cap_mb)
-    : module(std::move(m)), pg_(pg), cap_mb_(bucket_cap_mb), hook_(allreduce_hook()), hook_name_("allreduce") {
+BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m, double bucket_cap_mb,
+                         BucketOrder order)
+    : module(std::move(m)), pg_(pg), cap_mb_(bucket_cap_mb), hook_(allreduce_hook()), hook_name_("allreduce"),
+      order_(order) {
   if (!module) throw std::invalid_argument("BucketedDdp: module is null");
   // Check the cap before the broadcast: a bad option fails fast and identically on every rank.
   std::vector<int64_t> bytes;
@@ -23,9 +25,24 @@ BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m,
   }
   assignment_ = assign_buckets(bytes, trainable, cap_mb_);
   broadcast_parameters(pg_, *module);  // every rank starts from rank 0's weights (frozen ones too)
+  build_buffers();
 
+  std::vector<torch::Tensor> hooked_params;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].requires_grad()) {
+      hooked_.push_back(i);
+      hooked_params.push_back(params_[i]);
+    }
+  ready_.assign(params_.size(), 0);
+  hooks_ = std::make_unique<AccumulateGradHooks>(
+      hooked_params, [this](size_t h) { check_not_ready(hooked_[h]); },
+      [this](size_t h) { on_gradient_ready(hooked_[h]); });
+}
+
+void BucketedDdp::build_buffers() {
+  buckets_.clear();
   // [buffers]
-  slots_.resize(params_.size());
+  slots_.assign(params_.size(), Slot{});
   for (size_t b = 0; b < assignment_.size(); ++b) {
     Bucket bucket;
     bucket.params = assignment_[b];
@@ -42,17 +59,6 @@ BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m,
     buckets_.push_back(std::move(bucket));
   }
   // [buffers]
-
-  std::vector<torch::Tensor> hooked_params;
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].requires_grad()) {
-      hooked_.push_back(i);
-      hooked_params.push_back(params_[i]);
-    }
-  ready_.assign(params_.size(), 0);
-  hooks_ = std::make_unique<AccumulateGradHooks>(
-      hooked_params, [this](size_t h) { check_not_ready(hooked_[h]); },
-      [this](size_t h) { on_gradient_ready(hooked_[h]); });
 }
 
 BucketedDdp::~BucketedDdp() { hooks_.reset(); }
@@ -155,6 +161,7 @@ void BucketedDdp::on_gradient_ready(size_t i) {
     in_step_ = true;
     launches_.clear();
   }
+  if (order_ == BucketOrder::arrival && !rebuilt_) arrival_.push_back(i);
   // [ready]
   copy_into_slot(i);
   ready_[i] = 1;
@@ -200,6 +207,7 @@ void BucketedDdp::finish_gradient_synchronization() {
   // collectives. As in stage 04 this is only consistent if the same parameters are unused on all ranks.
   for (size_t i : hooked_)
     if (!ready_[i]) {
+      if (order_ == BucketOrder::arrival && !rebuilt_) arrival_.push_back(i);  // unused: last
       copy_into_slot(i);
       ready_[i] = 1;
       ++buckets_[slots_[i].bucket].ready;
@@ -228,6 +236,7 @@ void BucketedDdp::finish_gradient_synchronization() {
   next_to_launch_ = 0;
   in_step_ = false;
   accumulated_locally_ = false;
+  if (order_ == BucketOrder::arrival && !rebuilt_) rebuild_in_arrival_order();
 }
 
 }  // namespace dp

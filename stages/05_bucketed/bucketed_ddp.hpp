@@ -21,6 +21,16 @@
 
 namespace dp {
 
+/// Which parameters share a bucket, and in which order buckets are launched.
+enum class BucketOrder {
+  /// assign_buckets(): last registered parameter first, for the whole run.
+  reverse_registration,
+  /// reverse_registration for the first synchronized step; at its end, rebuilt once in the order the
+  /// gradients became ready during it (rank 0's order, broadcast, so that every rank agrees), with the
+  /// first bucket capped at kFirstBucketCapBytes (1 MiB), as PyTorch's Reducer does.
+  arrival,
+};
+
 /// Data parallelism with gradient buckets launched from autograd hooks, in bucket order.
 ///
 /// Usage, on every rank (the same loop as OverlapDdp):
@@ -60,7 +70,8 @@ class BucketedDdp : public GradSync {
   /// Broadcasts rank 0's parameters and buffers, assigns buckets with assign_buckets() over the unique
   /// parameters, allocates one flat buffer per bucket and hooks every trainable parameter.
   /// Throws dp::UsageError when bucket_cap_mb is not positive and finite.
-  BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module, double bucket_cap_mb);
+  BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module, double bucket_cap_mb,
+              BucketOrder order = BucketOrder::reverse_registration);
   /// Removes the hooks. Does not wait for collectives still in flight (they keep their buffers alive).
   ~BucketedDdp() override;
   BucketedDdp(const BucketedDdp&) = delete;
@@ -106,6 +117,9 @@ class BucketedDdp : public GradSync {
   /// Unique parameters (frozen ones too, tied weights once) in registration order; buckets() indexes them.
   const std::vector<torch::Tensor>& parameters() const { return params_; }
   const std::vector<std::string>& parameter_names() const { return names_; }
+  /// True once the buckets were rebuilt in arrival order (BucketOrder::arrival, after the first
+  /// synchronized step); buckets(), bucket_count() and calls_per_step() then describe the new buckets.
+  bool buckets_rebuilt() const { return rebuilt_; }
   /// Indices into parameters() per bucket, bucket 0 (launched first) first.
   const std::vector<std::vector<size_t>>& buckets() const { return assignment_; }
   size_t bucket_count() const { return assignment_.size(); }
@@ -123,6 +137,8 @@ class BucketedDdp : public GradSync {
   void check_not_ready(size_t param);   // pre-hook: already ready this step? a second backward
   void on_gradient_ready(size_t param); // post-hook: copy .grad() into its slot, launch what is complete
   void copy_into_slot(size_t param);
+  void build_buffers();             // buckets_ and slots_ from assignment_
+  void rebuild_in_arrival_order();  // BucketOrder::arrival, at the end of the first synchronization
   void launch_complete_buckets_in_order(bool during_backward);
 
   struct Bucket {
@@ -155,6 +171,9 @@ class BucketedDdp : public GradSync {
   CommHook hook_;
   std::string hook_name_;
   std::atomic<int64_t> wire_bytes_total_{0};
+  BucketOrder order_;
+  bool rebuilt_ = false;
+  std::vector<size_t> arrival_;        // parameters in the order their gradients were ready (first step)
   std::vector<LaunchRecord> launches_;
   std::atomic<int64_t> launched_total_{0};
 
