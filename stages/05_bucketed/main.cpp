@@ -8,7 +8,8 @@
 //
 // It also offers what users of PyTorch's DDP reach for: gradient accumulation (--accumulate K: K
 // micro-batches per optimizer step, the first K-1 under no_sync(), no communication) and communication
-// hooks (--comm-hook fp16: buckets all-reduced as float16, half the bytes on the wire).
+// hooks (--comm-hook fp16: buckets all-reduced as float16, half the bytes on the wire), and buckets rebuilt
+// after the first step in the order gradients arrive (--bucket-order arrival, first bucket 1 MiB at most).
 //
 // Run it:
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed                      # checks only
@@ -17,11 +18,13 @@
 //     (--net: each rank behind a simulated 1 Gbit/s link, root only; --trace: a timeline of every step,
 //      python3 scripts/timeline.py t.json draws it)
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed --bench --preset tiny --accumulate 4 --comm-hook fp16
+//   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed --bench --preset tiny --bucket-order arrival
 // Correct output: bucket assignments and PASS lines for caps 0.0016, 0.0001 and 0.01 MB; with --bench
 // the overhead model's prediction and one table: no communication, stages 02, 03, 04, and stage 05
 // at each cap in --caps, all measured in the same run, with overlap efficiency and the speed-up over
 // one process. On a 1 Gbit/s link, buckets beat stage 03 by about 15%; over loopback they do not.
-// With --comm-hook, the stage 05 rows of the table use that hook (the checks always use the default). With
+// With --comm-hook and --bucket-order, the stage 05 rows of the table use that hook and order (the checks
+// always use the defaults), and the checks also print the PASS lines with arrival-order buckets. With
 // --accumulate K (K > 1) the benchmark ends with "gradient accumulation" lines for K = 1 and K: step time,
 // time per sequence, and collectives per sequence (K times fewer with K micro-batches).
 //
@@ -47,17 +50,18 @@ static std::unique_ptr<GradSync> make(ProcessGroup& pg, std::shared_ptr<torch::n
   return std::make_unique<Sync>(pg, std::move(m));
 }
 
-static void run_checks(ProcessGroup& pg) {
+static void run_checks(ProcessGroup& pg, BucketOrder order) {
   // [checks]
   for (double cap : {0.0016, 0.0001, 0.01}) {
     for (const char* model : {"toy", "tied"}) {
       auto make_bucketed = [&](ProcessGroup& g, std::shared_ptr<torch::nn::Module> m) -> std::unique_ptr<GradSync> {
-        auto ddp = std::make_unique<BucketedDdp>(g, std::move(m), cap);
+        auto ddp = std::make_unique<BucketedDdp>(g, std::move(m), cap, order);
         print0("{} model, {} MB buckets:\n{}", model, cap, ddp->describe_buckets());
         return ddp;
       };
       check_cs336_scenario(pg, model, make_bucketed);
-      print0("PASS CS336 scenario ({}, {} MB buckets): equals single-process training", model, cap);
+      print0("PASS CS336 scenario ({}, {} MB buckets{}): equals single-process training", model, cap,
+             order == BucketOrder::arrival ? ", rebuilt in arrival order after step 1" : "");
     }
   }
   // [checks]
@@ -90,7 +94,7 @@ static CommModel measure_comm_model(ProcessGroup& pg) {
 // Gradient accumulation on the Transformer: K micro-batches of --batch sequences (split over the ranks) per
 // AdamW step, the first K-1 backward passes under no_sync(), against K = 1, interleaved step by step.
 static nlohmann::json bench_accumulation(ProcessGroup& pg, const BenchConfig& cfg, int K, double cap,
-                                         const std::string& hook) {
+                                         const std::string& hook, BucketOrder order) {
   const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
   struct Run {
     int k = 1;
@@ -106,7 +110,7 @@ static nlohmann::json bench_accumulation(ProcessGroup& pg, const BenchConfig& cf
     torch::manual_seed(0);
     r.model = TransformerLM(mcfg);
     r.model->to(pg.device());
-    r.ddp = std::make_unique<BucketedDdp>(pg, r.model.ptr(), cap);
+    r.ddp = std::make_unique<BucketedDdp>(pg, r.model.ptr(), cap, order);
     r.ddp->register_comm_hook(make_comm_hook(hook, pg), hook);
     r.opt = std::make_unique<torch::optim::AdamW>(unique_parameters(*r.model), torch::optim::AdamWOptions(1e-4));
     runs.push_back(std::move(r));
@@ -165,6 +169,7 @@ int main(int argc, char** argv) {
   std::vector<double> caps{1, 10, 100, 1000};
   int accumulate = 1;
   std::string hook = "allreduce";
+  std::string order_name = "reverse";
   cli.app().add_flag("--bench", bench, "After the checks, benchmark the Transformer");
   cli.app().add_option("--caps", caps, "Bucket caps to benchmark, in MB (10^6 bytes)")
       ->delimiter(',')->check(CLI::PositiveNumber);
@@ -174,6 +179,9 @@ int main(int argc, char** argv) {
   cli.app().add_option("--comm-hook", hook,
                        "How a bucket is reduced: allreduce (fp32), fp16 (half the bytes), bf16 (where the backend "
                        "sums bf16: not Gloo in LibTorch 1.13)")->check(HookName);
+  cli.app().add_option("--bucket-order", order_name,
+                       "reverse (reverse registration order, fixed) or arrival (rebuilt after the first step in the "
+                       "order gradients arrive, first bucket 1 MiB at most)")->check(CLI::IsMember({"reverse", "arrival"}));
   add_bench_options(cli.app(), cfg);
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
@@ -183,7 +191,8 @@ int main(int argc, char** argv) {
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
     if (bench) validate_bench_config(cfg, pg.world_size());  // fail fast on bad input
     make_comm_hook(hook, pg);  // bf16 on a backend without bf16 sums: exit 2 now, not after the checks
-    run_checks(pg);
+    const BucketOrder order = order_name == "arrival" ? BucketOrder::arrival : BucketOrder::reverse_registration;
+    run_checks(pg, order);
 
     if (bench) {
       const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
@@ -201,9 +210,10 @@ int main(int argc, char** argv) {
                                     {"flat (stage 03)", make<FlatDdp>},
                                     {"overlap (stage 04)", make<OverlapDdp>}};
       for (double cap : caps)
-        variants.push_back({fmt::format("bucketed {:g} MB{} (stage 05)", cap, hook == "allreduce" ? "" : ", " + hook + " hook"),
-                            [cap, hook](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod) -> std::unique_ptr<GradSync> {
-                              auto ddp = std::make_unique<BucketedDdp>(g, std::move(mod), cap);
+        variants.push_back({fmt::format("bucketed {:g} MB{}{} (stage 05)", cap, hook == "allreduce" ? "" : ", " + hook + " hook",
+                                        order == BucketOrder::arrival ? ", arrival order" : ""),
+                            [cap, hook, order](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod) -> std::unique_ptr<GradSync> {
+                              auto ddp = std::make_unique<BucketedDdp>(g, std::move(mod), cap, order);
                               ddp->register_comm_hook(make_comm_hook(hook, g), hook);
                               return ddp;
                             }});
@@ -213,7 +223,8 @@ int main(int argc, char** argv) {
                                         {"predicted_best_cap_mb", best_cap_mb}};
       print0("\n{}", ddp_table(results));
       results.meta["comm_hook"] = hook;
-      if (accumulate > 1) results.meta["accumulation"] = bench_accumulation(pg, cfg, accumulate, caps.front(), hook);
+      results.meta["bucket_order"] = order_name;
+      if (accumulate > 1) results.meta["accumulation"] = bench_accumulation(pg, cfg, accumulate, caps.front(), hook, order);
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     }
     pg.barrier();

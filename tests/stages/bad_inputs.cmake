@@ -57,6 +57,8 @@ dp_bad_input(stage05_accumulate_zero 2 "--accumulate: '0' must be a positive int
   $<TARGET_FILE:stage05_bucketed> --accumulate 0)
 dp_bad_input(stage05_unknown_comm_hook 2 "unknown communication hook 'int8': use allreduce, fp16 or bf16"
   $<TARGET_FILE:stage05_bucketed> --comm-hook int8)
+dp_bad_input(stage05_unknown_bucket_order 2 "--bucket-order: sideways not in .reverse,arrival."
+  $<TARGET_FILE:stage05_bucketed> --bucket-order sideways)
 if(DP_TORCH_VERSION_MAJOR LESS 2)
   dp_bad_input(stage05_bf16_hook_on_gloo 2 "gloo backend of this LibTorch .* cannot all-reduce bf16 tensors.*use --comm-hook allreduce or fp16"
     $<TARGET_FILE:stage05_bucketed> --comm-hook bf16)
