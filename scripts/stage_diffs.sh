@@ -26,6 +26,8 @@ pairs=(
       stages/03_flat/main.cpp stages/04_overlap/main.cpp"
   "05 stages/04_overlap/overlap_ddp.cpp stages/05_bucketed/bucketed_ddp.cpp
       /dev/null stages/05_bucketed/buckets.cpp
+      /dev/null stages/05_bucketed/comm_hooks.cpp
+      /dev/null stages/05_bucketed/bucket_rebuild.cpp
       stages/04_overlap/main.cpp stages/05_bucketed/main.cpp"
 )
 for p in "${pairs[@]}"; do

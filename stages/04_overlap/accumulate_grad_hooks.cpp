@@ -12,7 +12,8 @@ namespace dp {
 
 const char* const kBackwardTwiceMessage =
     "backward ran twice before finish_gradient_synchronization(): call it after every backward "
-    "(gradient accumulation over several backward passes is not supported)";
+    "(to accumulate gradients over several backward passes, run all but the last inside "
+    "BucketedDdp::no_sync(), stage 05)";
 const char* const kStepUnfinishedMessage =
     "a new step started while the previous one still has gradients in flight: call "
     "finish_gradient_synchronization() after every backward";

@@ -9,8 +9,10 @@
 
 namespace dp {
 
-BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m, double bucket_cap_mb)
-    : module(std::move(m)), pg_(pg), cap_mb_(bucket_cap_mb) {
+BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m, double bucket_cap_mb,
+                         BucketOrder order)
+    : module(std::move(m)), pg_(pg), cap_mb_(bucket_cap_mb), hook_(allreduce_hook()), hook_name_("allreduce"),
+      order_(order) {
   if (!module) throw std::invalid_argument("BucketedDdp: module is null");
   // Check the cap before the broadcast: a bad option fails fast and identically on every rank.
   std::vector<int64_t> bytes;
@@ -23,9 +25,24 @@ BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m,
   }
   assignment_ = assign_buckets(bytes, trainable, cap_mb_);
   broadcast_parameters(pg_, *module);  // every rank starts from rank 0's weights (frozen ones too)
+  build_buffers();
 
+  std::vector<torch::Tensor> hooked_params;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].requires_grad()) {
+      hooked_.push_back(i);
+      hooked_params.push_back(params_[i]);
+    }
+  ready_.assign(params_.size(), 0);
+  hooks_ = std::make_unique<AccumulateGradHooks>(
+      hooked_params, [this](size_t h) { check_not_ready(hooked_[h]); },
+      [this](size_t h) { on_gradient_ready(hooked_[h]); });
+}
+
+void BucketedDdp::build_buffers() {
+  buckets_.clear();
   // [buffers]
-  slots_.resize(params_.size());
+  slots_.assign(params_.size(), Slot{});
   for (size_t b = 0; b < assignment_.size(); ++b) {
     Bucket bucket;
     bucket.params = assignment_[b];
@@ -42,17 +59,6 @@ BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m,
     buckets_.push_back(std::move(bucket));
   }
   // [buffers]
-
-  std::vector<torch::Tensor> hooked_params;
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].requires_grad()) {
-      hooked_.push_back(i);
-      hooked_params.push_back(params_[i]);
-    }
-  ready_.assign(params_.size(), 0);
-  hooks_ = std::make_unique<AccumulateGradHooks>(
-      hooked_params, [this](size_t h) { check_not_ready(hooked_[h]); },
-      [this](size_t h) { on_gradient_ready(hooked_[h]); });
 }
 
 BucketedDdp::~BucketedDdp() { hooks_.reset(); }
@@ -81,8 +87,48 @@ std::vector<LaunchRecord> BucketedDdp::launches() const {
   return launches_;
 }
 
+// [no_sync]
+BucketedDdp::NoSyncGuard BucketedDdp::no_sync() {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Buckets of an unfinished step may be on the wire, and finish would overwrite .grad() with their
+  // average, dropping whatever was accumulated meanwhile.
+  if (in_step_)
+    throw std::logic_error("BucketedDdp: no_sync() while a synchronization is unfinished: call "
+                           "finish_gradient_synchronization() after the backward outside the guard first");
+  ++no_sync_depth_;
+  return NoSyncGuard(this);
+}
+
+BucketedDdp::NoSyncGuard::~NoSyncGuard() {
+  if (!ddp_) return;  // moved from
+  std::lock_guard<std::mutex> lock(ddp_->mu_);
+  --ddp_->no_sync_depth_;
+}
+// [no_sync]
+
+bool BucketedDdp::in_no_sync() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return no_sync_depth_ > 0;
+}
+
+void BucketedDdp::register_comm_hook(CommHook hook, std::string name) {
+  if (!hook) throw std::logic_error("BucketedDdp::register_comm_hook: empty hook");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_step_)
+    throw std::logic_error("BucketedDdp::register_comm_hook: buckets are in flight; register the hook between "
+                           "steps (after finish_gradient_synchronization())");
+  hook_ = std::move(hook);
+  hook_name_ = std::move(name);
+}
+
+std::string BucketedDdp::comm_hook_name() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return hook_name_;
+}
+
 // Before AccumulateGrad adds into .grad(). A parameter already copied into its bucket this step means
-// a second backward: its bucket may be on the wire, and the sums would mix two backward passes.
+// a second backward: its bucket may be on the wire, and the sums would mix two backward passes. (Under
+// no_sync() nothing is ever marked ready: no_sync() refused to start while a step was unfinished.)
 void BucketedDdp::check_not_ready(size_t i) {
   std::lock_guard<std::mutex> lock(mu_);
   if (ready_[i])
@@ -107,10 +153,15 @@ void BucketedDdp::copy_into_slot(size_t i) {
 
 void BucketedDdp::on_gradient_ready(size_t i) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (no_sync_depth_ > 0) {  // accumulate: AccumulateGrad has already added into .grad(); nothing to send
+    accumulated_locally_ = true;
+    return;
+  }
   if (!in_step_) {  // first gradient of a new backward
     in_step_ = true;
     launches_.clear();
   }
+  if (order_ == BucketOrder::arrival && !rebuilt_) arrival_.push_back(i);
   // [ready]
   copy_into_slot(i);
   ready_[i] = 1;
@@ -133,7 +184,8 @@ void BucketedDdp::launch_complete_buckets_in_order(bool during_backward) {
     Bucket& b = buckets_[next_to_launch_];
     if (b.ready < b.params.size()) break;  // not complete: later buckets wait for it
     if (trace::recording()) trace::instant(fmt::format("bucket {} ready", next_to_launch_));
-    b.work = pg_.all_reduce_async(b.buffer, fmt::format("bucket {}", next_to_launch_));  // one collective, all its gradients
+    b.work = hook_(pg_, b.buffer, fmt::format("bucket {}", next_to_launch_));  // one collective, all its gradients
+    wire_bytes_total_ += b.work.wire_bytes;
     launches_.push_back({next_to_launch_, std::chrono::steady_clock::now(), during_backward});
     ++launched_total_;
     ++next_to_launch_;
@@ -143,23 +195,27 @@ void BucketedDdp::launch_complete_buckets_in_order(bool during_backward) {
 
 void BucketedDdp::finish_gradient_synchronization() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!in_step_) return;  // no backward since the last call: nothing to do
+  if (no_sync_depth_ > 0) return;  // accumulating locally: the backward after the guard synchronizes
+  if (!in_step_ && !accumulated_locally_) return;  // no backward since the last call: nothing to do
+  if (!in_step_) {  // gradients accumulated under no_sync() and no backward since: send them from here
+    in_step_ = true;
+    launches_.clear();
+  }
   // [finish]
   // Parameters whose hook did not run (unused in this forward) still owe their slot: fill it with their
   // current .grad() (zeros if none) so that every bucket completes and every rank launches the same
   // collectives. As in stage 04 this is only consistent if the same parameters are unused on all ranks.
   for (size_t i : hooked_)
     if (!ready_[i]) {
+      if (order_ == BucketOrder::arrival && !rebuilt_) arrival_.push_back(i);  // unused: last
       copy_into_slot(i);
       ready_[i] = 1;
       ++buckets_[slots_[i].bucket].ready;
     }
   launch_complete_buckets_in_order(/*during_backward=*/false);
 
-  const int world = pg_.world_size();
   for (auto& b : buckets_) {
-    b.work.wait();
-    b.buffer.div_(world);  // one division per bucket, not per parameter
+    b.work.wait();  // then the hook's last part: the bucket holds the average (allreduce_hook: sum / world)
     for (size_t i : b.params) {
       const Slot& s = slots_[i];
       auto averaged = b.buffer.narrow(0, s.offset, s.numel).view(params_[i].sizes());
@@ -174,11 +230,13 @@ void BucketedDdp::finish_gradient_synchronization() {
   // calls on_train_batch_start() still works.
   for (auto& b : buckets_) {
     b.ready = 0;
-    b.work = Work();
+    b.work = BucketWork();
   }
   std::fill(ready_.begin(), ready_.end(), 0);
   next_to_launch_ = 0;
   in_step_ = false;
+  accumulated_locally_ = false;
+  if (order_ == BucketOrder::arrival && !rebuilt_) rebuild_in_arrival_order();
 }
 
 }  // namespace dp

@@ -9,6 +9,7 @@
 #include "common/grad_sync.hpp"
 #include "stages/04_overlap/accumulate_grad_hooks.hpp"  // AccumulateGradHooks, LaunchRecord
 #include "stages/05_bucketed/buckets.hpp"
+#include "stages/05_bucketed/comm_hooks.hpp"
 
 #include <torch/torch.h>
 
@@ -20,6 +21,16 @@
 
 namespace dp {
 
+/// Which parameters share a bucket, and in which order buckets are launched.
+enum class BucketOrder {
+  /// assign_buckets(): last registered parameter first, for the whole run.
+  reverse_registration,
+  /// reverse_registration for the first synchronized step; at its end, rebuilt once in the order the
+  /// gradients became ready during it (rank 0's order, broadcast, so that every rank agrees), with the
+  /// first bucket capped at kFirstBucketCapBytes (1 MiB), as PyTorch's Reducer does.
+  arrival,
+};
+
 /// Data parallelism with gradient buckets launched from autograd hooks, in bucket order.
 ///
 /// Usage, on every rank (the same loop as OverlapDdp):
@@ -28,12 +39,39 @@ namespace dp {
 ///         ddp.finish_gradient_synchronization(); opt.step();
 /// The process group must outlive this object. All trainable parameters of one bucket must share a
 /// dtype and device (the constructor checks; a std::invalid_argument otherwise).
+///
+/// Gradient accumulation over K micro-batches (K backward passes per optimizer step):
+///   ddp.on_train_batch_start(); opt.zero_grad();
+///   { auto guard = ddp.no_sync(); for k < K-1: (loss(micro_batch k) / K).backward(); }
+///   (loss(micro_batch K-1) / K).backward(); ddp.finish_gradient_synchronization(); opt.step();
+/// With a mean-reduced loss over B rows per micro-batch, dividing each loss by K makes the synchronized
+/// gradient the gradient of the mean over all K * B * world rows: the step of one process on the whole
+/// batch.
 class BucketedDdp : public GradSync {
  public:
+  /// While a NoSyncGuard lives, backward only accumulates into .grad() (plain autograd): the hooks
+  /// neither copy into buckets nor communicate. Returned by no_sync(); movable, not copyable. It must
+  /// not outlive its BucketedDdp.
+  class NoSyncGuard {
+   public:
+    NoSyncGuard(NoSyncGuard&& other) noexcept : ddp_(other.ddp_) { other.ddp_ = nullptr; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+    /// Ends local accumulation: the next backward synchronizes everything accumulated.
+    ~NoSyncGuard();
+
+   private:
+    friend class BucketedDdp;
+    explicit NoSyncGuard(BucketedDdp* ddp) : ddp_(ddp) {}
+    BucketedDdp* ddp_;
+  };
+
   /// Broadcasts rank 0's parameters and buffers, assigns buckets with assign_buckets() over the unique
   /// parameters, allocates one flat buffer per bucket and hooks every trainable parameter.
   /// Throws dp::UsageError when bucket_cap_mb is not positive and finite.
-  BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module, double bucket_cap_mb);
+  BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module, double bucket_cap_mb,
+              BucketOrder order = BucketOrder::reverse_registration);
   /// Removes the hooks. Does not wait for collectives still in flight (they keep their buffers alive).
   ~BucketedDdp() override;
   BucketedDdp(const BucketedDdp&) = delete;
@@ -50,14 +88,38 @@ class BucketedDdp : public GradSync {
   /// One all-reduce per bucket.
   int64_t calls_per_step() const override { return static_cast<int64_t>(bucket_count()); }
   /// Completes and launches the buckets not launched yet (a parameter that got no gradient this step
-  /// contributes its current .grad(), zeros if none), waits for all of them, divides by the world size
-  /// and copies each bucket back into the parameters' .grad(). Does nothing when no hook ran since the
-  /// last call.
+  /// contributes its current .grad(), zeros if none), waits for all of them (the comm hook divides by the
+  /// world size) and copies each bucket back into the parameters' .grad(). Does nothing inside no_sync(),
+  /// or when no hook ran since the last call; gradients accumulated under no_sync() with no backward
+  /// after the guard are synchronized here (all buckets launched from here).
   void finish_gradient_synchronization();
+
+  /// Local gradient accumulation (PyTorch's DDP.no_sync()): until the returned guard is destroyed, backward
+  /// accumulates into .grad() with no communication, and finish_gradient_synchronization() does nothing.
+  /// The first backward after the guard synchronizes the accumulated sum: each hook copies the whole
+  /// .grad(), this backward's gradient plus everything accumulated before. Guards nest. Throws
+  /// std::logic_error when a synchronization is unfinished (a backward ran outside a guard and
+  /// finish_gradient_synchronization() was not called yet): its buckets may be on the wire.
+  [[nodiscard]] NoSyncGuard no_sync();
+  /// True while a guard from no_sync() lives.
+  bool in_no_sync() const;
+
+  /// Replaces how a bucket is reduced (PyTorch's register_comm_hook); `name` is for printing. The
+  /// default is allreduce_hook(). Every rank must register the same hook. Throws std::logic_error when
+  /// called in the middle of a step (buckets in flight) or with an empty hook.
+  void register_comm_hook(CommHook hook, std::string name);
+  /// Name given to the current hook ("allreduce" by default).
+  std::string comm_hook_name() const;
+  /// Bytes handed to collectives since construction, per rank (the hook's BucketWork::wire_bytes):
+  /// with the fp16 hook, half of the default's.
+  int64_t wire_bytes() const { return wire_bytes_total_.load(); }
 
   /// Unique parameters (frozen ones too, tied weights once) in registration order; buckets() indexes them.
   const std::vector<torch::Tensor>& parameters() const { return params_; }
   const std::vector<std::string>& parameter_names() const { return names_; }
+  /// True once the buckets were rebuilt in arrival order (BucketOrder::arrival, after the first
+  /// synchronized step); buckets(), bucket_count() and calls_per_step() then describe the new buckets.
+  bool buckets_rebuilt() const { return rebuilt_; }
   /// Indices into parameters() per bucket, bucket 0 (launched first) first.
   const std::vector<std::vector<size_t>>& buckets() const { return assignment_; }
   size_t bucket_count() const { return assignment_.size(); }
@@ -75,13 +137,15 @@ class BucketedDdp : public GradSync {
   void check_not_ready(size_t param);   // pre-hook: already ready this step? a second backward
   void on_gradient_ready(size_t param); // post-hook: copy .grad() into its slot, launch what is complete
   void copy_into_slot(size_t param);
+  void build_buffers();             // buckets_ and slots_ from assignment_
+  void rebuild_in_arrival_order();  // BucketOrder::arrival, at the end of the first synchronization
   void launch_complete_buckets_in_order(bool during_backward);
 
   struct Bucket {
     std::vector<size_t> params;  // indices into params_
     torch::Tensor buffer;        // flat, contiguous: every gradient of the bucket back to back
     size_t ready = 0;            // gradients copied in this step
-    Work work;                   // this step's all-reduce, once launched
+    BucketWork work;             // this step's reduction, once launched by the hook
   };
   struct Slot {
     size_t bucket = 0;
@@ -101,7 +165,15 @@ class BucketedDdp : public GradSync {
   std::vector<Bucket> buckets_;
   std::vector<char> ready_;            // per parameter in params_, this step
   size_t next_to_launch_ = 0;          // buckets [0, next_to_launch_) are launched this step
-  bool in_step_ = false;
+  bool in_step_ = false;               // a backward outside no_sync() ran, finish not called yet
+  int no_sync_depth_ = 0;              // live NoSyncGuards
+  bool accumulated_locally_ = false;   // a gradient arrived under no_sync() since the last synchronization
+  CommHook hook_;
+  std::string hook_name_;
+  std::atomic<int64_t> wire_bytes_total_{0};
+  BucketOrder order_;
+  bool rebuilt_ = false;
+  std::vector<size_t> arrival_;        // parameters in the order their gradients were ready (first step)
   std::vector<LaunchRecord> launches_;
   std::atomic<int64_t> launched_total_{0};
 

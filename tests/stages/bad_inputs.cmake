@@ -52,6 +52,18 @@ foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed sta
   dp_bad_input(${prog}_batch_not_divisible 2 "cannot be split" ${LAUNCH} --nproc 2 -- $<TARGET_FILE:${prog}> --bench --batch 3)
 endforeach()
 dp_bad_input(stage05_zero_cap 2 "caps" $<TARGET_FILE:stage05_bucketed> --caps 0)
+# Gradient accumulation needs at least one micro-batch; a communication hook must exist and the backend
+# must sum its dtype (Gloo in LibTorch 1.13 has no bf16 collectives; 2.x has).
+dp_bad_input(stage05_accumulate_zero 2 "--accumulate: '0' must be a positive integer"
+  $<TARGET_FILE:stage05_bucketed> --accumulate 0)
+dp_bad_input(stage05_unknown_comm_hook 2 "unknown communication hook 'int8': use allreduce, fp16 or bf16"
+  $<TARGET_FILE:stage05_bucketed> --comm-hook int8)
+dp_bad_input(stage05_unknown_bucket_order 2 "--bucket-order: sideways not in .reverse,arrival."
+  $<TARGET_FILE:stage05_bucketed> --bucket-order sideways)
+if(DP_TORCH_VERSION_MAJOR LESS 2)
+  dp_bad_input(stage05_bf16_hook_on_gloo 2 "gloo backend of this LibTorch .* cannot all-reduce bf16 tensors.*use --comm-hook allreduce or fp16"
+    $<TARGET_FILE:stage05_bucketed> --comm-hook bf16)
+endif()
 dp_bad_input(stage06_unknown_design 2 "unknown design 'zero2': use cs336 .* zero1 .* or both"
   $<TARGET_FILE:stage06_sharded_opt> --design zero2)
 # Whole replicas of the 970 M-parameter `large` preset (about 16 B per parameter on every rank, plus the

@@ -43,3 +43,13 @@ struct Bucketed {
     return std::make_unique<Sync>(pg, std::move(m), kCapMb);
   }
 };
+
+/// Stage 05 with buckets rebuilt in gradient-arrival order after the first step (BucketOrder::arrival).
+template <int kCapBytes>
+struct BucketedArrival {
+  using Sync = dp::BucketedDdp;
+  static constexpr double kCapMb = kCapBytes / 1e6;
+  static std::unique_ptr<Sync> make(dp::ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) {
+    return std::make_unique<Sync>(pg, std::move(m), kCapMb, dp::BucketOrder::arrival);
+  }
+};

@@ -48,8 +48,9 @@ class GradSyncContract : public ::testing::Test {
 // Every DDP variant of stages 02-05; stage 05 at the three bucket caps of CS336's tests (0.0016, 0.0001
 // and 0.01 MB: 3, 3 and 1 buckets for ToyModel, 4, 4 and 1 for the tied model), and at 0.0005 MB, where
 // the MLP's tensors fill 4 buckets of 1 to 3 tensors.
-using Variants =
-    ::testing::Types<Naive, Flat, Overlap, Bucketed<1600>, Bucketed<100>, Bucketed<10000>, Bucketed<500>>;
+// BucketedArrival<500>: the same, rebuilt in arrival order after the first of the 5 steps.
+using Variants = ::testing::Types<Naive, Flat, Overlap, Bucketed<1600>, Bucketed<100>, Bucketed<10000>,
+                                  Bucketed<500>, BucketedArrival<500>>;
 TYPED_TEST_SUITE(GradSyncContract, Variants);
 
 // World 4 splits CS336's 20 rows into 5 per rank and the MLP's 100 into 25 (the checks refuse a world

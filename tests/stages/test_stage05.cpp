@@ -25,7 +25,7 @@
 
 namespace {
 
-using namespace dp::testing;  // run_ranks, make_seeded, rng_mutex, same_on_all_ranks
+using namespace dp::testing;  // run_ranks, make_seeded, rng_mutex, same_on_all_ranks, OutOfOrderImpl
 using dp::assign_buckets;
 using dp::BucketedDdp;
 using dp::ProcessGroup;
@@ -53,19 +53,6 @@ std::vector<std::vector<std::string>> names_of(const torch::nn::Module& m, const
   }
   return out;
 }
-
-// `late` is registered after `early` but used before it in forward, so its gradient is ready last:
-// with one parameter per bucket, bucket 0 (late) completes after bucket 1 (early).
-// `unused` (registered first, so in the last bucket) is never used in forward.
-struct OutOfOrderImpl : torch::nn::Module {
-  OutOfOrderImpl() {
-    unused = register_parameter("unused", torch::ones({3}));
-    early = register_parameter("early", torch::randn({dp::kToyIn, dp::kToyOut}));
-    late = register_parameter("late", torch::randn({dp::kToyIn, dp::kToyIn}));
-  }
-  torch::Tensor forward(torch::Tensor x) { return torch::matmul(torch::matmul(x, late), early); }
-  torch::Tensor unused, early, late;
-};
 
 // ================================ assign_buckets (no ranks) ========================================
 

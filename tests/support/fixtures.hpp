@@ -24,6 +24,20 @@ LocalMlp make_local(int rank);
 /// without touching a model that a DDP variant is synchronizing.
 std::shared_ptr<ToyMLPImpl> copy_of(const ToyMLPImpl& src);
 
+/// Gradients ready out of registration order. `late` is registered after `early` but used before it in
+/// forward, so its gradient is ready last: with one parameter per bucket in reverse registration order,
+/// bucket 0 (late) completes after bucket 1 (early). `unused` (registered first, so in the last bucket)
+/// is never used in forward. x: [N, 10] -> [N, 5].
+struct OutOfOrderImpl : torch::nn::Module {
+  OutOfOrderImpl() {
+    unused = register_parameter("unused", torch::ones({3}));
+    early = register_parameter("early", torch::randn({kToyIn, kToyOut}));
+    late = register_parameter("late", torch::randn({kToyIn, kToyIn}));
+  }
+  torch::Tensor forward(torch::Tensor x) { return torch::matmul(torch::matmul(x, late), early); }
+  torch::Tensor unused, early, late;
+};
+
 /// A default-constructed module M whose parameters come from torch's global RNG seeded with `seed`
 /// (holding rng_mutex(), so that threads as ranks do not interleave).
 template <typename M>

@@ -1,0 +1,234 @@
+// Stage 05's gradient accumulation (BucketedDdp::no_sync()). K micro-batches of B rows per rank, the first
+// K-1 backward passes inside the guard, each mean loss divided by K, must train exactly like one process
+// stepping on all K * B * W rows at once: SGD and AdamW, 2 and 4 ranks, K = 1, 2, 4, on CS336's toy and
+// tied models and on a small Transformer. Then what the guard does and refuses. Ranks are threads.
+#include "common/ddp_check.hpp"
+#include "common/models.hpp"
+#include "common/runtime.hpp"
+#include "common/transformer.hpp"
+#include "tests/stages/ddp_variants.hpp"
+#include "tests/support/fixtures.hpp"
+#include "tests/support/ranks.hpp"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using dp::BucketedDdp;
+using dp::ProcessGroup;
+using dp::testing::make_local;
+using dp::testing::rng_mutex;
+using dp::testing::run_ranks;
+using dp::testing::same_on_all_ranks;
+
+constexpr int kSteps = 3;
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, std::vector<torch::Tensor> params) {
+  if (kind == "adamw")
+    return std::make_unique<torch::optim::AdamW>(std::move(params),
+                                                 torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+
+// One training problem: a reference model, a replica with the same values, the global batches of every
+// step (rows along dim 0) and the mean loss of a model on some rows.
+struct Problem {
+  std::shared_ptr<torch::nn::Module> ref, ddp;
+  std::vector<torch::Tensor> inputs, targets;  // per step: [N, ...]
+  std::function<torch::Tensor(torch::nn::Module&, const torch::Tensor&, const torch::Tensor&)> loss;
+  double atol = 1e-6;  // besides rtol 1e-5; with AdamW at least kAdamWAtol
+};
+
+// AdamW moves an element by about lr * g / (|g| + eps) whatever the size of g: where a gradient is tiny (an
+// embedding row of a rare token, a nearly cancelled sum), float rounding of g, which any other split of the
+// batch gives, changes the step visibly. Measured on the Transformer: 7.2e-6 already with K = 1 (no
+// accumulation, plain DDP) against one process. 2e-5 is 0.2% of one AdamW step at lr 1e-2. (SGD keeps the
+// tight 1e-6: it is also the optimizer that would notice a wrong 1/K, which AdamW's scale invariance hides.)
+constexpr double kAdamWAtol = 2e-5;
+
+// CS336's models: N = 32 rows of rand(10) -> rand(5) per step, MSE averaged over rows and outputs.
+Problem toy_problem(const std::string& name) {
+  std::lock_guard<std::mutex> lock(rng_mutex());
+  torch::manual_seed(42);
+  Problem p;
+  auto ref = dp::make_toy_model(name);
+  auto ddp = dp::make_toy_model(name);
+  dp::copy_parameters(*ddp, *ref);
+  p.ref = ref, p.ddp = ddp;
+  for (int s = 0; s < kSteps; ++s) p.inputs.push_back(torch::rand({32, dp::kToyIn})), p.targets.push_back(torch::rand({32, dp::kToyOut}));
+  p.loss = [](torch::nn::Module& m, const torch::Tensor& x, const torch::Tensor& y) {
+    return torch::mse_loss(static_cast<dp::ToyBase&>(m).forward(x), y);
+  };
+  return p;
+}
+
+// A 2-layer Transformer (d_model 16, vocabulary 64): N = 16 sequences of 8 tokens per step, the mean
+// cross-entropy over every token (each micro-batch has the same number of tokens, so means of means are
+// the mean).
+Problem transformer_problem() {
+  dp::TransformerConfig cfg;
+  cfg.vocab_size = 64, cfg.context_length = 8, cfg.d_model = 16, cfg.d_ff = 32, cfg.num_layers = 2, cfg.num_heads = 2;
+  std::lock_guard<std::mutex> lock(rng_mutex());
+  torch::manual_seed(7);
+  Problem p;
+  auto ref = dp::TransformerLM(cfg);
+  auto ddp = dp::TransformerLM(cfg);
+  dp::copy_parameters(*ddp, *ref);
+  p.ref = ref.ptr(), p.ddp = ddp.ptr();
+  for (int s = 0; s < kSteps; ++s) {
+    auto tokens = torch::randint(0, cfg.vocab_size, {16, 9}, torch::kInt64);
+    p.inputs.push_back(tokens.narrow(1, 0, 8).contiguous());
+    p.targets.push_back(tokens.narrow(1, 1, 8).contiguous());
+  }
+  p.loss = [](torch::nn::Module& m, const torch::Tensor& x, const torch::Tensor& y) {
+    return dp::lm_loss(static_cast<dp::TransformerLMImpl&>(m).forward(x), y);
+  };
+  p.atol = 2e-5;  // for SGD too (not tightened: 3 steps at lr 0.1 on rounded embedding gradients)
+  return p;
+}
+
+// Every rank: K micro-batches of B = N / (K W) rows per step; micro-batch k of rank r is rows
+// [(k W + r) B, (k W + r + 1) B). Throws CheckFailed unless the replica equals the reference after every
+// step, and unless the guarded backward passes launched nothing.
+template <typename Variant>
+void accumulation_equals_one_process(ProcessGroup& pg, Problem p, const std::string& opt_kind, int K) {
+  const int W = pg.world_size(), r = pg.rank();
+  auto ddp = Variant::make(pg, p.ddp);
+  auto ref_opt = make_optimizer(opt_kind, dp::unique_parameters(*p.ref, true));
+  auto ddp_opt = make_optimizer(opt_kind, dp::unique_parameters(*p.ddp, true));
+  for (int s = 0; s < kSteps; ++s) {
+    // [accumulate]
+    const int64_t B = p.inputs[s].size(0) / (K * W);
+    auto rows = [&](const torch::Tensor& t, int k) { return t.narrow(0, (k * W + r) * B, B); };
+    ddp->on_train_batch_start();
+    ddp_opt->zero_grad();
+    const int64_t launched_before = ddp->launched_count();
+    {
+      auto guard = ddp->no_sync();  // micro-batches 0 .. K-2: local accumulation only
+      for (int k = 0; k + 1 < K; ++k) (p.loss(*p.ddp, rows(p.inputs[s], k), rows(p.targets[s], k)) / K).backward();
+    }
+    if (ddp->launched_count() != launched_before) throw dp::CheckFailed("a backward inside no_sync() communicated");
+    (p.loss(*p.ddp, rows(p.inputs[s], K - 1), rows(p.targets[s], K - 1)) / K).backward();  // synchronizes
+    ddp->finish_gradient_synchronization();
+    ddp_opt->step();
+    // [accumulate]
+    if (ddp->launched_count() - launched_before != ddp->calls_per_step())
+      throw dp::CheckFailed("the backward after the guard did not launch every bucket once");
+
+    ref_opt->zero_grad();
+    p.loss(*p.ref, p.inputs[s], p.targets[s]).backward();
+    ref_opt->step();
+    const auto a = dp::unique_named_parameters(*p.ref), b = dp::unique_named_parameters(*p.ddp);
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!torch::allclose(a[i].second, b[i].second, 1e-5, opt_kind == "adamw" ? std::max(p.atol, kAdamWAtol) : p.atol))
+        throw dp::CheckFailed(fmt::format("{}, {} ranks, K = {}, step {}: {} differs from one process by {:.3g} "
+                                          "(largest value {:.3g})", opt_kind, W, K, s, a[i].first,
+                                          (a[i].second - b[i].second).abs().max().item<double>(),
+                                          a[i].second.abs().max().item<double>()));
+    if (!dp::parameters_identical_across_ranks(pg, *p.ddp)) throw dp::CheckFailed("ranks disagree");
+  }
+}
+
+template <typename Variant>
+class AccumulationContract : public ::testing::Test {};
+// One gradient tensor per bucket (100 B) and everything in few buckets (10 kB).
+using AccumulatingVariants = ::testing::Types<Bucketed<100>, Bucketed<10000>>;
+TYPED_TEST_SUITE(AccumulationContract, AccumulatingVariants);
+
+TYPED_TEST(AccumulationContract, Cs336ModelsEqualOneProcess) {
+  for (const char* model : {"toy", "tied"})
+    for (const char* opt : {"sgd", "adamw"})
+      for (int world : {2, 4})
+        for (int K : {1, 2, 4}) {
+          SCOPED_TRACE(::testing::Message() << model << ", " << opt << ", " << world << " ranks, K = " << K);
+          run_ranks(world, [&](ProcessGroup& pg) {
+            accumulation_equals_one_process<TypeParam>(pg, toy_problem(model), opt, K);
+          });
+        }
+}
+
+TYPED_TEST(AccumulationContract, TransformerEqualsOneProcess) {
+  for (const char* opt : {"sgd", "adamw"})
+    for (int world : {2, 4})
+      for (int K : {1, 2, 4}) {
+        SCOPED_TRACE(::testing::Message() << opt << ", " << world << " ranks, K = " << K);
+        run_ranks(world, [&](ProcessGroup& pg) {
+          accumulation_equals_one_process<TypeParam>(pg, transformer_problem(), opt, K);
+        });
+      }
+}
+
+// ---- What the guard does and refuses (toy MLP, different on every rank) --------------------------------
+
+// Inside the guard: no launch, finish does nothing, .grad() stays each rank's own. After it, finish alone
+// (no backward outside the guard) still sends the accumulated sum.
+TEST(NoSync, GradientsStayLocalThenFinishSendsTheSum) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto [model, x] = make_local(pg.rank());
+    BucketedDdp ddp(pg, model, 0.0005);
+    {
+      auto guard = ddp.no_sync();
+      EXPECT_TRUE(ddp.in_no_sync());
+      model->forward(x).pow(2).mean().backward();
+      model->forward(2 * x).pow(2).mean().backward();
+      ddp.finish_gradient_synchronization();  // inside the guard: nothing to do
+      EXPECT_EQ(ddp.launched_count(), 0);
+    }
+    EXPECT_FALSE(ddp.in_no_sync());
+    auto local = model->fc1->weight.grad().clone();  // the sum of both backward passes, this rank's own
+    EXPECT_FALSE(same_on_all_ranks(pg, local));
+    ddp.finish_gradient_synchronization();
+    EXPECT_EQ(ddp.launched_count(), ddp.calls_per_step());
+    auto locals = pg.all_gather(local);
+    EXPECT_TRUE(torch::equal(model->fc1->weight.grad(), (locals[0] + locals[1]) / 2));
+    ddp.finish_gradient_synchronization();  // nothing left: a second call sends nothing
+    EXPECT_EQ(ddp.launched_count(), ddp.calls_per_step());
+  });
+}
+
+// A guard while buckets of an unfinished step may be on the wire is refused; a second backward outside
+// the guard still fails with the stage 04 message; guards nest and move.
+TEST(NoSync, MisuseIsRefused) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto [model, x] = make_local(pg.rank());
+    BucketedDdp ddp(pg, model, 0.0005);
+    model->forward(x).pow(2).mean().backward();  // outside any guard: buckets launched
+    try {
+      auto guard = ddp.no_sync();
+      ADD_FAILURE() << "no_sync() accepted an unfinished step";
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find("no_sync() while a synchronization is unfinished"), std::string::npos)
+          << e.what();
+    }
+    ddp.finish_gradient_synchronization();
+    {
+      auto outer = ddp.no_sync();
+      {
+        auto inner = ddp.no_sync();
+        auto moved = std::move(inner);
+      }
+      EXPECT_TRUE(ddp.in_no_sync());  // the outer guard still lives
+      model->forward(x).pow(2).mean().backward();
+    }
+    model->forward(x).pow(2).mean().backward();  // synchronizes the accumulated sum
+    try {
+      model->forward(x).pow(2).mean().backward();
+      ADD_FAILURE() << "a second backward outside the guard was accepted";
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find(dp::kBackwardTwiceMessage), std::string::npos) << e.what();
+    }
+    ddp.finish_gradient_synchronization();
+    EXPECT_TRUE(same_on_all_ranks(pg, model->fc1->weight.grad()));
+  });
+}
+
+}  // namespace
