@@ -89,7 +89,19 @@ for part in $parts; do
         --json $R/stage07_small_1gbit.json --trace $R/stage07_small_1gbit.trace.json
     net $L --nproc 2 --net 1gbit -- $B/stage07_fsdp --bench --preset small --context 128 --warmup 1 --steps 6 \
         --compute-dtype bf16 --json $R/stage07_small_1gbit_bf16.json
-    [ -f $R/stage07_small_1gbit.trace.json ] && gzip -9f $R/stage07_small_1gbit.trace.json
+    net $L --nproc 2 --net 10gbit -- $B/stage07_fsdp --bench --preset small --context 128 --warmup 1 --steps 6 \
+        --json $R/stage07_small_10gbit.json --trace $R/stage07_small_10gbit.trace.json
+    # CS336 fsdp_accounting (b): did each gather finish before its unit's forward began? From the traces.
+    files=()
+    for rate in 1gbit 10gbit; do
+      if [ -f $R/stage07_small_$rate.trace.json ]; then
+        $PY scripts/gather_in_time.py $R/stage07_small_$rate.trace.json $R/stage07_small_$rate.json \
+            --json $R/git_$rate.json
+        files+=($R/git_$rate.json)
+        gzip -9f $R/stage07_small_$rate.trace.json
+      fi
+    done
+    [ ${#files[@]} -gt 0 ] && $PY scripts/merge_results.py $R/stage07_gather_in_time.json "${files[@]}" && rm -f "${files[@]}"
     # 970 M parameters: DDP would need ~31 GB for 2 ranks here, FSDP ~8 GB per rank.
     $L --nproc 2 -- $B/stage07_fsdp --bench --preset large --context 32 --batch 2 --warmup 0 --steps 2 \
         --variants fsdp --reshard-after-forward true --json $R/stage07_large.json ;;
@@ -98,7 +110,7 @@ for part in $parts; do
 done
 
 for f in $R/*.json; do
-  case $f in *.trace.json|*/torch_compare.json) continue ;; esac
+  case $f in *.trace.json|*/torch_compare.json|*/stage07_gather_in_time.json) continue ;; esac
   $PY scripts/plot.py "$f"
 done
 $PY scripts/make_tables.py

@@ -122,13 +122,24 @@ COLUMNS = {
                ("peak_rss_before_step_MB", "before step (MB)", "{:.0f}"),
                ("peak_rss_after_step_MB", "after step (MB)", "{:.0f}"), ("buffer_MB", "ZeRO-1 buffers (MB)", "{:.1f}"),
                ("sent_MB_per_step", "sent per rank per step (MB)", "{:.1f}"), ("step_median_s", "step (s)", "{:.3f}")],
-    "fsdp": [("variant", "variant", "{}"), ("world_size", "ranks", "{}"), ("preset", "preset", "{}"),
+    "gather_in_time": [("variant", "variant", "{}"), ("link", "link", "{}"), ("preset", "preset", "{}"),
+                       ("world_size", "ranks", "{}"), ("units_checked", "unit forwards checked", "{}"),
+                       ("in_time", "weights already gathered", "{}"), ("median_wait_ms", "median wait (ms)", "{:.1f}"),
+                       ("wait_per_step_ms", "waiting per step (ms)", "{:.0f}"),
+                       ("forward_per_step_ms", "forward per step (ms)", "{:.0f}")],
+    "fsdp": [("variant", "variant", "{}"), ("world_size", "ranks", "{}"), ("link", "link", "{}"), ("preset", "preset", "{}"),
              ("compute_dtype", "compute", "{}"), ("param_MB", "params (MB)", "{:.1f}"), ("grad_MB", "grads (MB)", "{:.1f}"),
              ("state_MB", "AdamW state (MB)", "{:.1f}"), ("total_MB", "total (MB)", "{:.1f}"),
              ("expected_MB", "16P or 16P/N (MB)", "{:.1f}"), ("gathered_peak_MB", "gathered, peak (MB)", "{:.1f}"),
              ("peak_rss_MB", "peak RSS (MB)", "rss"), ("sent_MB_per_step", "sent per rank per step (MB)", "{:.1f}"),
              ("step_s", "step (s), median [95% CI]", "ci"), ("ratio", "step / first variant's [95% CI]", "ci")],
 }
+
+
+# Files whose table shows fewer columns than their benchmark's: stage 07's memory runs time 2 steps of one
+# variant per process, so their step times and ratios say nothing; the large run shows its step time.
+_MEM = COLUMNS["fsdp"][:12]
+COLUMNS_BY_FILE = {"stage07_memory": _MEM, "stage07_large": _MEM + [("step_median_s", "step (s), median of 2", "{:.1f}")]}
 
 
 def cell(row, key, fmt):
@@ -147,7 +158,10 @@ def cell(row, key, fmt):
 def table(name):
     doc = json.loads((RESULTS / f"{name}.json").read_text())
     kind = doc["benchmark"].split(":")[0]
-    lines, notes = ddp_table(doc) if kind not in COLUMNS else plain_table(doc, COLUMNS[kind])
+    if name in COLUMNS_BY_FILE:
+        lines, notes = plain_table(doc, COLUMNS_BY_FILE[name])
+    else:
+        lines, notes = ddp_table(doc) if kind not in COLUMNS else plain_table(doc, COLUMNS[kind])
     # Each row carries the command and machine it came from (older files: the file's own).
     cmds, machines = [], []
     for r in doc["rows"]:

@@ -6,6 +6,7 @@
 
 #include "common/memory.hpp"
 #include "common/models.hpp"
+#include "common/results.hpp"
 #include "common/runtime.hpp"
 #include "common/timing.hpp"
 #include "common/trace.hpp"
@@ -165,7 +166,8 @@ void run_benchmark(ProcessGroup& pg, const Stage07Options& o, Results& results) 
     for (size_t k = 0; k < per_round.size(); ++k) ratio.push_back(per_round[k] / first[k]);
     const Stats st = summarize(per_round), rt = summarize(ratio);
     const double sent = t->ddp ? 2.0 * (W - 1) / W * 4 * P : t->sent_per_step;
-    results.add({{"variant", t->name}, {"vs", ts.front()->name}, {"world_size", W}, {"preset", o.cfg.preset},
+    results.add({{"variant", t->name}, {"vs", ts.front()->name}, {"world_size", W}, {"link", link_description()},
+                 {"preset", o.cfg.preset},
                  {"context", o.cfg.context}, {"batch", o.cfg.global_batch}, {"params", mcfg.num_parameters()},
                  {"compute_dtype", t->fsdp ? dtype_name(o.compute_dtype) : "float32"},
                  {"param_MB", max_all(t->bytes.params) / 1e6}, {"grad_MB", max_all(t->bytes.grads) / 1e6},

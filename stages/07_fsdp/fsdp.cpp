@@ -139,7 +139,7 @@ void Fsdp::launch_gather(size_t u) {
     U.send = chunk.to(opts_.compute_dtype);
     chunk = U.send.view(torch::kUInt8), flat = flat.view(torch::kUInt8);
   }
-  U.gather = all_gather_flat_async(pg_, chunk, flat, fmt::format("unit {}", u));
+  U.gather = all_gather_flat_async(pg_, chunk, flat, fmt::format("gather unit {}", u));
   U.state = State::in_flight;
   ++gathers_;
   sent_bytes_ += ring_share() * static_cast<double>(U.full.nbytes());
@@ -158,14 +158,14 @@ void Fsdp::wait_gathered(size_t u) {
 
 torch::Tensor Fsdp::run_unit(size_t u, const std::function<torch::Tensor()>& body) {
   if (u >= units_.size()) throw std::invalid_argument(fmt::format("Fsdp: unit {} of {}", u, units_.size()));
-  launch_gather(u);
-  // Prefetch: the next unit's gather runs while this one computes. (CS336: start gathering a layer once
-  // the layer two before it has finished its forward; u + 1 is launched right after u - 1 finished.)
-  if (u + 1 < units_.size()) launch_gather(u + 1);
-  wait_gathered(u);
   torch::Tensor y;
   {
-    trace::Span span("forward unit", {{"unit", u}});
+    trace::Span span("forward unit", {{"unit", u}});  // from when compute reached u: waiting counts
+    launch_gather(u);
+    // Prefetch: the next unit's gather runs while this one computes. (CS336: start gathering a layer once
+    // the layer two before it has finished its forward; u + 1 is launched right after u - 1 finished.)
+    if (u + 1 < units_.size()) launch_gather(u + 1);
+    wait_gathered(u);
     y = body();
   }
   // Backward reaches this unit when y's gradient is complete: gather again then (if freed), first.
@@ -198,8 +198,10 @@ void Fsdp::on_gradient_ready(size_t h) {
 // [reduce_scatter]
 void Fsdp::launch_reduce_scatter(size_t u) {
   Unit& U = units_[u];
-  // At most one unit's full-size fp32 gradient in flight besides this one: finish the previous first.
-  if (!scatter_order_.empty()) complete_reduce_scatter(scatter_order_.back());
+  // At most kReduceScattersInFlight units' full-size fp32 gradients in flight: complete the oldest first.
+  // More would keep the link busier while backward waits less, and cost one unit's gradient each.
+  while (scatter_order_.size() - scatters_done_ >= kReduceScattersInFlight)
+    complete_reduce_scatter(scatter_order_[scatters_done_++]);
   torch::NoGradGuard no_grad;
   U.grad_flat = torch::zeros({U.layout.padded}, U.shard.options().requires_grad(false));
   for (size_t i = 0; i < U.sharded.size(); ++i) {
@@ -208,7 +210,8 @@ void Fsdp::launch_reduce_scatter(size_t u) {
     p.mutable_grad() = torch::Tensor();  // the full-size gradient is not kept
   }
   free_full(u);  // the unit's backward is over: its weights are not needed until the next forward
-  U.rs = reduce_scatter_async(pg_, U.grad_flat, U.grad_shard, ReduceScatterAlgo::automatic, fmt::format("unit {}", u));
+  U.rs = reduce_scatter_async(pg_, U.grad_flat, U.grad_shard, ReduceScatterAlgo::automatic,
+                              fmt::format("reduce-scatter unit {}", u));
   U.scattered = true;
   scatter_order_.push_back(u);
   ++reduce_scatters_;
@@ -255,6 +258,7 @@ void Fsdp::finish_gradient_synchronization() {
     units_[u].ready = 0, units_[u].scattered = false;
   }
   scatter_order_.clear();
+  scatters_done_ = 0;
   std::fill(grad_seen_.begin(), grad_seen_.end(), 0);
 }
 

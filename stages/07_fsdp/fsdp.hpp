@@ -125,6 +125,8 @@ class Fsdp {
   std::vector<std::pair<size_t, size_t>> hooked_;  // hook index -> (unit, sharded index)
   std::vector<char> grad_seen_;                    // per hook index: gradient accumulated this backward
   std::vector<size_t> scatter_order_;              // units reduce-scattered this backward, in launch order
+  size_t scatters_done_ = 0;                       // scatter_order_[0, scatters_done_) are completed
+  static constexpr size_t kReduceScattersInFlight = 2;
   int64_t sharded_numel_ = 0, replicated_numel_ = 0;
   int64_t gathered_now_ = 0, gathered_peak_ = 0, gathers_ = 0, reduce_scatters_ = 0;
   double sent_bytes_ = 0;

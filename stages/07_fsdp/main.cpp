@@ -32,6 +32,8 @@
 #include "stages/07_fsdp/fsdp.hpp"
 #include "stages/07_fsdp/fsdp_check.hpp"
 
+#include <fmt/ranges.h>
+
 using namespace dp;
 
 // Every rank must pass: the verdict is gathered, so all ranks print and exit alike.
