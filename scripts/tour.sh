@@ -54,6 +54,6 @@ echo "==== summary (tiny Transformer, ${NPROC:-2} ranks, $link, this machine)"
 $PY scripts/tour_summary.py $out
 
 if [ $full = 1 ]; then
-  echo; echo "==== --full: regenerating every benchmark behind docs/ (about 35 minutes)"
+  echo; echo "==== --full: regenerating every benchmark behind docs/ (about 50 minutes)"
   bash scripts/bench_docs.sh
 fi
