@@ -83,7 +83,7 @@ Fsdp::Fsdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const Mod
   // [shard]
   std::vector<torch::Tensor> hooked;
   for (size_t u = 0; u < units_.size(); ++u)
-    for (size_t i = 0; i < units_[u].sharded.size(); ++i) hooked.push_back(units_[u].sharded[i]), hooked_.push_back({u, i});
+    for (size_t i = 0; i < units_[u].sharded.size(); ++i) hooked.push_back(units_[u].sharded[i]), unit_of_hook_.push_back(u);
   grad_seen_.assign(hooked.size(), 0);
   hooks_ = std::make_unique<AccumulateGradHooks>(
       hooked,
@@ -191,7 +191,7 @@ UnitRunner Fsdp::runner() {
 
 void Fsdp::on_gradient_ready(size_t h) {
   grad_seen_[h] = 1;
-  const size_t u = hooked_[h].first;
+  const size_t u = unit_of_hook_[h];
   if (++units_[u].ready == units_[u].sharded.size()) launch_reduce_scatter(u);
 }
 

@@ -122,7 +122,7 @@ class Fsdp {
   std::shared_ptr<torch::nn::Module> model_;
   FsdpOptions opts_;
   std::vector<Unit> units_;
-  std::vector<std::pair<size_t, size_t>> hooked_;  // hook index -> (unit, sharded index)
+  std::vector<size_t> unit_of_hook_;               // hook index -> its unit
   std::vector<char> grad_seen_;                    // per hook index: gradient accumulated this backward
   std::vector<size_t> scatter_order_;              // units reduce-scattered this backward, in launch order
   size_t scatters_done_ = 0;                       // scatter_order_[0, scatters_done_) are completed
