@@ -79,7 +79,7 @@ struct Trainee {
     if (sync) { trace::Span s("sync"); sync->after_backward(); }  // 02/03 communicate; 04/05 wait
     const double c = phase.seconds();
     phase.start();
-    { trace::Span s("optimizer"); opt->step(); }
+    if (!sync || !sync->steps_optimizer()) { trace::Span s("optimizer"); opt->step(); }  // else: inside sync
     const double o = phase.seconds();
     if (timed) step_s.push_back(step.seconds()), sync_s.push_back(c), fwd_s.push_back(f), bwd_s.push_back(b),
                opt_s.push_back(o);

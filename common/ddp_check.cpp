@@ -72,7 +72,7 @@ void train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_pt
     auto x = s.x.narrow(0, pg.rank() * local, local), y = s.y.narrow(0, pg.rank() * local, local);
     torch::mse_loss(ddp_model->forward(x), y).backward();
     sync.after_backward();
-    ddp_opt.step();
+    if (!sync.steps_optimizer()) ddp_opt.step();  // else after_backward() stepped (an SGD at s.lr of its own)
 
     std::string problem;
     for (size_t i = 0; i < ddp_params.size() && problem.empty(); ++i) {

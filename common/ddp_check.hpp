@@ -22,7 +22,8 @@ bool parameters_identical_across_ranks(ProcessGroup& pg, torch::nn::Module& modu
 /// construction every rank other than 0 must hold rank 0's values instead of its own (frozen parameters
 /// too; a parameter initialised to a constant, the same under every seed, cannot show it and is not
 /// asked to). Then 20x10 inputs and 20x5 targets, 10 rows per rank at W = 2 (20/W in general), MSE,
-/// SGD lr 0.1, `steps` steps with a fresh shuffle each step. After every step the DDP model must equal
+/// SGD lr 0.1, `steps` steps with a fresh shuffle each step (a GradSync that steps_optimizer() must step
+/// such an SGD itself). After every step the DDP model must equal
 /// single-process training on all rows (rtol 1e-5, atol 1e-8), frozen parameters must not move, and
 /// all ranks must agree. Throws dp::CheckFailed naming the step and parameter.
 void check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const MakeGradSync& make,

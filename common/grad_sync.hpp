@@ -38,6 +38,10 @@ class GradSync {
   virtual void after_backward() = 0;
   /// Collectives this variant issues per training step (for benchmark tables).
   virtual int64_t calls_per_step() const = 0;
+  /// True when after_backward() also applies the optimizer (stage 05's overlap_optimizer(): each bucket's
+  /// parameters are stepped as soon as that bucket arrived). The training loop must then not call
+  /// opt.step() itself; zero_grad() stays its job.
+  virtual bool steps_optimizer() const { return false; }
 };
 
 /// Builds a stage's GradSync for `model` on every rank. The result must make every rank start from

@@ -49,7 +49,7 @@ def draw_panel(ax, steps, t0, op_colour, lanes_y):
     for s in steps:
         y = lanes_y[s.rank]  # compute lane at y, communication lane at y - 1
         ax.barh(y, s.dur / 1e3, left=(s.ts - t0) / 1e3, height=0.8, color="#E8E8E8", zorder=1)
-        for p in s.phases:
+        for p in sorted(s.phases, key=lambda p: -p.dur):  # longest first: spans nested in sync stay visible
             ax.barh(y, p.dur / 1e3, left=(p.ts - t0) / 1e3, height=0.6, color=PHASE_COLOURS.get(p.name, "k"),
                     zorder=2)
         ticks = [(i.ts - t0) / 1e3 for i in s.instants if "ready" in i.name]

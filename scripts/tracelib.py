@@ -109,6 +109,9 @@ def load(path):
         elif ev["ph"] == "i":
             step.instants.append(span)
         else:
+            if span.name.startswith("optimizer bucket"):  # stage 05 --overlap-optimizer: one per bucket, inside sync
+                span.args = dict(span.args, bucket=span.name[len("optimizer bucket "):])
+                span.name = "optimizer"
             step.phases.append(span)
     return t
 

@@ -121,6 +121,16 @@ void BucketedDdp::register_comm_hook(CommHook hook, std::string name) {
   hook_name_ = std::move(name);
 }
 
+void BucketedDdp::overlap_optimizer(ParamOptimizerFactory make) {
+  if (!make) throw std::logic_error("BucketedDdp::overlap_optimizer: empty factory");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_step_)
+    throw std::logic_error("BucketedDdp::overlap_optimizer: buckets are in flight; call it between steps");
+  optimizers_.clear();
+  optimizers_.resize(params_.size());
+  for (size_t i : hooked_) optimizers_[i] = make({params_[i]});
+}
+
 std::string BucketedDdp::comm_hook_name() const {
   std::lock_guard<std::mutex> lock(mu_);
   return hook_name_;
@@ -214,7 +224,8 @@ void BucketedDdp::finish_gradient_synchronization() {
     }
   launch_complete_buckets_in_order(/*during_backward=*/false);
 
-  for (auto& b : buckets_) {
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    Bucket& b = buckets_[bi];
     b.work.wait();  // then the hook's last part: the bucket holds the average (allreduce_hook: sum / world)
     for (size_t i : b.params) {
       const Slot& s = slots_[i];
@@ -224,6 +235,16 @@ void BucketedDdp::finish_gradient_synchronization() {
       else
         params_[i].mutable_grad() = averaged.clone();
     }
+    // [overlap optimizer]
+    // This bucket's gradients are final: step its parameters now, while the buckets after it are still
+    // on the wire (Gloo's threads move them; this thread computes). One step after the last bucket would
+    // add the whole optimizer time to the step; here only the last bucket's share stays after the wire.
+    if (!optimizers_.empty()) {
+      trace::Span span(fmt::format("optimizer bucket {}", bi));
+      torch::NoGradGuard no_grad;
+      for (size_t i : b.params) optimizers_[i]->step();
+    }
+    // [overlap optimizer]
   }
   // [finish]
   // Reset the per-step state here rather than only in on_train_batch_start(), so that a loop that never

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,6 +32,10 @@ enum class BucketOrder {
   arrival,
 };
 
+/// Builds the optimizer of one parameter, for BucketedDdp::overlap_optimizer(); called once per trainable
+/// parameter with a one-element vector.
+using ParamOptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+
 /// Data parallelism with gradient buckets launched from autograd hooks, in bucket order.
 ///
 /// Usage, on every rank (the same loop as OverlapDdp):
@@ -47,6 +52,11 @@ enum class BucketOrder {
 /// With a mean-reduced loss over B rows per micro-batch, dividing each loss by K makes the synchronized
 /// gradient the gradient of the mean over all K * B * world rows: the step of one process on the whole
 /// batch.
+///
+/// The optimizer overlapped with communication (PyTorch 2.x's "optimizer in backward"):
+///   ddp.overlap_optimizer([](std::vector<torch::Tensor> p) { return std::make_unique<torch::optim::AdamW>(p); });
+///   loop: ddp.on_train_batch_start(); model->zero_grad(); loss.backward(); ddp.finish_gradient_synchronization();
+/// and no opt.step(): finish steps each bucket's parameters as soon as that bucket arrived.
 class BucketedDdp : public GradSync {
  public:
   /// While a NoSyncGuard lives, backward only accumulates into .grad() (plain autograd): the hooks
@@ -110,6 +120,22 @@ class BucketedDdp : public GradSync {
   void register_comm_hook(CommHook hook, std::string name);
   /// Name given to the current hook ("allreduce" by default).
   std::string comm_hook_name() const;
+  /// Applies the optimizer inside finish_gradient_synchronization(), bucket by bucket: once bucket b's
+  /// average is back in its parameters' .grad(), their optimizers step while buckets b+1, b+2, ... are
+  /// still on the wire, instead of one optimizer step after the last bucket arrived. `make` builds one
+  /// optimizer per trainable parameter, so that a rebuild of the buckets (BucketOrder::arrival) keeps
+  /// every optimizer state. The result is bit-identical to stepping one optimizer over all parameters
+  /// after finish, for any torch::optim optimizer whose update of a parameter reads only that parameter,
+  /// its gradient and its own state (SGD, Adam, AdamW, RMSprop, Adagrad: all of LibTorch's except LBFGS).
+  /// Nothing steps under no_sync(). Replaces earlier optimizers (their state is dropped); throws
+  /// std::logic_error in the middle of a step.
+  void overlap_optimizer(ParamOptimizerFactory make);
+  /// True once overlap_optimizer() was called: the training loop must not call opt.step().
+  bool steps_optimizer() const override { return !optimizers_.empty(); }
+  /// The per-parameter optimizers, indexed like parameters() (nullptr for frozen parameters): to change a
+  /// learning rate, change it in each.
+  const std::vector<std::unique_ptr<torch::optim::Optimizer>>& overlapped_optimizers() const { return optimizers_; }
+
   /// Bytes handed to collectives since construction, per rank (the hook's BucketWork::wire_bytes):
   /// with the fp16 hook, half of the default's.
   int64_t wire_bytes() const { return wire_bytes_total_.load(); }
@@ -176,6 +202,7 @@ class BucketedDdp : public GradSync {
   std::vector<size_t> arrival_;        // parameters in the order their gradients were ready (first step)
   std::vector<LaunchRecord> launches_;
   std::atomic<int64_t> launched_total_{0};
+  std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers_;  // per parameter; empty: not overlapped
 
   std::unique_ptr<AccumulateGradHooks> hooks_;  // last member: destroyed first
 };

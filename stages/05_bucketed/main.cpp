@@ -9,7 +9,9 @@
 // It also offers what users of PyTorch's DDP reach for: gradient accumulation (--accumulate K: K
 // micro-batches per optimizer step, the first K-1 under no_sync(), no communication) and communication
 // hooks (--comm-hook fp16: buckets all-reduced as float16, half the bytes on the wire), and buckets rebuilt
-// after the first step in the order gradients arrive (--bucket-order arrival, first bucket 1 MiB at most).
+// after the first step in the order gradients arrive (--bucket-order arrival, first bucket 1 MiB at most),
+// and the optimizer overlapped with communication (--overlap-optimizer: each bucket's parameters are stepped
+// as soon as that bucket arrived, while later ones are still on the wire).
 //
 // Run it:
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed                      # checks only
@@ -19,6 +21,8 @@
 //      python3 scripts/timeline.py t.json draws it)
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed --bench --preset tiny --accumulate 4 --comm-hook fp16
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed --bench --preset tiny --bucket-order arrival
+//   ./build/bin/ddp_launch --nproc 2 --net 1gbit -- ./build/bin/stage05_bucketed --bench --preset tiny
+//       --variants bucketed --caps 25 --overlap-optimizer both        (one line; --variants: only these rows)
 // Correct output: bucket assignments and PASS lines for caps 0.0016, 0.0001 and 0.01 MB; with --bench
 // the overhead model's prediction and one table: no communication, stages 02, 03, 04, and stage 05
 // at each cap in --caps, all measured in the same run, with overlap efficiency and the speed-up over
@@ -65,6 +69,36 @@ static void run_checks(ProcessGroup& pg, BucketOrder order) {
     }
   }
   // [checks]
+}
+
+// --overlap-optimizer: stepping AdamW bucket by bucket inside finish must give exactly (bitwise) what one
+// AdamW step after finish gives, since AdamW updates each parameter from its own gradient and state only.
+// A tiny Transformer, arrival-order buckets of 1 kB (many buckets, rebuilt after step 1), 3 steps.
+static void check_overlapped_optimizer(ProcessGroup& pg) {
+  // [check overlap]
+  TransformerConfig c;
+  c.vocab_size = 64, c.context_length = 8, c.d_model = 16, c.d_ff = 32, c.num_layers = 2, c.num_heads = 2;
+  const auto adamw = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
+  torch::manual_seed(3);
+  TransformerLM a(c), b(c);
+  copy_parameters(*b, *a);
+  BucketedDdp after(pg, a.ptr(), 0.001, BucketOrder::arrival), inside(pg, b.ptr(), 0.001, BucketOrder::arrival);
+  torch::optim::AdamW opt(unique_parameters(*a), adamw);
+  inside.overlap_optimizer([&](std::vector<torch::Tensor> p) { return std::make_unique<torch::optim::AdamW>(p, adamw); });
+  for (int64_t step = 0; step < 3; ++step) {
+    auto [gx, gy] = token_batch(2 * pg.world_size(), c.context_length, c.vocab_size, 99, step);
+    auto x = shard_rows(gx, pg.rank(), pg.world_size()), y = shard_rows(gy, pg.rank(), pg.world_size());
+    opt.zero_grad(), b->zero_grad();
+    lm_loss(a->forward(x), y).backward(), lm_loss(b->forward(x), y).backward();
+    after.finish_gradient_synchronization(), inside.finish_gradient_synchronization();
+    opt.step();  // `inside` has stepped already, bucket by bucket
+  }
+  const auto pa = unique_parameters(*a), pb = unique_parameters(*b);
+  for (size_t i = 0; i < pa.size(); ++i)
+    if (!torch::equal(pa[i], pb[i])) throw CheckFailed("optimizer overlapped: parameters differ from one AdamW step after finish");
+  // [check overlap]
+  print0("PASS optimizer overlapped with communication ({} buckets): bit-identical to one AdamW step after finish, "
+         "3 steps", inside.bucket_count());
 }
 
 // The overhead model: one all-reduce of b bytes takes about o + b / w. A 4 kB all-reduce is all
@@ -182,6 +216,14 @@ int main(int argc, char** argv) {
   cli.app().add_option("--bucket-order", order_name,
                        "reverse (reverse registration order, fixed) or arrival (rebuilt after the first step in the "
                        "order gradients arrive, first bucket 1 MiB at most)")->check(CLI::IsMember({"reverse", "arrival"}));
+  std::vector<std::string> names{"naive", "flat", "overlap", "bucketed"};
+  cli.app().add_option("--variants", names, "Which rows to benchmark besides no communication: naive, flat, overlap, "
+                       "bucketed (the stage 05 rows, one per cap)")
+      ->delimiter(',')->check(CLI::IsMember({"naive", "flat", "overlap", "bucketed"}));
+  std::string overlap_opt = "false";
+  cli.app().add_option("--overlap-optimizer", overlap_opt,
+                       "Stage 05 rows step AdamW bucket by bucket while later buckets are on the wire: false, true "
+                       "or both (a row of each)")->check(CLI::IsMember({"false", "true", "both"}));
   add_bench_options(cli.app(), cfg);
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
@@ -191,8 +233,12 @@ int main(int argc, char** argv) {
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
     if (bench) validate_bench_config(cfg, pg.world_size());  // fail fast on bad input
     make_comm_hook(hook, pg);  // bf16 on a backend without bf16 sums: exit 2 now, not after the checks
+    std::vector<bool> overlap_opt_choices;
+    if (overlap_opt != "true") overlap_opt_choices.push_back(false);
+    if (overlap_opt != "false") overlap_opt_choices.push_back(true);
     const BucketOrder order = order_name == "arrival" ? BucketOrder::arrival : BucketOrder::reverse_registration;
     run_checks(pg, order);
+    check_overlapped_optimizer(pg);
 
     if (bench) {
       const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
@@ -206,17 +252,25 @@ int main(int argc, char** argv) {
       print_bench_header(pg, cfg);
       Results results("stage05");
       // [bench]
-      std::vector<Variant> variants{{"naive (stage 02)", make<NaiveDdp>},
-                                    {"flat (stage 03)", make<FlatDdp>},
-                                    {"overlap (stage 04)", make<OverlapDdp>}};
-      for (double cap : caps)
-        variants.push_back({fmt::format("bucketed {:g} MB{}{} (stage 05)", cap, hook == "allreduce" ? "" : ", " + hook + " hook",
-                                        order == BucketOrder::arrival ? ", arrival order" : ""),
-                            [cap, hook, order](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod) -> std::unique_ptr<GradSync> {
-                              auto ddp = std::make_unique<BucketedDdp>(g, std::move(mod), cap, order);
-                              ddp->register_comm_hook(make_comm_hook(hook, g), hook);
-                              return ddp;
-                            }});
+      std::vector<Variant> variants;
+      auto wanted = [&](const char* v) { return std::find(names.begin(), names.end(), v) != names.end(); };
+      if (wanted("naive")) variants.push_back({"naive (stage 02)", make<NaiveDdp>});
+      if (wanted("flat")) variants.push_back({"flat (stage 03)", make<FlatDdp>});
+      if (wanted("overlap")) variants.push_back({"overlap (stage 04)", make<OverlapDdp>});
+      for (double cap : wanted("bucketed") ? caps : std::vector<double>{})
+        for (bool in_sync : overlap_opt_choices)
+          variants.push_back({fmt::format("bucketed {:g} MB{}{}{} (stage 05)", cap, hook == "allreduce" ? "" : ", " + hook + " hook",
+                                          order == BucketOrder::arrival ? ", arrival order" : "",
+                                          in_sync ? ", optimizer overlapped" : ""),
+                              [cap, hook, order, in_sync](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod) -> std::unique_ptr<GradSync> {
+                                auto ddp = std::make_unique<BucketedDdp>(g, std::move(mod), cap, order);
+                                ddp->register_comm_hook(make_comm_hook(hook, g), hook);
+                                if (in_sync)  // the benchmark's AdamW (lr 1e-4), one per parameter, stepped bucket by bucket
+                                  ddp->overlap_optimizer([](std::vector<torch::Tensor> p) {
+                                    return std::make_unique<torch::optim::AdamW>(std::move(p), torch::optim::AdamWOptions(1e-4));
+                                  });
+                                return ddp;
+                              }});
       record(results, bench_variants(pg, cfg, variants), cfg, pg.world_size());
       // [bench]
       results.meta["overhead_model"] = {{"o_s", m.o}, {"w_Bps", m.w}, {"grad_bytes", s},
@@ -224,6 +278,7 @@ int main(int argc, char** argv) {
       print0("\n{}", ddp_table(results));
       results.meta["comm_hook"] = hook;
       results.meta["bucket_order"] = order_name;
+      results.meta["overlap_optimizer"] = overlap_opt;
       if (accumulate > 1) results.meta["accumulation"] = bench_accumulation(pg, cfg, accumulate, caps.front(), hook, order);
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     }

@@ -60,6 +60,10 @@ dp_bad_input(stage05_unknown_comm_hook 2 "unknown communication hook 'int8': use
   $<TARGET_FILE:stage05_bucketed> --comm-hook int8)
 dp_bad_input(stage05_unknown_bucket_order 2 "--bucket-order: sideways not in .reverse,arrival."
   $<TARGET_FILE:stage05_bucketed> --bucket-order sideways)
+dp_bad_input(stage05_unknown_variant 2 "--variants: zero1 not in .naive,flat,overlap,bucketed."
+  $<TARGET_FILE:stage05_bucketed> --variants bucketed,zero1)
+dp_bad_input(stage05_overlap_optimizer_value 2 "--overlap-optimizer: maybe not in .false,true,both."
+  $<TARGET_FILE:stage05_bucketed> --overlap-optimizer maybe)
 if(DP_TORCH_VERSION_MAJOR LESS 2)
   dp_bad_input(stage05_bf16_hook_on_gloo 2 "gloo backend of this LibTorch .* cannot all-reduce bf16 tensors.*use --comm-hook allreduce or fp16"
     $<TARGET_FILE:stage05_bucketed> --comm-hook bf16)

@@ -161,7 +161,9 @@ TEST(BucketOrderArrival, TiedModelFollowsReadinessOrder) {
     EXPECT_EQ(order, (std::vector<std::string>{"fc5.weight", "fc3.weight", "fc2.weight", "fc1.weight"}));
     std::vector<std::string> flat;
     for (auto& b : bucket_names(ddp)) flat.insert(flat.end(), b.begin(), b.end());
-    if (pg.rank() == 0) EXPECT_EQ(flat, order);
+    if (pg.rank() == 0) {
+      EXPECT_EQ(flat, order);
+    }
     EXPECT_EQ(bucket_names(ddp).size(), 4u);  // 1000, 2000, 2000, 400 B at a 1600 B cap: one each
   });
 }
