@@ -2,16 +2,16 @@
 # Regenerates the benchmark results behind docs/ on this machine, then the plots, timelines and tables.
 # Every result file records the exact command (launcher included) and the machine, row by row.
 #
-#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp small zero fsdp (default: all of them)
+#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp features torch small zero fsdp (default: all)
 #
 # The DDP runs use the tiny Transformer with 10 timed steps: once over loopback (where Gloo's
 # communication is CPU work that competes with backward for the two cores) and on a simulated cluster
 # (ddp_launch --net: every rank in its own network namespace behind a 1 or 10 Gbit/s link), where
 # communication costs wall time as on a real one. --net needs root and iproute2; without them the net
-# runs are skipped with the reason. About 50 minutes on 2 cores (fsdp alone: about 15).
+# runs are skipped with the reason. About 95 minutes on 2 cores (fsdp alone: about 15, torch about 35).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-parts=${*:-allreduce ddp small zero fsdp}
+parts=${*:-allreduce ddp features torch small zero fsdp}
 R=docs/results
 mkdir -p $R
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -59,6 +59,48 @@ for part in $parts; do
           --title "one step of the tiny Transformer, 2 ranks, simulated 1 Gbit/s link"
       gzip -9f $R/stage05_tiny_1gbit.trace.json  # Perfetto opens .json.gz as it is
     fi ;;
+  features)
+    echo "== stage 05's features on simulated 1 and 10 Gbit/s links: hook x bucket order x optimizer placement in one run"
+    for rate in 1gbit 10gbit; do
+      tr=(); [ $rate = 1gbit ] && tr=(--trace $R/stage05_features_1gbit.trace.json)
+      net $L --nproc 2 --net $rate -- $B/stage05_bucketed $T --variants bucketed --caps 1,25 \
+          --comm-hook allreduce,fp16 --bucket-order reverse,arrival --overlap-optimizer both --accumulate 4 \
+          --json $R/stage05_features_$rate.json "${tr[@]}"
+    done
+    if [ -f $R/stage05_features_1gbit.trace.json ]; then
+      $PY scripts/timeline.py $R/stage05_features_1gbit.trace.json --variant "bucketed 1 MB, arrival order (stage 05)" \
+          --variant "bucketed 1 MB, arrival order, optimizer overlapped (stage 05)" -o $R/timeline_optimizer_overlap.png \
+          --title "tiny Transformer, 2 ranks, 1 Gbit/s: optimizer after the last bucket, and bucket by bucket"
+      $PY scripts/timeline.py $R/stage05_features_1gbit.trace.json --variant "bucketed 25 MB (stage 05)" \
+          --variant "bucketed 25 MB, arrival order (stage 05)" -o $R/timeline_bucket_order.png \
+          --title "tiny Transformer, 2 ranks, 1 Gbit/s, 25 MB buckets: reverse registration order, and arrival order"
+      gzip -9f $R/stage05_features_1gbit.trace.json
+    fi ;;
+  torch)
+    echo "== stage 05 against PyTorch's own DDP (scripts/torch_ddp.py), launch by launch on the same simulated link"
+    # Ours: 25 MiB buckets (PyTorch's default cap, in its unit) and 1 MB, each in reverse-registration and
+    # arrival order, optimizer after finish and overlapped; both sides again with fp16 hooks. About 35 minutes.
+    C=($PY scripts/compare_torch_ddp.py --preset tiny --rounds 5 --steps 8)
+    X=(--more-caps 1 "--our-extra=--bucket-order reverse,arrival --overlap-optimizer both")
+    if [ $net_ok = 1 ]; then
+      "${C[@]}" --net 1gbit --fp16 "${X[@]}" --json $R/torch_ddp_tiny_1gbit.json
+      "${C[@]}" --net 1gbit --world 4 "${X[@]}" --json $R/torch_ddp_tiny_1gbit_4r.json
+      "${C[@]}" --net 10gbit "${X[@]}" --json $R/torch_ddp_tiny_10gbit.json
+      # small (128.6M parameters): one stage 05 row per launch (two would not fit in memory together, and
+      # each would get its own baseline): the defaults, then arrival order with the optimizer overlapped.
+      S=($PY scripts/compare_torch_ddp.py --preset small --rounds 3 --warmup 1 --steps 3 --net 1gbit)
+      "${S[@]}" --json $R/torch_ddp_small_1gbit.json
+      "${S[@]}" "--our-extra=--bucket-order arrival --overlap-optimizer true" --json $R/torch_ddp_small_1gbit_best.json
+      # PyTorch 2.x on both sides: our build against the pip wheel (scripts/install_torch2.sh, cmake --preset torch2).
+      if [ -x build-venv/torch2/bin/python ] && [ -x build-torch2/bin/stage05_bucketed ]; then
+        "${C[@]}" --net 1gbit --fp16 "${X[@]}" --python build-venv/torch2/bin/python --our-bin build-torch2/bin \
+            --json $R/torch_ddp_tiny_1gbit_torch2.json
+      else
+        echo "(skipped: PyTorch 2.x comparison: needs build-venv/torch2 and build-torch2/bin; see README)"
+      fi
+    else
+      echo "(skipped: the PyTorch comparison runs on simulated links: root and iproute2)"
+    fi ;;
   small)
     echo "== stage 05, small Transformer (128.6M parameters) on the simulated 1 Gbit/s link"
     # A small step takes ~10 s here and every round runs 8 models: 5 timed steps keep this at ~15 minutes.
@@ -105,12 +147,12 @@ for part in $parts; do
     # 970 M parameters: DDP would need ~31 GB for 2 ranks here, FSDP ~8 GB per rank.
     $L --nproc 2 -- $B/stage07_fsdp --bench --preset large --context 32 --batch 2 --warmup 0 --steps 2 \
         --variants fsdp --reshard-after-forward true --json $R/stage07_large.json ;;
-  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, small, zero, fsdp)" >&2; exit 2 ;;
+  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, features, torch, small, zero, fsdp)" >&2; exit 2 ;;
   esac
 done
 
 for f in $R/*.json; do
-  case $f in *.trace.json|*/torch_compare.json|*/stage07_gather_in_time.json) continue ;; esac
+  case $f in *.trace.json|*/torch_compare.json|*/torch_ddp_*.json|*/stage07_gather_in_time.json) continue ;; esac
   $PY scripts/plot.py "$f"
 done
 $PY scripts/make_tables.py

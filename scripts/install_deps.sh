@@ -11,6 +11,7 @@ packages=(
   doxygen                          # the documentation site
   python3 python3-matplotlib python3-scipy   # plots, timelines and confidence intervals for the docs
   python3-venv                     # scripts/install_torch2.sh: the pip torch 2.x lives in a venv
+  python3-torch                    # PyTorch 1.13's own DDP and all_reduce, the peers of stages 01 and 05
   iproute2                         # ip and tc: ddp_launch --net builds a simulated network from them
   procps                           # pgrep, used by the tests to look for left-over processes
 )

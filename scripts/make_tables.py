@@ -87,8 +87,24 @@ def ddp_table(doc):
         if c:
             verdict = "faster" if c[2] < 1 else "slower" if c[1] > 1 else "no difference shown"
             said.append(f"{a} / {b} x{c[0]:.3f} [{c[1]:.3f}, {c[2]:.3f}], {verdict}")
+    # Stage 05's features, each alone against the plain row of the same cap (--comm-hook, --bucket-order,
+    # --overlap-optimizer lists), and the best row against the plain one.
+    for r in buck:
+        m = re.fullmatch(r"bucketed ([\d.]+) MB \(stage 05\)", r["variant"])
+        if not m:
+            continue
+        for feature in (", fp16 hook", ", arrival order", ", optimizer overlapped"):
+            other = f"bucketed {m.group(1)} MB{feature} (stage 05)"
+            c = compare(by[other], r) if other in by else None
+            if c:
+                verdict = "faster" if c[2] < 1 else "slower" if c[1] > 1 else "no difference shown"
+                said.append(f"{other} / plain x{c[0]:.3f} [{c[1]:.3f}, {c[2]:.3f}], {verdict}")
     if said:
         notes.append("Step against step, round by round (median and 95% CI): " + "; ".join(said) + ".")
+    for a in doc.get("accumulation", []):
+        notes.append(f"Gradient accumulation, K = {a['accumulate']} (micro-batches per AdamW step) of {rows[0].get('global_batch', '?')} "
+                     f"sequences each: step {a['step_s']:.3f} s, {1e3 * a['per_sequence_s']:.1f} ms per "
+                     f"sequence, {a['collectives_per_step']} collectives per step.")
     for r in rows:
         c = ci(r.get("ratio_samples", []))
         if c and c[2] < 1 and not r["variant"].startswith("no communication"):
@@ -99,6 +115,28 @@ def ddp_table(doc):
     if groups:
         notes.append("Variants that did not fit in memory together ran in groups, each with its own "
                      "no-communication baseline (the baseline column).")
+    return lines, notes
+
+
+def torch_ddp_table(doc):
+    """scripts/compare_torch_ddp.py: ours and PyTorch's DDP, alternated launch by launch (a round = one launch
+    of each); every ratio is taken round by round."""
+    head = ["variant", "step (s), median [95% CI]", "x PyTorch DDP [95% CI]", "x lower bound [95% CI]"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in doc["rows"]:
+        lines.append("| " + " | ".join([r["variant"], fmt_ci(r["round_medians_s"], "{:.3f}"),
+                                        fmt_ci(r["ratio_to_pytorch_ddp_samples"], "{:.3f}"),
+                                        fmt_ci(r["ratio_to_lower_bound_samples"], "{:.3f}")]) + " |")
+    lb, fw = doc["lower_bound"]["median"], doc["forward_ratio_ours_to_pytorch"]
+    c = doc["config"]
+    notes = [f"{c['preset']}, {c['world']} ranks, {'loopback' if c['net'] == 'none' else c['net'] + ' link per rank'}, "
+             f"{c['rounds']} rounds of {c['warmup']} + {c['steps']} steps per launch; bucket cap {c['cap']:g} MiB on both "
+             f"sides (ours given it in MB). Lower bound (medians): forward {lb['forward_s']:.3f} + max(backward "
+             f"{lb['backward_s']:.3f}, one flat all-reduce {lb['comm_s']:.3f}) + optimizer {lb['optimizer_s']:.3f} = "
+             f"{lb['bound_s']:.3f} s, from our no-communication row in the same launches.",
+             f"Same work on both sides: forward pass, ours / PyTorch's, x{fw['ratio']:.3f}.",
+             "Verdict: " + doc["verdict"]["text"] + (("; fp16 hooks: " + doc["verdict_fp16"]["text"])
+                                                      if doc.get("verdict_fp16") else "") + "."]
     return lines, notes
 
 
@@ -161,11 +199,14 @@ def table(name):
     if name in COLUMNS_BY_FILE:
         lines, notes = plain_table(doc, COLUMNS_BY_FILE[name])
     else:
-        lines, notes = ddp_table(doc) if kind not in COLUMNS else plain_table(doc, COLUMNS[kind])
+        lines, notes = (torch_ddp_table(doc) if kind == "compare_torch_ddp" else
+                        ddp_table(doc) if kind not in COLUMNS else plain_table(doc, COLUMNS[kind]))
     # Each row carries the command and machine it came from (older files: the file's own).
     cmds, machines = [], []
     for r in doc["rows"]:
         c, m = r.get("command", doc["command"]), r.get("machine", doc["machine"])
+        if kind == "compare_torch_ddp":  # ours' machine line, and which PyTorch ran the peer
+            m = f"{doc['ours']['machine']}; peer: PyTorch {doc['theirs']['torch_version']}"
         if c not in cmds:
             cmds.append(c)
         if m not in machines:

@@ -50,6 +50,8 @@
 #include "stages/05_bucketed/comm_hooks.hpp"
 #include "stages/05_bucketed/feature_bench.hpp"
 
+#include <fmt/ranges.h>
+
 using namespace dp;
 
 template <typename Sync>
