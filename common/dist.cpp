@@ -7,6 +7,8 @@
 #include "common/trace.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <net/if.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -36,8 +38,25 @@ std::string first_line(const std::exception& e) {
 // Which network interface Gloo binds. GLOO_SOCKET_IFNAME (PyTorch's variable) names an interface;
 // otherwise one node, or a master on loopback, talks over 127.0.0.1 (resolving the hostname, Gloo's
 // default, is a classic container hang); a real multi-node job resolves this machine's hostname.
+// GLOO_SOCKET_IFNAME must name an interface of this machine (network namespace); Gloo's own error for a
+// wrong name is an enforce failure deep in its TCP device. Names the interfaces there are instead.
+void check_interface(const std::string& name) {
+  if (if_nametoindex(name.c_str()) != 0) return;
+  std::vector<std::string> names;
+  if (struct if_nameindex* all = if_nameindex()) {
+    for (auto* i = all; i->if_index != 0 && i->if_name; ++i) names.emplace_back(i->if_name);
+    if_freenameindex(all);
+  }
+  throw UsageError(fmt::format("GLOO_SOCKET_IFNAME={}: no such network interface here (this machine has: {}). "
+                               "Name one of them, or unset GLOO_SOCKET_IFNAME",
+                               name, fmt::join(names, ", ")));
+}
+
 compat::GlooInterface gloo_interface(const LaunchEnv& env) {
-  if (!env.gloo_ifname.empty()) return {"", env.gloo_ifname};
+  if (!env.gloo_ifname.empty()) {
+    check_interface(env.gloo_ifname);
+    return {"", env.gloo_ifname};
+  }
   const bool loopback = env.master_addr.rfind("127.", 0) == 0 || env.master_addr == "localhost";
   if (env.launched && !env.single_node() && !loopback) return {"", ""};
   return {"127.0.0.1", ""};
@@ -142,6 +161,7 @@ ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store
   pg.timeout_ = opts.timeout;
   pg.impl_->store = store;
   pg.impl_->where = fmt::format("{} rank {}/{}", opts.backend, rank, world);
+  set_log_rank(rank, world);  // so that an error while the group forms is tagged with the right rank
   try {
     if (opts.backend == "nccl") {
 #ifdef DP_WITH_NCCL
@@ -160,12 +180,15 @@ ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store
   } catch (const UsageError&) {
     throw;
   } catch (const std::exception& e) {
+    const std::string why = first_line(e);
+    if (why.find("imeout") == std::string::npos && why.find("imed out") == std::string::npos)
+      throw std::runtime_error(fmt::format("rank {}: the {} process group of {} ranks could not form: {}", rank,
+                                           opts.backend, world, why));
     throw std::runtime_error(fmt::format(
         "rank {}: the {} process group of {} ranks did not form within {:.0f} s ({}). "
         "Are all {} ranks started, with the same MASTER_ADDR/MASTER_PORT? Raise --timeout if they start slowly",
-        rank, opts.backend, world, opts.timeout.count() / 1000.0, first_line(e), world));
+        rank, opts.backend, world, opts.timeout.count() / 1000.0, why, world));
   }
-  set_log_rank(rank, world);
   return pg;
 }
 
@@ -176,6 +199,7 @@ ProcessGroup ProcessGroup::init_from_env(const DistOptions& opts) {
     // One rank: an in-process store, no sockets to open.
     return init_with_store(c10::make_intrusive<c10d::HashStore>(), 0, 1, opts);
   }
+  set_log_rank(env.rank, env.world_size);  // a failed rendezvous is reported with the right rank tag
   compat::StorePtr store;
   try {
     // Under torchrun (2.x) its agent hosts the store on MASTER_PORT already: every rank is a client, and

@@ -86,6 +86,15 @@ dp_bad_input(stage07_unknown_variant 2 "--variants.*zero2" $<TARGET_FILE:stage07
 # A world size the CS336 check cannot split 20 rows over.
 dp_bad_input(stage02_world_size_3 2 "does not divide" ${LAUNCH} --nproc 3 -- ${S02})
 
+# GLOO_SOCKET_IFNAME naming no interface of this machine: exit 2 naming the value and the interfaces there,
+# before Gloo's own enforce failure; the launcher passes the code on.
+dp_add_test(bad_input_gloo_socket_ifname LABELS "hardening;cli" TIMEOUT 60 COMMAND
+  env GLOO_SOCKET_IFNAME=dp_no_such_if0 ${EXPECT} 2 "GLOO_SOCKET_IFNAME=dp_no_such_if0: no such network interface here .this machine has: .*lo"
+  -- ${LAUNCH} --nproc 2 -- ${S01})
+# A rank started alone (its peer never comes): it fails after --timeout, tagged with its own rank.
+dp_add_test(hardening_missing_peer LABELS "hardening;e2e" TIMEOUT 60 COMMAND
+  env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1
+  ${EXPECT} 2 "\\[rank 1/2\\] error: rank 1: rendezvous at 127.0.0.1:1 failed within 2 s" -- ${S01} --timeout 2s)
 # A rank that hangs inside a collective: its peer fails after --timeout, naming the collective.
 dp_add_test(hardening_hung_rank LABELS "hardening;e2e" TIMEOUT 60 COMMAND
   env DP_FAULT=hang@1 ${EXPECT} 1 "all_gather of [0-9]+ bytes failed" -- ${LAUNCH} --nproc 2 -- ${S01} --timeout 3s)
