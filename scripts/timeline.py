@@ -118,9 +118,11 @@ def main():
         first = [s for s in steps if s.rank == ranks[0]][0]
         comm, bwd, hidden = tl.overlap(first)
         where = f"round {r}" if r is not None else "(no round)"
-        ax.set_title(f"{v}, {where}: step {first.dur / 1e3:.1f} ms   (rank {ranks[0]}: backward {bwd / 1e3:.1f} ms, "
-                     f"communication {comm / 1e3:.1f} ms, hidden behind backward {hidden / 1e3:.1f} ms)",
-                     fontsize=9.5, loc="left")
+        head = f"{v}, {where}: step {first.dur / 1e3:.1f} ms"
+        stats = (f"(rank {ranks[0]}: backward {bwd / 1e3:.1f} ms, communication {comm / 1e3:.1f} ms, "
+                 f"hidden behind backward {hidden / 1e3:.1f} ms)")
+        # A long variant name pushes the numbers off the figure: put them on a line of their own.
+        ax.set_title(head + ("\n" if len(head) + len(stats) > 140 else "   ") + stats, fontsize=9.5, loc="left")
         print(f"{v} {where} (rank {ranks[0]}): step {first.dur / 1e3:.2f} ms, backward {bwd / 1e3:.2f} ms, "
               f"communication {comm / 1e3:.2f} ms, hidden {hidden / 1e3:.2f} ms")
         ax.set_yticks([y for r_ in ranks for y in (lanes_y[r_], lanes_y[r_] - 1)])
