@@ -33,7 +33,7 @@ import textwrap
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 LANG = {".cpp": "cpp", ".hpp": "cpp", ".h": "cpp", ".py": "python", ".sh": "sh", ".cmake": "cmake",
-        ".diff": "diff", ".txt": "diff"}
+        ".diff": "diff", ".txt": "diff", ".sbatch": "sh"}
 
 # A raw Doxygen command on a line of its own, or a block this script wrote before.
 RAW = re.compile(r"^\\(snippet|include) +(\S+)(?: +(.+?))? *$", re.M)

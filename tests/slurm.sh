@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# A real single-node Slurm on this machine, from Debian's packages (munge, slurmctld, slurmd), configured for
+# this host alone in a temporary folder, runs the documented batch script (scripts/slurm_ddp.sbatch) with
+# 2 tasks: stage 01, then stage 05 (tiny, one step). Each job must print its PASS line. Everything started
+# here is stopped on exit, whatever happens; nothing is written outside the temporary folder.
+#
+#   tests/slurm.sh BIN_DIR        (ctest: slurm_single_node)
+# Exit 0: both jobs passed; 1: a job failed (its output is printed); 77: skipped, with the reason (not root,
+# or Slurm/munge not installed: apt-get install slurmd slurmctld slurm-client munge).
+set -u
+bin=${1:?usage: tests/slurm.sh BIN_DIR}
+root=$(cd "$(dirname "$0")/.." && pwd)
+skip() { echo "SKIP: $*"; exit 77; }
+[ "$(id -u)" = 0 ] || skip "a private Slurm needs root (slurmd runs jobs as their user)"
+for t in munged mungekey slurmctld slurmd sbatch scontrol sinfo; do
+  command -v $t >/dev/null || skip "no $t: apt-get install slurmd slurmctld slurm-client munge"
+done
+
+tmp=$(mktemp -d /tmp/dp-slurm.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+  sleep 1
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+host=$(hostname -s)
+port=$((20000 + RANDOM % 20000))
+
+# munge: a key of our own and a socket in the temporary folder, so a system munged is never touched.
+mungekey -c -k "$tmp/munge.key" -b 1024 || skip "mungekey could not create a key"
+chmod 600 "$tmp/munge.key"
+munged -F --force -S "$tmp/munge.sock" --key-file="$tmp/munge.key" --pid-file="$tmp/munged.pid" \
+    --log-file="$tmp/munged.log" --seed-file="$tmp/munged.seed" &
+pids+=($!)
+
+cat > "$tmp/slurm.conf" <<EOF
+ClusterName=dp
+SlurmctldHost=$host
+SlurmUser=root
+SlurmctldPort=$port
+SlurmdPort=$((port + 1))
+AuthType=auth/munge
+AuthInfo=socket=$tmp/munge.sock
+CredType=cred/munge
+StateSaveLocation=$tmp/state
+SlurmdSpoolDir=$tmp/spool
+SlurmctldPidFile=$tmp/slurmctld.pid
+SlurmdPidFile=$tmp/slurmd.pid
+SlurmctldLogFile=$tmp/slurmctld.log
+SlurmdLogFile=$tmp/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/builtin
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+NodeName=$host CPUs=$(nproc) State=UNKNOWN
+PartitionName=dp Nodes=$host Default=YES MaxTime=10 State=UP
+EOF
+mkdir -p "$tmp/state" "$tmp/spool"
+export SLURM_CONF=$tmp/slurm.conf
+slurmctld -D -f "$tmp/slurm.conf" &
+pids+=($!)
+slurmd -D -f "$tmp/slurm.conf" -N "$host" &
+pids+=($!)
+for _ in $(seq 30); do
+  sinfo -h -o %T 2>/dev/null | grep -q idle && break
+  sleep 1
+done
+if ! sinfo -h -o %T 2>/dev/null | grep -q idle; then
+  echo "slurm did not come up; its logs:"
+  tail -n 20 "$tmp"/slurmctld.log "$tmp"/slurmd.log "$tmp"/munged.log 2>/dev/null
+  skip "Slurm's daemons could not start here (see the logs above)"
+fi
+sinfo
+
+failed=0
+job() {  # name, expected PASS regex, program and options
+  local name=$1 expect=$2; shift 2
+  local out=$tmp/$name.out
+  (cd "$root" && MASTER_PORT=$((port + 2)) sbatch --wait --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 \
+      --time=5 --output="$out" scripts/slurm_ddp.sbatch "$@") >/dev/null
+  local rc=$?
+  if [ $rc = 0 ] && grep -qE "$expect" "$out"; then
+    echo "slurm job $name: $(grep -E "$expect" "$out" | tail -n 1)"
+  else
+    echo "slurm job $name failed (sbatch exit $rc); its output:"
+    cat "$out" 2>/dev/null
+    failed=1
+  fi
+}
+job stage01 "PASS" "$bin/stage01_allreduce"
+job stage05 "PASS stage 05" "$bin/stage05_bucketed" --bench --preset tiny --context 16 --warmup 0 --steps 1 \
+    --caps 1 --variants bucketed
+exit $failed
