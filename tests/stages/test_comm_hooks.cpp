@@ -7,6 +7,7 @@
 #include "common/transformer.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "stages/05_bucketed/comm_hooks.hpp"
+#include "tests/support/fixtures.hpp"
 #include "tests/support/ranks.hpp"
 
 #include <fmt/format.h>
@@ -123,8 +124,7 @@ TEST(CommHooks, Fp16HookFourRanksExactOnFp16Grid) {
 // 10x and 50x that: 3e-4 and 1e-5. A hook that forgot to divide, or sent garbage, fails both by far.
 TEST(CommHooks, Fp16TrainingStaysCloseToFp32) {
   run_ranks(2, [](ProcessGroup& pg) {
-    dp::TransformerConfig cfg;
-    cfg.vocab_size = 64, cfg.context_length = 8, cfg.d_model = 16, cfg.d_ff = 32, cfg.num_layers = 2, cfg.num_heads = 2;
+    const dp::TransformerConfig cfg = dp::testing::tiny_lm_config();
     dp::TransformerLM m32{nullptr}, m16{nullptr};
     torch::Tensor tokens;
     {

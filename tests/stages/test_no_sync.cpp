@@ -75,8 +75,7 @@ Problem toy_problem(const std::string& name) {
 // cross-entropy over every token (each micro-batch has the same number of tokens, so means of means are
 // the mean).
 Problem transformer_problem() {
-  dp::TransformerConfig cfg;
-  cfg.vocab_size = 64, cfg.context_length = 8, cfg.d_model = 16, cfg.d_ff = 32, cfg.num_layers = 2, cfg.num_heads = 2;
+  const dp::TransformerConfig cfg = dp::testing::tiny_lm_config();
   std::lock_guard<std::mutex> lock(rng_mutex());
   torch::manual_seed(7);
   Problem p;

@@ -61,8 +61,7 @@ Problem toy_problem(const std::string& name) {
 }
 
 Problem transformer_problem() {
-  dp::TransformerConfig c;
-  c.vocab_size = 64, c.context_length = 8, c.d_model = 16, c.d_ff = 32, c.num_layers = 2, c.num_heads = 2;
+  const dp::TransformerConfig c = dp::testing::tiny_lm_config();
   std::lock_guard<std::mutex> lock(rng_mutex());
   torch::manual_seed(7);
   Problem p;
