@@ -1,8 +1,8 @@
 # Timelines (--bench ... --trace FILE) and what they must show, checked by scripts/trace_overlap.py:
 #   trace_stage03_no_overlap  stage 03 all-reduces only after backward: no collective overlaps it
-#   trace_stage05_overlaps    stage 05 with 1 MB buckets overlaps at least half its communication time (on the
-#                             straggler, the rank with the longest backward, median over rounds)
-#                             with backward. Run with --batch 16: at the default batch 4, tiny's backward
+#   trace_stage05_overlaps    stage 05 with 1 MB buckets overlaps at least half its communication time
+#                             with backward (judged on each round's straggler, the rank with the longest
+#                             backward; median over rounds). Run with --batch 16: at the default batch 4, tiny's backward
 #                             (about 0.11 s) is far shorter than its 0.31 s of communication at 1 Gbit/s,
 #                             so at most about a third of it could overlap; 16 sequences make backward
 #                             longer than the communication while the gradient bytes stay the same.
