@@ -10,7 +10,7 @@ function(dp_bad_input name code regex)
 endfunction()
 
 foreach(prog stage01_allreduce stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt
-             stage07_fsdp)
+             stage07_fsdp stage08_train_lm)
   set(P $<TARGET_FILE:${prog}>)
   dp_bad_input(${prog}_unknown_option 2 "--no-such-option" ${P} --no-such-option)
   dp_bad_input(${prog}_missing_value 2 "--timeout" ${P} --timeout)
@@ -102,3 +102,15 @@ dp_add_test(hardening_hung_rank LABELS "hardening;e2e" TIMEOUT 60 COMMAND
 dp_add_test(hardening_dead_rank LABELS "hardening;e2e" TIMEOUT 60 COMMAND
   env DP_FAULT=die@1 ${EXPECT} "1|137" "rank 1 was killed by signal 9|rank 0 exited with code 1" --
   ${LAUNCH} --nproc 2 -- ${S02} ${TINY})
+
+# Stage 08: options that cannot work together, a corpus or checkpoint that is not there.
+set(S08 $<TARGET_FILE:stage08_train_lm>)
+dp_bad_input(stage08_resume_without_checkpoint 2 "--resume need --checkpoint FILE" ${S08} --resume)
+dp_bad_input(stage08_resume_missing_file 2 "checkpoint /nonexistent/lm.ckpt does not exist"
+  ${S08} --resume --checkpoint /nonexistent/lm.ckpt)
+dp_bad_input(stage08_fsdp_accumulate 2 "--sync fsdp with --accumulate 2" ${S08} --sync fsdp --accumulate 2)
+dp_bad_input(stage08_unknown_sync 2 "--sync" ${S08} --sync zero3)
+dp_bad_input(stage08_missing_corpus 2 "--corpus /nonexistent: no such file or directory.*apt-get install fortunes"
+  ${S08} --corpus /nonexistent)
+dp_bad_input(stage08_batch_not_divisible 2 "--batch 15 is not a positive multiple of the world size 2"
+  ${LAUNCH} --nproc 2 -- ${S08} --batch 15)

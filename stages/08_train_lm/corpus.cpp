@@ -1,0 +1,106 @@
+// Reading the corpus, the train/validation split, and the world-size-free distributed sampler.
+#include "stages/08_train_lm/corpus.hpp"
+
+#include "common/runtime.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace dp {
+
+namespace fs = std::filesystem;
+
+static std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw UsageError(fmt::format("cannot read corpus file {}", p.string()));
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TextCorpus load_corpus(const std::string& path, int64_t min_bytes) {
+  const std::string remedy = "install Debian's text with `apt-get install fortunes` (scripts/install_deps.sh does), "
+                             "or pass --corpus FILE|DIR";
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    throw UsageError(fmt::format("--corpus {}: no such file or directory; {}", path, remedy));
+  TextCorpus c;
+  std::string text;
+  if (fs::is_directory(path, ec)) {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(path, ec))
+      if (e.is_regular_file() && !e.is_symlink() && e.path().extension() != ".dat") files.push_back(e.path());
+    std::sort(files.begin(), files.end());  // a fixed order: the same tokens on every machine
+    for (const auto& f : files) text += read_bytes(f);
+    c.source = fmt::format("{} ({} files)", path, files.size());
+  } else {
+    text = read_bytes(path);
+    c.source = path;
+  }
+  // Blocks of 4 KiB, every 20th held out: validation text comes from all over the corpus (a tail split
+  // would hold out the last files only, which are about other things).
+  const auto n = static_cast<int64_t>(text.size());
+  auto all = torch::from_blob(text.data(), {n}, torch::kUInt8).to(torch::kLong);  // copies: text may go
+  std::vector<torch::Tensor> train, val;
+  for (int64_t b = 0, i = 0; b < n; b += TextCorpus::kBlock, ++i)
+    (i % TextCorpus::kValEvery == TextCorpus::kValEvery - 1 ? val : train)
+        .push_back(all.narrow(0, b, std::min(TextCorpus::kBlock, n - b)));
+  c.train = train.empty() ? torch::empty({0}, torch::kLong) : torch::cat(train);
+  c.val = val.empty() ? torch::empty({0}, torch::kLong) : torch::cat(val);
+  if (c.train.numel() < min_bytes || c.val.numel() < min_bytes / 20)
+    throw UsageError(fmt::format("--corpus {}: {} bytes of training text and {} held out, too little for one batch "
+                                 "(needs {} and {}); {}", c.source, c.train.numel(), c.val.numel(), min_bytes,
+                                 min_bytes / 20, remedy));
+  return c;
+}
+
+int64_t window_count(const torch::Tensor& tokens, int64_t context) {
+  return std::max<int64_t>(0, (tokens.numel() - 1) / context);
+}
+
+std::pair<torch::Tensor, torch::Tensor> windows(const torch::Tensor& tokens, const std::vector<int64_t>& ids,
+                                                int64_t context) {
+  std::vector<torch::Tensor> rows;
+  rows.reserve(ids.size());
+  for (int64_t j : ids) rows.push_back(tokens.narrow(0, j * context, context + 1));
+  auto w = torch::stack(rows);                                          // [n, T+1]
+  return {w.narrow(1, 0, context).contiguous(), w.narrow(1, 1, context).contiguous()};  // [n, T] each
+}
+
+DistributedSampler::DistributedSampler(int64_t num_windows, int64_t global_batch, uint64_t seed, int rank,
+                                       int world_size)
+    : num_windows_(num_windows), global_(global_batch), seed_(seed), rank_(rank), world_(world_size) {
+  if (global_batch <= 0 || global_batch % world_size != 0)
+    throw UsageError(fmt::format("--batch {} is not a positive multiple of the world size {}: every rank must get "
+                                 "as many sequences as the others; use a multiple of {}",
+                                 global_batch, world_size, world_size));
+  if (global_batch > num_windows)
+    throw UsageError(fmt::format("--batch {} is larger than the {} training sequences of the corpus; use a smaller "
+                                 "--batch or --context", global_batch, num_windows));
+}
+
+std::vector<int64_t> DistributedSampler::global_ids(int64_t step) {
+  const int64_t epoch = step / steps_per_epoch(), k = step % steps_per_epoch();
+  if (epoch != epoch_) {
+    // A generator of its own, seeded by (seed, epoch): the shuffle does not depend on what else drew
+    // random numbers, nor on the world size.
+    auto gen = at::detail::createCPUGenerator(seed_ * 1000003ull + static_cast<uint64_t>(epoch) + 1);
+    auto p = torch::randperm(num_windows_, gen, torch::kLong);
+    perm_.assign(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + num_windows_);
+    epoch_ = epoch;
+  }
+  return {perm_.begin() + k * global_, perm_.begin() + (k + 1) * global_};
+}
+
+std::vector<int64_t> DistributedSampler::local_ids(int64_t step) {
+  auto ids = global_ids(step);
+  const int64_t per_rank = global_ / world_;
+  return {ids.begin() + rank_ * per_rank, ids.begin() + (rank_ + 1) * per_rank};
+}
+
+}  // namespace dp

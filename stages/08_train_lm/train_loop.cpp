@@ -1,0 +1,168 @@
+// The capstone's training loop.
+#include "stages/08_train_lm/train_loop.hpp"
+
+#include "common/runtime.hpp"
+#include "common/timing.hpp"
+#include "stages/08_train_lm/lm_checkpoint.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+namespace dp {
+
+using json = nlohmann::json;
+
+json RunOptions::config() const {
+  return {{"corpus", corpus}, {"preset", preset}, {"context", context}, {"batch", batch}, {"accumulate", accumulate},
+          {"lr", lr}, {"warmup", warmup}, {"weight_decay", trainer.weight_decay}, {"seed", seed},
+          {"world_size", world_size}, {"sync", trainer.sync}, {"steps", steps}, {"eval_every", eval_every},
+          {"checkpoint_every", checkpoint_every}, {"bucket_mb", trainer.bucket_mb}};
+}
+
+void validate_run_options(const RunOptions& o) {
+  if ((o.checkpoint_every > 0 || o.resume) && o.checkpoint.empty())
+    throw UsageError("--checkpoint-every and --resume need --checkpoint FILE");
+  if (o.resume && !std::filesystem::exists(o.checkpoint))
+    throw UsageError(fmt::format("--resume: checkpoint {} does not exist; run without --resume to start from step 0",
+                                 o.checkpoint));
+  if (o.trainer.sync == "fsdp" && o.accumulate > 1)
+    throw UsageError(fmt::format("--sync fsdp with --accumulate {}: FSDP here takes one micro-batch per step; use "
+                                 "--sync ddp or zero1 to accumulate", o.accumulate));
+  if (o.trainer.sync == "fsdp" && !o.checkpoint.empty())
+    throw UsageError("--sync fsdp with --checkpoint: FSDP's sharded state is not checkpointed yet; use --sync ddp "
+                     "or zero1 (their checkpoints resume under any --sync but fsdp)");
+  if (!std::filesystem::exists(o.corpus)) load_corpus(o.corpus, 0);  // throws its message, with the remedy
+  if (o.warmup > o.steps)
+    throw UsageError(fmt::format("--warmup {} is longer than --steps {}", o.warmup, o.steps));
+}
+
+void check_micro_batches(const RunOptions& o, int world_size) {
+  if (o.batch % (world_size * o.accumulate) != 0)
+    throw UsageError(fmt::format("--batch {} does not split into {} ranks x --accumulate {} equal micro-batches; use a "
+                                 "multiple of {}", o.batch, world_size, o.accumulate, world_size * o.accumulate));
+}
+
+TransformerLM make_byte_lm(const std::string& preset, int64_t context, uint64_t seed) {
+  auto cfg = TransformerConfig::preset(preset, context);
+  cfg.vocab_size = TextCorpus::kVocab;  // bytes
+  torch::manual_seed(seed);             // the same initial weights on every rank (and DDP broadcasts anyway)
+  return TransformerLM(cfg);
+}
+
+// Linear warm-up, then constant: a function of the step alone, so a resumed run continues it exactly.
+static double lr_at(const RunOptions& o, int64_t step) {
+  return o.warmup > 0 ? o.lr * std::min(1.0, static_cast<double>(step + 1) / o.warmup) : o.lr;
+}
+
+static double mean_over_ranks(ProcessGroup& pg, double v) {
+  const auto all = pg.all_gather(v);  // every rank holds an equal share, so the plain mean is the global one
+  double s = 0;
+  for (double x : all) s += x;
+  return s / all.size();
+}
+
+// Validation: `batch` windows spread evenly over the held-out text, the same whatever the world size;
+// each rank scores its equal share.
+static double validation_loss(ProcessGroup& pg, LmTrainer& t, const RunOptions& o, const TextCorpus& c) {
+  const int64_t nv = window_count(c.val, o.context), per_rank = o.batch / pg.world_size();
+  std::vector<int64_t> ids;
+  for (int64_t j = pg.rank() * per_rank; j < (pg.rank() + 1) * per_rank; ++j) ids.push_back(j * (nv / o.batch));
+  return mean_over_ranks(pg, t.eval_loss(windows(c.val, ids, o.context)));
+}
+
+static std::string sample_text(TransformerLM model, const RunOptions& o, int64_t n) {
+  torch::NoGradGuard no_grad;
+  auto gen = at::detail::createCPUGenerator(o.seed + 7);
+  const std::string prompt = "The ";
+  std::vector<int64_t> toks(prompt.begin(), prompt.end());
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t from = std::max<int64_t>(0, static_cast<int64_t>(toks.size()) - o.context);
+    auto x = torch::tensor(std::vector<int64_t>(toks.begin() + from, toks.end()), torch::kLong).unsqueeze(0);
+    auto logits = model->forward(x).select(1, -1).squeeze(0) / 0.8;  // [256], temperature 0.8
+    toks.push_back(torch::multinomial(torch::softmax(logits, -1), 1, false, gen).item<int64_t>());
+  }
+  std::string s(toks.begin(), toks.end());
+  for (auto& ch : s)
+    if ((static_cast<unsigned char>(ch) < 32 && ch != '\n') || static_cast<unsigned char>(ch) > 126) ch = '?';
+  return s;
+}
+
+static double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// [loop]
+json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, DistributedSampler& sampler) {
+  TransformerLM model = make_byte_lm(o.preset, o.context, o.seed);
+  auto trainer = make_trainer(pg, model, o.trainer);
+  print0("{}; {}\n{}; global batch {} x {} bytes, {} micro-batch(es) of {} per rank; AdamW lr {:g} (warm-up {} steps)",
+         describe(model->cfg), trainer->describe(), o.trainer.sync, o.batch, o.context, o.accumulate,
+         o.batch / pg.world_size() / o.accumulate, o.lr, o.warmup);
+  json curve = {{"train", json::array()}, {"val", json::array()}};
+  int64_t start = 0;
+  if (o.resume) {
+    auto [meta, state] = load_lm_checkpoint(o.checkpoint, o.config(), trainer->full_state());
+    trainer->load_full_state(state);
+    start = meta.step, curve = meta.curve;
+    print0("resumed from {} at step {} (saved by {} rank(s), --sync {})", o.checkpoint, start,
+           meta.config.value("world_size", 0), meta.config.value("sync", "?"));
+  }
+  std::vector<double> data_s, fwd_s, bwd_s, sync_s, opt_s;
+  const int64_t per_micro = o.batch / pg.world_size() / o.accumulate;
+  const int64_t every = std::max<int64_t>(1, o.steps / 20);
+  for (int64_t step = start; step < o.steps; ++step) {
+    Timer wall;
+    Timer d;
+    const auto ids = sampler.local_ids(step);  // this rank's share of the step's global batch
+    std::vector<Batch> micro;
+    for (int64_t k = 0; k < o.accumulate; ++k)
+      micro.push_back(windows(corpus.train, {ids.begin() + k * per_micro, ids.begin() + (k + 1) * per_micro}, o.context));
+    data_s.push_back(d.seconds());
+    StepTimes t;
+    const double local = trainer->step(micro, lr_at(o, step), t);
+    const double loss = mean_over_ranks(pg, local);
+    const double secs = wall.seconds();
+    fwd_s.push_back(t.forward), bwd_s.push_back(t.backward), sync_s.push_back(t.sync), opt_s.push_back(t.optimizer);
+    curve["train"].push_back({step, loss, secs});
+    const bool last = step + 1 == o.steps, eval = (step + 1) % o.eval_every == 0 || last;
+    double val = NAN;
+    if (eval) curve["val"].push_back({step, val = validation_loss(pg, *trainer, o, corpus)});
+    if ((step + 1) % every == 0 || eval || step == start)
+      print0("step {:5d}/{}  loss {:.4f}{}  lr {:.2e}  {:.0f} tokens/s", step + 1, o.steps, loss,
+             eval ? fmt::format("  val {:.4f}", val) : std::string(), lr_at(o, step),
+             static_cast<double>(o.batch * o.context) / secs);
+    if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last)) {
+      save_lm_checkpoint(o.checkpoint, pg, {step + 1, o.config(), curve}, trainer->full_state());
+      print0("checkpoint step {} written to {}", step + 1, o.checkpoint);
+    }
+  }
+  // [loop]
+  if (!data_s.empty())
+    print0("per step on rank 0 (median s): data {:.4f}, forward {:.4f}, backward {:.4f}, sync {:.4f}, optimizer {:.4f}",
+           median(data_s), median(fwd_s), median(bwd_s), median(sync_s), median(opt_s));
+  curve["phases"] = {{"data", median(data_s)}, {"forward", median(fwd_s)}, {"backward", median(bwd_s)},
+                     {"sync", median(sync_s)}, {"optimizer", median(opt_s)}};
+  curve["config"] = o.config();
+  if (o.sample_bytes > 0 && pg.rank() == 0) {
+    if (o.trainer.sync == "fsdp") {
+      print0("(no sample: under FSDP no rank holds the whole model)");
+    } else {
+      curve["sample"] = sample_text(model, o, o.sample_bytes);
+      print0("sampled from the model (prompt \"The \", temperature 0.8):\n{}", curve["sample"].get<std::string>());
+    }
+  }
+  if (pg.rank() == 0 && !o.curve.empty()) {
+    std::ofstream f(o.curve);
+    f << curve.dump(1) << "\n";
+    if (!f) throw UsageError(fmt::format("cannot write --curve {}", o.curve));
+  }
+  return curve;
+}
+
+}  // namespace dp

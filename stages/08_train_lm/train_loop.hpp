@@ -1,0 +1,56 @@
+// The capstone's options and its training loop: data from the sampler, a step of the chosen
+// synchronization, losses averaged over ranks, validation, checkpoints, progress, and a sample of text.
+#pragma once
+
+#include "common/dist.hpp"
+#include "stages/08_train_lm/corpus.hpp"
+#include "stages/08_train_lm/trainer.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace dp {
+
+/// Everything stage08_train_lm is told on its command line.
+struct RunOptions {
+  std::string corpus = kDefaultCorpus;
+  std::string preset = "tiny";
+  int64_t context = 64;       ///< bytes per sequence
+  int64_t batch = 16;         ///< global batch: sequences per optimizer step over all ranks
+  int64_t accumulate = 1;     ///< micro-batches per step on each rank
+  int64_t steps = 100;
+  double lr = 2e-3;
+  int64_t warmup = 20;        ///< linear warm-up steps; then the learning rate stays at lr
+  int64_t eval_every = 25;
+  std::string checkpoint;     ///< file; empty: no checkpoints
+  int64_t checkpoint_every = 0;
+  bool resume = false;
+  std::string curve;          ///< JSON output; empty: none
+  int64_t sample_bytes = 200;
+  uint64_t seed = 0;
+  int world_size = 1;         ///< filled in once the process group exists
+  TrainerOptions trainer;
+
+  /// What a checkpoint records and a resumed run must match (but for the fields that may change:
+  /// world_size, sync, steps, eval_every, checkpoint_every, bucket_mb).
+  nlohmann::json config() const;
+};
+
+/// Throws dp::UsageError (exit 2) on options that cannot work together, before anything starts:
+/// --checkpoint-every or --resume without --checkpoint, --resume with a checkpoint that does not exist,
+/// --sync fsdp with --accumulate or checkpoints, --warmup beyond --steps.
+void validate_run_options(const RunOptions& o);
+
+/// Throws dp::UsageError unless the global batch splits into world_size x accumulate equal micro-batches.
+void check_micro_batches(const RunOptions& o, int world_size);
+
+/// The TransformerLM of `o.preset` with a byte vocabulary (256), initialised from `seed` on every rank.
+TransformerLM make_byte_lm(const std::string& preset, int64_t context, uint64_t seed);
+
+/// Trains (from step 0, or from the checkpoint with --resume) to o.steps and returns the curve, as also
+/// written to o.curve: {"config", "train": [[step, loss, tokens/s]...], "val": [[step, loss]...],
+/// "phases": median seconds per step of data, forward, backward, sync, optimizer (this rank), "sample"}.
+nlohmann::json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, DistributedSampler& sampler);
+
+}  // namespace dp
