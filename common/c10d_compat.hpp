@@ -23,7 +23,9 @@
 
 #ifdef USE_C10D_GLOO
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupWrapper.hpp>
 #endif
+#include <torch/csrc/distributed/c10d/debug.h>
 #ifdef DP_WITH_NCCL
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -82,7 +84,29 @@ inline CommPtr make_gloo(const StorePtr& store, int rank, int world, std::chrono
   opts->threads = 2;
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, opts);
 }
+
+/// TORCH_DISTRIBUTED_DEBUG=DETAIL (c10d's debug level): wraps `comm` in c10d's ProcessGroupWrapper, which
+/// before every collective compares its kind, tensor shapes and dtypes across ranks over a second Gloo
+/// group (on its own store prefix) and throws, naming both ranks' collectives, on a mismatch. One extra
+/// small collective per collective: for debugging, not for measurements. 1.13 wraps a ProcessGroup with
+/// a ProcessGroupGloo; 2.x wraps Backends.
+inline CommPtr wrap_with_checks(const CommPtr& comm, const StorePtr& store, int rank, int world,
+                                std::chrono::milliseconds timeout, const GlooInterface& where) {
+  auto checker = make_gloo(c10::make_intrusive<c10d::PrefixStore>("dp_debug_checks", store), rank, world, timeout, where);
+#if TORCH_VERSION_MAJOR >= 2
+  return c10::make_intrusive<c10d::ProcessGroupWrapper>(comm, checker);
+#else
+  return c10::make_intrusive<c10d::ProcessGroupWrapper>(
+      comm, c10::static_intrusive_pointer_cast<c10d::ProcessGroupGloo>(checker));
 #endif
+}
+#endif
+
+/// True when TORCH_DISTRIBUTED_DEBUG=DETAIL is set (read through c10d's own parser).
+inline bool debug_detail() {
+  c10d::setDebugLevelFromEnvironment();
+  return c10d::debug_level() == c10d::DebugLevel::Detail;
+}
 
 #ifdef DP_WITH_NCCL
 inline CommPtr make_nccl(const StorePtr& store, int rank, int world, std::chrono::milliseconds timeout) {

@@ -150,6 +150,16 @@ void check_backend(const std::string& backend, int gpus) {
                                  local_world, gpus, gpus, gpus, gpus));
 }
 
+// TORCH_DISTRIBUTED_DEBUG, read by c10d's own parser; a value it does not know is bad input.
+static bool debug_detail_requested() {
+  try {
+    return compat::debug_detail();
+  } catch (const std::exception&) {  // c10::ValueError from TORCH_CHECK_VALUE
+    throw UsageError(fmt::format("TORCH_DISTRIBUTED_DEBUG={}: not a level c10d knows; use OFF, INFO or DETAIL",
+                                 std::getenv("TORCH_DISTRIBUTED_DEBUG") ? std::getenv("TORCH_DISTRIBUTED_DEBUG") : ""));
+  }
+}
+
 ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store, int rank, int world,
                                            const DistOptions& opts) {
   check_backend(opts.backend);
@@ -162,6 +172,7 @@ ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store
   pg.impl_->store = store;
   pg.impl_->where = fmt::format("{} rank {}/{}", opts.backend, rank, world);
   set_log_rank(rank, world);  // so that an error while the group forms is tagged with the right rank
+  const bool detail = debug_detail_requested();  // before c10d reads it (and throws on a bad value)
   try {
     if (opts.backend == "nccl") {
 #ifdef DP_WITH_NCCL
@@ -177,6 +188,15 @@ ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store
       pg.impl_->comm = compat::make_gloo(store, rank, world, opts.timeout, gloo_interface(LaunchEnv::from_environment()));
 #endif
     }
+#ifdef USE_C10D_GLOO
+    if (detail) {  // TORCH_DISTRIBUTED_DEBUG=DETAIL: every collective checked first
+      pg.impl_->comm = compat::wrap_with_checks(pg.impl_->comm, store, rank, world, opts.timeout,
+                                                gloo_interface(LaunchEnv::from_environment()));
+      if (rank == 0)
+        fmt::print("TORCH_DISTRIBUTED_DEBUG=DETAIL: each collective is first compared across ranks (kind, shapes, "
+                   "dtypes) by c10d's ProcessGroupWrapper\n");
+    }
+#endif
   } catch (const UsageError&) {
     throw;
   } catch (const std::exception& e) {
@@ -346,6 +366,15 @@ void ProcessGroup::shutdown() {
   impl_->comm.reset();
   impl_->store.reset();
   impl_.reset();
+}
+
+void maybe_inject_collective_fault(ProcessGroup& pg) {
+  if (!fault_requested("misorder", pg.rank())) return;
+  fmt::print(stderr, "[rank {}/{}] DP_FAULT: misorder: one extra broadcast that no other rank issues\n", pg.rank(),
+             pg.world_size());
+  std::fflush(stderr);
+  auto t = torch::zeros({4}, torch::kInt64);
+  pg.broadcast(t, 0, "DP_FAULT misorder");
 }
 
 }  // namespace dp

@@ -130,6 +130,13 @@ class ProcessGroup {
   std::chrono::milliseconds timeout_{0};
 };
 
+/// Fault injection for docs/debugging.md: with DP_FAULT=misorder@R, rank R issues one extra collective
+/// here (a broadcast of 4 int64 from rank 0) that no other rank issues, so every later collective of
+/// rank R pairs with a different one on the others: collectives in different orders on different ranks.
+/// Every other rank, and every run without it, does nothing. With TORCH_DISTRIBUTED_DEBUG=DETAIL the
+/// process group checks each collective against the other ranks' first and names the mismatch.
+void maybe_inject_collective_fault(ProcessGroup& pg);
+
 /// True when this build can run `backend` ("gloo" always; "nccl" only with a CUDA LibTorch).
 bool backend_available(const std::string& backend);
 

@@ -116,18 +116,22 @@ double check_blas(double warn_below, bool quiet) {
   return gflops;
 }
 
-void maybe_inject_fault(int rank) {
+bool fault_requested(const std::string& action, int rank) {
   const char* f = std::getenv("DP_FAULT");
-  if (!f || !*f) return;
-  std::string spec = f;
-  auto at = spec.find('@');
-  if (at == std::string::npos || std::atoi(spec.c_str() + at + 1) != rank) return;
-  std::string action = spec.substr(0, at);
-  fmt::print(stderr, "[rank {}/{}] DP_FAULT: {} now\n", g_rank, g_world, action);
-  std::fflush(stderr);
-  if (action == "die") std::raise(SIGKILL);
-  if (action == "hang")
+  if (!f || !*f) return false;
+  const std::string spec = f;
+  const auto at = spec.find('@');
+  return at != std::string::npos && spec.substr(0, at) == action && std::atoi(spec.c_str() + at + 1) == rank;
+}
+
+void maybe_inject_fault(int rank) {
+  for (const char* action : {"die", "hang"}) {
+    if (!fault_requested(action, rank)) continue;
+    fmt::print(stderr, "[rank {}/{}] DP_FAULT: {} now\n", g_rank, g_world, action);
+    std::fflush(stderr);
+    if (std::string(action) == "die") std::raise(SIGKILL);
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
 }
 
 }  // namespace dp

@@ -57,7 +57,11 @@ void set_cpu_threads(int n);
 double check_blas(double warn_below = 1.0, bool quiet = false);
 
 /// Fault injection for the hardening tests: with DP_FAULT=hang@R rank R blocks forever here, with
-/// DP_FAULT=die@R it is killed by SIGKILL here. Does nothing when DP_FAULT is unset.
+/// DP_FAULT=die@R it is killed by SIGKILL here. Does nothing when DP_FAULT is unset or names another
+/// action (dp::maybe_inject_collective_fault() handles misorder@R).
 void maybe_inject_fault(int rank);
+
+/// True when DP_FAULT is ACTION@R with `action` and R == `rank`.
+bool fault_requested(const std::string& action, int rank);
 
 }  // namespace dp

@@ -2,7 +2,7 @@
 # Regenerates the benchmark results behind docs/ on this machine, then the plots, timelines and tables.
 # Every result file records the exact command (launcher included) and the machine, row by row.
 #
-#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp features torch small zero fsdp (default: all)
+#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp features torch small zero fsdp lm (default: all)
 #
 # The DDP runs use the tiny Transformer with 10 timed steps: once over loopback (where Gloo's
 # communication is CPU work that competes with backward for the two cores) and on a simulated cluster
@@ -11,7 +11,7 @@
 # runs are skipped with the reason. About 95 minutes on 2 cores (fsdp alone: about 15, torch about 35).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-parts=${*:-allreduce ddp features torch small zero fsdp}
+parts=${*:-allreduce ddp features torch small zero fsdp lm}
 R=docs/results
 mkdir -p $R
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -147,12 +147,47 @@ for part in $parts; do
     # 970 M parameters: DDP would need ~31 GB for 2 ranks here, FSDP ~8 GB per rank.
     $L --nproc 2 -- $B/stage07_fsdp --bench --preset large --context 32 --batch 2 --warmup 0 --steps 2 \
         --variants fsdp --reshard-after-forward true --json $R/stage07_large.json ;;
-  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, features, torch, small, zero, fsdp)" >&2; exit 2 ;;
+  lm)
+    echo "== stage 08: loss curves on real text at 1, 2 and 4 ranks (loopback, 500 steps), then speed per --sync and link"
+    # One rank is the reference. One rank with --accumulate 2 sums the same gradients as two half-batch
+    # means, the order 2 ranks use: what that order alone does to a curve, to compare with 2 and 4 ranks.
+    runs=build/lm_runs; mkdir -p $runs
+    files=()
+    for n in 1 2 4; do
+      $L --nproc $n -- $B/stage08_train_lm --steps 500 --eval-every 50 --curve $runs/lo_$n.json
+      files+=($runs/lo_$n.json)
+    done
+    $L --nproc 1 -- $B/stage08_train_lm --steps 500 --eval-every 50 --sample 0 --accumulate 2 --curve $runs/lo_1_acc2.json
+    files+=($runs/lo_1_acc2.json)
+    $PY scripts/lm_results.py $R/lm_curves.json "${files[@]}"
+    files=()
+    for link in loopback 1gbit; do
+      [ $link = 1gbit ] && [ $net_ok = 0 ] && { echo "(skipped: the 1gbit speed runs)"; continue; }
+      for n in 2 4; do
+        for sync in ddp zero1 fsdp; do
+          f=$runs/${link}_${sync}_$n.json
+          if [ $link = loopback ]; then
+            $L --nproc $n -- $B/stage08_train_lm --steps 60 --eval-every 60 --sample 0 --sync $sync --curve $f
+          else
+            $L --nproc $n --net $link -- $B/stage08_train_lm --steps 60 --eval-every 60 --sample 0 --sync $sync --curve $f
+          fi
+          files+=($f)
+        done
+      done
+    done
+    # DDP with 2 MB buckets: tiny's 17.3 MB of gradients fit one 25 MB bucket, launched only when backward ends.
+    if [ $net_ok = 1 ]; then
+      $L --nproc 2 --net 1gbit -- $B/stage08_train_lm --steps 60 --eval-every 60 --sample 0 --bucket-mb 2 \
+          --curve $runs/1gbit_ddp_2_2mb.json
+      files+=($runs/1gbit_ddp_2_2mb.json)
+    fi
+    $PY scripts/lm_results.py $R/lm_speed.json "${files[@]}" ;;
+  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, features, torch, small, zero, fsdp, lm)" >&2; exit 2 ;;
   esac
 done
 
 for f in $R/*.json; do
-  case $f in *.trace.json|*/torch_compare.json|*/torch_ddp_*.json|*/stage07_gather_in_time.json) continue ;; esac
+  case $f in *.trace.json|*/torch_compare.json|*/torch_ddp_*.json|*/stage07_gather_in_time.json|*/lm_speed.json) continue ;; esac
   $PY scripts/plot.py "$f"
 done
 $PY scripts/make_tables.py

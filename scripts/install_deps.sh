@@ -14,6 +14,7 @@ packages=(
   python3-torch                    # PyTorch 1.13's own DDP and all_reduce, the peers of stages 01 and 05
   iproute2                         # ip and tc: ddp_launch --net builds a simulated network from them
   procps                           # pgrep, used by the tests to look for left-over processes
+  fortunes                         # 2.4 MB of English quotations: the text stage 08 learns from
 )
 missing=()
 for p in "${packages[@]}"; do

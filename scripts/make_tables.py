@@ -165,6 +165,14 @@ COLUMNS = {
                        ("in_time", "weights already gathered", "{}"), ("median_wait_ms", "median wait (ms)", "{:.1f}"),
                        ("wait_per_step_ms", "waiting per step (ms)", "{:.0f}"),
                        ("forward_per_step_ms", "forward per step (ms)", "{:.0f}")],
+    "train_lm": [("sync", "sync", "{}"), ("world_size", "ranks", "{}"), ("threads", "threads per rank", "{}"),
+                 ("accumulate", "micro-batches", "{}"),
+                 ("link", "link", "{}"), ("steps", "steps", "{}"), ("step_s", "step (s), median [95% CI]", "ci"),
+                 ("tokens_per_s", "tokens/s", "{:.0f}"), ("data_s", "data (s)", "{:.4f}"),
+                 ("forward_s", "forward (s)", "{:.3f}"), ("backward_s", "backward (s)", "{:.3f}"),
+                 ("sync_s", "exposed sync (s)", "{:.3f}"), ("optimizer_s", "optimizer (s)", "{:.3f}"),
+                 ("loss_last20", "train loss, last 20 steps", "{:.4f}"), ("val_last", "validation loss", "{:.4f}"),
+                 ("max_diff_vs_1", "max loss diff vs 1 rank", "{:.1e}")],
     "fsdp": [("variant", "variant", "{}"), ("world_size", "ranks", "{}"), ("link", "link", "{}"), ("preset", "preset", "{}"),
              ("compute_dtype", "compute", "{}"), ("param_MB", "params (MB)", "{:.1f}"), ("grad_MB", "grads (MB)", "{:.1f}"),
              ("state_MB", "AdamW state (MB)", "{:.1f}"), ("total_MB", "total (MB)", "{:.1f}"),
@@ -193,7 +201,20 @@ def cell(row, key, fmt):
     return fmt.format(v)
 
 
+def samples(doc):
+    """Text sampled from each run's model (stage 08), as a code block per run."""
+    out = []
+    for r in doc["rows"]:
+        if "sample" in r:
+            out += [f"{r['sync']}, {r['world_size']} rank{'s' if r['world_size'] > 1 else ''}, after {r['steps']} steps "
+                    f"(the prompt \"The \" and what followed it, temperature 0.8; `{r['command']}`):", "",
+                    "```text", r["sample"], "```", ""]
+    return "\n".join(out).rstrip()
+
+
 def table(name):
+    if name.endswith(".sample"):  # <!-- table:FILE.sample -->: the text sampled by the runs of FILE
+        return samples(json.loads((RESULTS / f"{name[:-7]}.json").read_text()))
     doc = json.loads((RESULTS / f"{name}.json").read_text())
     kind = doc["benchmark"].split(":")[0]
     if name in COLUMNS_BY_FILE:
@@ -224,7 +245,7 @@ def main(check):
         text = md.read_text()
         def repl(m):
             name = m.group(2)
-            if not (RESULTS / f"{name}.json").exists():
+            if not (RESULTS / f"{name.removesuffix('.sample')}.json").exists():
                 raise SystemExit(f"make_tables: {md.name} has a table '{name}' but docs/results/{name}.json is missing")
             return m.group(1) + table(name) + "\n" + m.group(3)
         new = pattern.sub(repl, text)

@@ -77,7 +77,39 @@ def fsdp(doc, ax):
     ax.set_title(f"memory per rank, {rows[0]['world_size']} ranks: DDP 16P, FSDP 16P/N + gathered units", fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
 
-PLOTS = {"allreduce": allreduce, "sharded_optimizer": memory, "fsdp": fsdp}
+def train_lm(doc, ax):
+    """Loss curves: training loss (thin, smoothed over 10 steps) and validation loss (markers)."""
+    styles = ["-", "--", ":", "-."]  # the curves coincide: dashes let each one show through the others
+    for i, r in enumerate(doc["rows"]):
+        steps = [x[0] + 1 for x in r["train"]]
+        loss = [x[1] for x in r["train"]]
+        k = 10
+        smooth = [sum(loss[max(0, i - k + 1):i + 1]) / len(loss[max(0, i - k + 1):i + 1]) for i in range(len(loss))]
+        label = f"{r['sync']}, {r['world_size']} rank{'s' if r['world_size'] > 1 else ''}"
+        if r.get("threads"):
+            label += f" x {r['threads']} thread{'s' if r['threads'] > 1 else ''}"
+        if r.get("accumulate", 1) > 1:
+            label += f", {r['accumulate']} micro-batches"
+        line, = ax.plot(steps, smooth, styles[i % len(styles)], lw=1.4, label=f"{label}: train (mean of 10 steps)")
+        if r["val"]:
+            ax.plot([v[0] + 1 for v in r["val"]], [v[1] for v in r["val"]], "o", ms=4, color=line.get_color(),
+                    mfc="none", label=f"{label}: validation")
+    # Inset: how far each curve is from the first one, step by step (log scale: from rounding to noise).
+    ref = doc["rows"][0]["train"]
+    ins = ax.inset_axes([0.34, 0.2, 0.42, 0.4])
+    for i, r in enumerate(doc["rows"][1:], start=1):
+        d = [max(abs(a[1] - b[1]), 1e-9) for a, b in zip(ref, r["train"])]
+        ins.plot(range(1, len(d) + 1), d, styles[i % len(styles)], lw=0.9, color=f"C{i}")
+    ins.set_yscale("log")
+    ins.set_ylim(1e-9, 1)
+    ins.set_title("|loss - loss of the first run| per step (1e-9: equal)", fontsize=7)
+    ins.tick_params(labelsize=6)
+    ax.set_xlabel("optimizer step (global batch the same for every world size)")
+    ax.set_ylabel("cross-entropy (nats per byte)")
+    ax.set_title("stage 08, byte-level Transformer on Debian's fortunes: every run's curve coincides")
+    ax.legend(fontsize=7)
+
+PLOTS = {"train_lm": train_lm, "allreduce": allreduce, "sharded_optimizer": memory, "fsdp": fsdp}
 
 def main(paths):
     for p in map(pathlib.Path, paths):

@@ -64,4 +64,15 @@ files07=(stages/07_fsdp/main.cpp stages/07_fsdp/benchmark.hpp stages/07_fsdp/ben
     printf '%5d  %-43s %s\n' "$(wc -l < "$f")" "$f" "$(head -n 1 "$f" | sed -E 's@^(//|#) ?@@')"
   done
 } > "$out/07.txt"
-echo "wrote ${#pairs[@]} diffs and the stage 06 and 07 file lists to $out"
+# Stage 08, the capstone, puts the earlier stages' classes to work: its files.
+files08=(stages/08_train_lm/main.cpp stages/08_train_lm/corpus.hpp stages/08_train_lm/corpus.cpp
+         stages/08_train_lm/trainer.hpp stages/08_train_lm/trainer.cpp stages/08_train_lm/train_loop.hpp
+         stages/08_train_lm/train_loop.cpp stages/08_train_lm/lm_checkpoint.hpp stages/08_train_lm/lm_checkpoint.cpp
+         stages/08_train_lm/lm_check.hpp stages/08_train_lm/lm_check.cpp stages/08_train_lm/CMakeLists.txt)
+{
+  echo "lines  file                                        what it holds"
+  for f in "${files08[@]}"; do
+    printf '%5d  %-43s %s\n' "$(wc -l < "$f")" "$f" "$(head -n 1 "$f" | sed -E 's@^(//|#) ?@@')"
+  done
+} > "$out/08.txt"
+echo "wrote ${#pairs[@]} diffs and the stage 06, 07 and 08 file lists to $out"

@@ -32,7 +32,7 @@ out=build/tour
 mkdir -p "$out"
 rm -f "$out"/*.json
 
-step() { echo; echo "==== [$1/7] $2"; }
+step() { echo; echo "==== [$1/8] $2"; }
 step 1 "stage 01: all-reduce (demo checked against the closed form, then a short benchmark)"
 $L $B/stage01_allreduce --bench --sizes 1MB,10MB,32MB --iters 5 --json $out/stage01.json
 T="--bench --preset tiny --context 128 --warmup 1 --steps 3"
@@ -48,6 +48,8 @@ step 6 "stage 06: ZeRO-1 optimizer-state sharding"
 $L $B/stage06_sharded_opt $T --json $out/stage06.json
 step 7 "stage 07: FSDP, parameters, gradients and optimizer state sharded (against stage 05's DDP)"
 $L $B/stage07_fsdp $T --json $out/stage07.json
+step 8 "stage 08: the capstone, a byte-level language model trained on real text (Debian's fortunes)"
+$L $B/stage08_train_lm --steps 100 --curve $out/stage08.json
 
 echo
 echo "==== summary (tiny Transformer, ${NPROC:-2} ranks, $link, this machine)"

@@ -11,7 +11,8 @@ gradients and AdamW state held by each rank (stage 06 measures them from its ten
 import json, pathlib, sys
 
 IDEAS = {"01": "all-reduce", "02": "naive DDP", "03": "one flat all-reduce", "04": "overlap with backward",
-         "05": "buckets", "06": "ZeRO-1 sharded AdamW", "07": "FSDP (ZeRO-3)"}
+         "05": "buckets", "06": "ZeRO-1 sharded AdamW", "07": "FSDP (ZeRO-3)",
+         "08": "capstone: real text"}
 
 def load(d, n):
     p = d / f"stage{n}.json"
@@ -66,6 +67,15 @@ def main(d):
                 note += f" (DDP: {ddp['total_MB']:.0f}); step x{f['ratio_median']:.2f} of stage 05's DDP, same run"
             out.append(["07", IDEAS["07"], "PASS", f"{f['step_median_s']:.3f}", "-",
                         f"{f['step_median_s'] / base02:.2f}" if base02 else "-", "-", "-", "-", note])
+    s8 = load(d, "08")
+    if s8:
+        tr, val = s8["train"], s8["val"]
+        secs = sorted(x[2] for x in tr[1:] or tr)
+        med = secs[len(secs) // 2]
+        tokens = s8["config"]["batch"] * s8["config"]["context"]
+        out.append(["08", IDEAS["08"], "PASS", f"{med:.3f}", "-", "-", "-", "-", "-",
+                    f"{s8['config']['sync']}: loss {tr[0][1]:.2f} -> {tr[-1][1]:.2f} nats/byte in {len(tr)} steps"
+                    + (f" (validation {val[-1][1]:.2f})" if val else "") + f", {tokens / med:.0f} tokens/s"])
     head = ["stage", "idea", "check", "step (s)", "vs no-comm", "vs stage 02", "exposed comm (s)",
             "overlap efficiency", "speedup vs 1 process", "notes"]
     print("| " + " | ".join(head) + " |")

@@ -5,8 +5,9 @@
                                               FSDP: the same loss curves as one process
   train_lm.py resume LAUNCH PROGRAM WORKDIR   a run killed with SIGKILL after its step-20 checkpoint
                                               and resumed continues the uninterrupted curve bit for bit
-                                              (same world size) or within the tolerance (1 and 4 ranks,
-                                              ZeRO-1); a torn temporary file is ignored, a truncated
+                                              (same world size) or within the tolerance (1 rank DDP,
+                                              4 ranks ZeRO-1, 2 ranks FSDP); an FSDP checkpoint resumed
+                                              by DDP; a torn temporary file is ignored, a truncated
                                               checkpoint refused with exit 2
 
 Exit 0: pass; 1: fail; 77: skipped (the corpus, Debian's fortunes package, is not installed).
@@ -108,7 +109,7 @@ def resume(launch, prog, work):
         got = curve(resumed_path)
         ok = must(got == full, "2 ranks -> killed -> 2 ranks: the whole curve equals the uninterrupted one bit for bit"
                   if got == full else "the resumed curve differs from the uninterrupted one") and ok
-    for n, sync in [(1, "ddp"), (4, "zero1")]:
+    for n, sync in [(1, "ddp"), (4, "zero1"), (2, "fsdp")]:
         shutil.copy(ck + ".saved", ck)
         path = os.path.join(work, f"resumed_{n}.json")
         rc, out = run(launch, prog, n, STEPS + ["--checkpoint", ck, "--resume", "--sync", sync, "--curve", path],
@@ -116,6 +117,18 @@ def resume(launch, prog, work):
         ok = must(rc == 0, f"resumed with {n} rank(s), --sync {sync} (exit {rc})") and ok
         if rc == 0:
             ok = compare(f"2 ranks -> killed -> {n} rank(s) {sync} vs uninterrupted", full, curve(path), TOL) and ok
+    # FSDP saves too: its shards gathered whole. Train 20 steps with FSDP at 2 ranks, go on with DDP alone.
+    fck = os.path.join(work, "fsdp.ckpt")
+    rc, out = run(launch, prog, 2, STEPS[:1] + ["20"] + STEPS[2:] + ["--sync", "fsdp", "--checkpoint", fck,
+                                                                      "--checkpoint-every", "10"],
+                  os.path.join(work, "fsdp_first20.log"))
+    ok = must(rc == 0 and "checkpoint step 20 written" in out, f"FSDP, 2 ranks, 20 steps, checkpointed (exit {rc})") and ok
+    path = os.path.join(work, "fsdp_then_ddp.json")
+    rc, out = run(launch, prog, 1, STEPS + ["--checkpoint", fck, "--resume", "--curve", path],
+                  os.path.join(work, "fsdp_then_ddp.log"))
+    ok = must(rc == 0, f"the FSDP checkpoint resumed by one DDP process (exit {rc})") and ok
+    if rc == 0:
+        ok = compare("FSDP 2 ranks -> DDP 1 rank vs uninterrupted", full, curve(path), TOL) and ok
     # A truncated checkpoint is refused with exit 2, naming the file.
     data = open(ck + ".saved", "rb").read()
     with open(ck, "wb") as f:

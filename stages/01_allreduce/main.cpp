@@ -97,7 +97,8 @@ int main(int argc, char** argv) {
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
 
-    maybe_inject_fault(pg.rank());  // hardening tests only (DP_FAULT); a no-op otherwise
+    maybe_inject_fault(pg.rank());             // hardening tests only (DP_FAULT); a no-op otherwise
+    maybe_inject_collective_fault(pg);         // docs/debugging.md: DP_FAULT=misorder@R
     const bool ok = demo(pg, cli.common().seed);
     auto oks = pg.all_gather(ok ? 1.0 : 0.0);  // every rank learns whether every rank passed
     if (std::count(oks.begin(), oks.end(), 1.0) != pg.world_size())

@@ -288,6 +288,48 @@ std::vector<std::pair<std::string, torch::Tensor>> Fsdp::gather_full_parameters(
   return out;
 }
 
+std::vector<torch::Tensor> Fsdp::gather_full(const std::vector<torch::Tensor>& pieces) {
+  torch::NoGradGuard no_grad;
+  const auto mine = parameters();
+  if (pieces.size() != mine.size())
+    throw std::invalid_argument(fmt::format("Fsdp::gather_full: {} tensors for {} pieces", pieces.size(), mine.size()));
+  std::unordered_map<const void*, torch::Tensor> full;
+  size_t k = units_.size();  // the replicated tensors follow the shards
+  for (size_t u = 0; u < units_.size(); ++u) {
+    auto& U = units_[u];
+    torch::Tensor flat = torch::empty({U.layout.padded}, U.shard.options().requires_grad(false));
+    torch::Tensor chunk = pieces[u].detach().to(torch::kFloat32).contiguous();
+    all_gather_flat(pg_, chunk, flat, "gather_full");
+    for (size_t i = 0; i < U.sharded.size(); ++i)
+      full[U.sharded[i].unsafeGetTensorImpl()] = flat.narrow(0, U.offsets[i], U.sharded[i].numel()).view(U.sharded[i].sizes());
+  }
+  for (auto& U : units_)
+    for (const auto& p : U.replicated) full[p.unsafeGetTensorImpl()] = pieces[k++].detach().to(torch::kFloat32).clone();
+  std::vector<torch::Tensor> out;
+  for (const auto& [name, p] : unique_named_parameters(*model_, /*trainable_only=*/true))
+    out.push_back(full.at(p.unsafeGetTensorImpl()));
+  return out;
+}
+
+std::vector<torch::Tensor> Fsdp::shard_full(const std::vector<torch::Tensor>& full) const {
+  torch::NoGradGuard no_grad;
+  const auto named = unique_named_parameters(*model_, /*trainable_only=*/true);
+  if (full.size() != named.size())
+    throw std::invalid_argument(fmt::format("Fsdp::shard_full: {} tensors for {} parameters", full.size(), named.size()));
+  std::unordered_map<const void*, torch::Tensor> by_param;
+  for (size_t i = 0; i < named.size(); ++i) by_param[named[i].second.unsafeGetTensorImpl()] = full[i];
+  std::vector<torch::Tensor> out;
+  for (const auto& U : units_) {
+    torch::Tensor flat = torch::zeros({U.layout.padded}, U.shard.options().requires_grad(false));
+    for (size_t i = 0; i < U.sharded.size(); ++i)
+      flat.narrow(0, U.offsets[i], U.sharded[i].numel()).copy_(by_param.at(U.sharded[i].unsafeGetTensorImpl()).reshape(-1));
+    out.push_back(flat.narrow(0, U.layout.offset(pg_.rank()), U.layout.chunk).clone());
+  }
+  for (const auto& U : units_)
+    for (const auto& p : U.replicated) out.push_back(by_param.at(p.unsafeGetTensorImpl()).to(p.scalar_type()).clone());
+  return out;
+}
+
 int64_t Fsdp::resident_parameter_bytes() const {
   int64_t b = 0;
   for (const auto& U : units_) {

@@ -68,6 +68,13 @@ class Fsdp {
   /// Call after backward, before the optimizer: completes every reduce-scatter (shard grads = mean over
   /// the ranks, fp32, the shard's shape) and all-reduces the replicated gradients (then / N).
   void finish_gradient_synchronization();
+  /// Tensors shaped like parameters() (an optimizer's state for each of them, say) made whole: one fp32
+  /// tensor per trainable model parameter, in model->named_parameters() order, each shard's chunks
+  /// all-gathered and its padding cut (a collective). What a checkpoint that any world size can read stores.
+  std::vector<torch::Tensor> gather_full(const std::vector<torch::Tensor>& pieces);
+  /// The reverse of gather_full(), on this rank alone: full tensors, one per trainable model parameter in
+  /// named_parameters() order, cut into this rank's pieces, shaped like parameters().
+  std::vector<torch::Tensor> shard_full(const std::vector<torch::Tensor>& full) const;
   /// Every parameter in full, fp32, named as in model->named_parameters() (a collective; rank order).
   std::vector<std::pair<std::string, torch::Tensor>> gather_full_parameters();
 

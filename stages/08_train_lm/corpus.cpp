@@ -84,6 +84,7 @@ DistributedSampler::DistributedSampler(int64_t num_windows, int64_t global_batch
                                  "--batch or --context", global_batch, num_windows));
 }
 
+// [sampler]
 std::vector<int64_t> DistributedSampler::global_ids(int64_t step) {
   const int64_t epoch = step / steps_per_epoch(), k = step % steps_per_epoch();
   if (epoch != epoch_) {
@@ -102,5 +103,6 @@ std::vector<int64_t> DistributedSampler::local_ids(int64_t step) {
   const int64_t per_rank = global_ / world_;
   return {ids.begin() + rank_ * per_rank, ids.begin() + (rank_ + 1) * per_rank};
 }
+// [sampler]
 
 }  // namespace dp

@@ -19,6 +19,7 @@ static bool may_differ(const std::string& key) {
          key == "checkpoint_every" || key == "bucket_mb";
 }
 
+// [save]
 void save_lm_checkpoint(const std::string& path, ProcessGroup& pg, const LmCheckpointMeta& meta,
                         const FullState& state) {
   std::string error;
@@ -45,6 +46,7 @@ void save_lm_checkpoint(const std::string& path, ProcessGroup& pg, const LmCheck
   error = broadcast_text(pg, error, 0);  // all ranks stop together, or none does
   if (!error.empty()) throw UsageError(error);
 }
+// [save]
 
 std::pair<LmCheckpointMeta, FullState> load_lm_checkpoint(const std::string& path, const json& config,
                                                           const FullState& like) {

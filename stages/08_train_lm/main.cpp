@@ -23,6 +23,7 @@
 // itself), sequence parallelism and real GPUs are the next steps; docs/08_train_lm.md lists them.
 #include "common/cli.hpp"
 #include "common/dist.hpp"
+#include "common/results.hpp"
 #include "common/runtime.hpp"
 #include "common/timing.hpp"
 #include "stages/08_train_lm/corpus.hpp"
@@ -51,13 +52,15 @@ int main(int argc, char** argv) {
   cli.app().add_option("--accumulate", o.accumulate, "Micro-batches per step on each rank (ddp, zero1)")->check(PositiveInt);
   cli.app().add_option("--sync", o.trainer.sync, "ddp (stage 05), zero1 (stage 06) or fsdp (stage 07)")
       ->check(CLI::IsMember(sync_names()));
+  cli.app().add_option("--bucket-mb", o.trainer.bucket_mb, "DDP's bucket cap in MB (stage 05; default 25)")
+      ->check(CLI::PositiveNumber);
   cli.app().add_option("--steps", o.steps, "Optimizer steps in all (a resumed run counts from 0 too)")->check(PositiveInt);
   cli.app().add_option("--lr", o.lr, "AdamW learning rate after warm-up")->check(CLI::PositiveNumber);
   cli.app().add_option("--warmup", o.warmup, "Steps of linear learning-rate warm-up")->check(CLI::NonNegativeNumber);
   cli.app().add_option("--eval-every", o.eval_every, "Validation loss every N steps (and at the end)")->check(PositiveInt);
   cli.app().add_option("--checkpoint", o.checkpoint, "Checkpoint file (written atomically)");
   cli.app().add_option("--checkpoint-every", o.checkpoint_every, "Save every N steps (needs --checkpoint)")->check(PositiveInt);
-  cli.app().add_flag("--resume", o.resume, "Continue from --checkpoint (any world size, any --sync but fsdp)");
+  cli.app().add_flag("--resume", o.resume, "Continue from --checkpoint (any world size, any --sync)");
   cli.app().add_option("--curve", o.curve, "Write the loss curve, timings and sample as JSON (rank 0)");
   cli.app().add_option("--sample", o.sample_bytes, "Bytes of text to sample from the model at the end (0: none)")
       ->check(CLI::NonNegativeNumber);
@@ -65,6 +68,7 @@ int main(int argc, char** argv) {
   o.seed = cli.common().seed;
 
   return run_main([&] {
+    o.command = command_line(argc, argv);  // reads the launch environment: inside run_main, whose errors exit 2
     configure_cpu_threads();
     check_blas();
     validate_run_options(o);  // exit 2 before the process group forms: bad flags, a missing checkpoint

@@ -1,6 +1,7 @@
 // The capstone's training loop.
 #include "stages/08_train_lm/train_loop.hpp"
 
+#include "common/results.hpp"
 #include "common/runtime.hpp"
 #include "common/timing.hpp"
 #include "stages/08_train_lm/lm_checkpoint.hpp"
@@ -32,9 +33,6 @@ void validate_run_options(const RunOptions& o) {
   if (o.trainer.sync == "fsdp" && o.accumulate > 1)
     throw UsageError(fmt::format("--sync fsdp with --accumulate {}: FSDP here takes one micro-batch per step; use "
                                  "--sync ddp or zero1 to accumulate", o.accumulate));
-  if (o.trainer.sync == "fsdp" && !o.checkpoint.empty())
-    throw UsageError("--sync fsdp with --checkpoint: FSDP's sharded state is not checkpointed yet; use --sync ddp "
-                     "or zero1 (their checkpoints resume under any --sync but fsdp)");
   if (!std::filesystem::exists(o.corpus)) load_corpus(o.corpus, 0);  // throws its message, with the remedy
   if (o.warmup > o.steps)
     throw UsageError(fmt::format("--warmup {} is longer than --steps {}", o.warmup, o.steps));
@@ -149,6 +147,8 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
   curve["phases"] = {{"data", median(data_s)}, {"forward", median(fwd_s)}, {"backward", median(bwd_s)},
                      {"sync", median(sync_s)}, {"optimizer", median(opt_s)}};
   curve["config"] = o.config();
+  curve["command"] = o.command, curve["machine"] = machine_description(), curve["link"] = link_description();
+  curve["threads"] = torch::get_num_threads();  // per rank: the order of a matmul's sums depends on it
   if (o.sample_bytes > 0 && pg.rank() == 0) {
     if (o.trainer.sync == "fsdp") {
       print0("(no sample: under FSDP no rank holds the whole model)");

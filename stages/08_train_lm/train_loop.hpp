@@ -30,6 +30,7 @@ struct RunOptions {
   int64_t sample_bytes = 200;
   uint64_t seed = 0;
   int world_size = 1;         ///< filled in once the process group exists
+  std::string command;        ///< the command line that reproduces the run (recorded in --curve)
   TrainerOptions trainer;
 
   /// What a checkpoint records and a resumed run must match (but for the fields that may change:
@@ -39,7 +40,7 @@ struct RunOptions {
 
 /// Throws dp::UsageError (exit 2) on options that cannot work together, before anything starts:
 /// --checkpoint-every or --resume without --checkpoint, --resume with a checkpoint that does not exist,
-/// --sync fsdp with --accumulate or checkpoints, --warmup beyond --steps.
+/// --sync fsdp with --accumulate, --warmup beyond --steps.
 void validate_run_options(const RunOptions& o);
 
 /// Throws dp::UsageError unless the global batch splits into world_size x accumulate equal micro-batches.
@@ -50,7 +51,8 @@ TransformerLM make_byte_lm(const std::string& preset, int64_t context, uint64_t 
 
 /// Trains (from step 0, or from the checkpoint with --resume) to o.steps and returns the curve, as also
 /// written to o.curve: {"config", "train": [[step, loss, tokens/s]...], "val": [[step, loss]...],
-/// "phases": median seconds per step of data, forward, backward, sync, optimizer (this rank), "sample"}.
+/// "phases": median seconds per step of data, forward, backward, sync, optimizer (this rank), "sample",
+/// "command", "machine", "link"}.
 nlohmann::json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, DistributedSampler& sampler);
 
 }  // namespace dp

@@ -199,15 +199,32 @@ class FsdpTrainer : public LmTrainer {
     torch::NoGradGuard no_grad;
     return lm_loss(model_->forward_units(b.first, fsdp_.runner()), b.second).item<double>();
   }
-  // The parameters only: the check compares them; checkpoints of FSDP runs are refused up front
-  // (validate_run_options), because gathering the sharded AdamW moments is not written yet.
+  // Parameters and moments live in shards: gather them whole (and cut each unit's padding) to save,
+  // cut them into this world's shards to load.
   FullState full_state() override {
+    const auto pieces = fsdp_.parameters();
+    std::vector<torch::Tensor> avg, avg_sq;
+    int64_t step = 0;
+    for (const auto& p : pieces) {
+      const auto st = get_param_state(opt_, p);
+      avg.push_back(st.present ? st.tensors.at("exp_avg") : torch::zeros_like(p));
+      avg_sq.push_back(st.present ? st.tensors.at("exp_avg_sq") : torch::zeros_like(p));
+      step = st.step;
+    }
     FullState s;
-    for (auto& [name, p] : fsdp_.gather_full_parameters()) s.params.push_back(p);
+    s.params = fsdp_.gather_full(pieces), s.exp_avg = fsdp_.gather_full(avg), s.exp_avg_sq = fsdp_.gather_full(avg_sq);
+    s.adam_step = step;
     return s;
   }
-  void load_full_state(const FullState&) override {
-    throw UsageError("checkpoints of --sync fsdp runs are not written yet; use --sync ddp or zero1 to checkpoint");
+  void load_full_state(const FullState& s) override {
+    torch::NoGradGuard no_grad;
+    auto pieces = fsdp_.parameters();
+    const auto values = fsdp_.shard_full(s.params), avg = fsdp_.shard_full(s.exp_avg),
+               avg_sq = fsdp_.shard_full(s.exp_avg_sq);
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      pieces[i].copy_(values[i]);  // a shard (gathered again before each use) or a replicated gain
+      set_param_state(opt_, "adamw", pieces[i], adam_state(s, avg[i], avg_sq[i]));
+    }
   }
   std::string describe() const override { return "FSDP (stage 07: units gathered before use, gradients reduce-scattered)"; }
 

@@ -40,8 +40,7 @@ class LmTrainer {
   virtual double step(const std::vector<Batch>& micro, double lr, StepTimes& t) = 0;
   /// Mean cross-entropy of `b` without gradients (every rank must call it: FSDP gathers).
   virtual double eval_loss(const Batch& b) = 0;
-  /// The state in full on every rank (a collective: ZeRO-1 and FSDP gather their shards). FSDP's has
-  /// the parameters only (no moments yet: its runs are not checkpointed).
+  /// The state in full on every rank (a collective: ZeRO-1 and FSDP gather their shards).
   virtual FullState full_state() = 0;
   /// Installs `s` (every rank passes the same; shapes were checked by the caller).
   virtual void load_full_state(const FullState& s) = 0;

@@ -98,6 +98,17 @@ dp_add_test(hardening_missing_peer LABELS "hardening;e2e" TIMEOUT 60 COMMAND
 # A rank that hangs inside a collective: its peer fails after --timeout, naming the collective.
 dp_add_test(hardening_hung_rank LABELS "hardening;e2e" TIMEOUT 60 COMMAND
   env DP_FAULT=hang@1 ${EXPECT} 1 "all_gather of [0-9]+ bytes failed" -- ${LAUNCH} --nproc 2 -- ${S01} --timeout 3s)
+# Collectives in different orders (DP_FAULT=misorder@1: rank 1 issues one extra broadcast): plain Gloo pairs
+# rank 1's broadcast with rank 0's all_gather and both wait out --timeout; under TORCH_DISTRIBUTED_DEBUG=DETAIL
+# c10d's ProcessGroupWrapper names both collectives at once. An unknown debug level is bad input.
+dp_add_test(hardening_misorder_times_out LABELS "hardening;e2e" TIMEOUT 60 COMMAND
+  env DP_FAULT=misorder@1 ${EXPECT} 1 "(broadcast|all_gather) of 32 bytes failed" -- ${LAUNCH} --nproc 2 -- ${S01} --timeout 3s)
+dp_add_test(hardening_misorder_detail LABELS "hardening;e2e" TIMEOUT 60 COMMAND
+  env DP_FAULT=misorder@1 TORCH_DISTRIBUTED_DEBUG=DETAIL
+  ${EXPECT} 1 "Detected mismatch between collectives on ranks. Rank 1 is running collective: CollectiveFingerPrint.*OpType=BROADCAST"
+  -- ${LAUNCH} --nproc 2 -- ${S01} --timeout 30s)
+dp_bad_input(torch_distributed_debug_unknown 2 "TORCH_DISTRIBUTED_DEBUG=LOUD: not a level c10d knows. use OFF, INFO or DETAIL"
+  env TORCH_DISTRIBUTED_DEBUG=LOUD ${S01})
 # A rank that dies mid-training ends the run within seconds.
 dp_add_test(hardening_dead_rank LABELS "hardening;e2e" TIMEOUT 60 COMMAND
   env DP_FAULT=die@1 ${EXPECT} "1|137" "rank 1 was killed by signal 9|rank 0 exited with code 1" --

@@ -102,6 +102,28 @@ TYPED_TEST(FsdpContract, ShardsOnlyBetweenSteps) {
   });
 }
 
+// gather_full() of the pieces the optimizer steps is the full model (what gather_full_parameters() gives),
+// and shard_full() cuts it back into exactly those pieces: a checkpoint's round trip. At 3 ranks every
+// unit carries padding, which gather_full must cut and shard_full must restore as zeros.
+TYPED_TEST(FsdpContract, GatherFullAndShardFullRoundTrip) {
+  run_ranks(3, [](ProcessGroup& pg) {
+    auto model = seeded_toy(3);
+    Fsdp fsdp(pg, model.ptr(), model->units(), TypeParam::options());
+    const auto pieces = fsdp.parameters();
+    const auto full = fsdp.gather_full(pieces);
+    const auto named = fsdp.gather_full_parameters();
+    ASSERT_EQ(full.size(), named.size());
+    for (size_t i = 0; i < full.size(); ++i) {
+      EXPECT_EQ(full[i].scalar_type(), torch::kFloat32);
+      EXPECT_TRUE(torch::equal(full[i], named[i].second)) << named[i].first;
+    }
+    const auto back = fsdp.shard_full(full);
+    ASSERT_EQ(back.size(), pieces.size());
+    for (size_t i = 0; i < back.size(); ++i) EXPECT_TRUE(torch::equal(back[i], pieces[i].detach())) << "piece " << i;
+    EXPECT_THROW(fsdp.shard_full({full[0]}), std::invalid_argument);
+  });
+}
+
 // The prefetch: when unit u starts computing in forward, units up to u + 1 have been launched; a step
 // issues 2U - 1 all-gathers when resharding (the last unit is not freed after forward), else U, and U
 // reduce-scatters; afterwards nothing stays gathered. Reshard keeps at most two units gathered at once.

@@ -1,0 +1,112 @@
+// Stage 08's parts on their own: the corpus split, the windows, the world-size-free sampler, and the
+// checkpoint's refusals. (The training itself is tested end to end by tests/train_lm.py.)
+#include "common/runtime.hpp"
+#include "stages/08_train_lm/corpus.hpp"
+#include "stages/08_train_lm/lm_checkpoint.hpp"
+#include "tests/support/ranks.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace {
+
+using namespace dp::testing;
+using dp::DistributedSampler;
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("dp_test_train_lm_" + name)).string();
+}
+
+// 20 blocks of 4 KiB: block 19 (the 20th) is held out, the rest is training text, in order.
+TEST(Corpus, EveryTwentiethBlockIsHeldOut) {
+  const std::string path = temp_path("corpus.txt");
+  std::string text;
+  for (int b = 0; b < 20; ++b) text += std::string(4096, static_cast<char>('a' + b));
+  std::ofstream(path, std::ios::binary) << text;
+  const auto c = dp::load_corpus(path, 1000);
+  EXPECT_EQ(c.train.numel(), 19 * 4096);
+  EXPECT_EQ(c.val.numel(), 4096);
+  EXPECT_EQ(c.val[0].item<int64_t>(), 'a' + 19);
+  EXPECT_EQ(c.train[18 * 4096].item<int64_t>(), 'a' + 18);
+  EXPECT_THROW(dp::load_corpus(path, 100000), dp::UsageError);  // too little text for the batch
+  EXPECT_THROW(dp::load_corpus(temp_path("missing"), 1), dp::UsageError);
+  std::remove(path.c_str());
+}
+
+// Window j is tokens [jT, jT + T + 1): inputs and the next tokens.
+TEST(Corpus, WindowsAreInputsAndNextTokens) {
+  auto tokens = torch::arange(0, 50, torch::kLong);
+  EXPECT_EQ(dp::window_count(tokens, 8), 6);  // (50 - 1) / 8
+  auto [x, y] = dp::windows(tokens, {0, 5}, 8);
+  EXPECT_TRUE(torch::equal(x[1], torch::arange(40, 48, torch::kLong)));
+  EXPECT_TRUE(torch::equal(y[1], torch::arange(41, 49, torch::kLong)));
+}
+
+// The contract the capstone's curves rest on: for every world size the ranks' shares of step s, in rank
+// order, are the same G windows; shares are disjoint; an epoch visits every window at most once.
+TEST(Sampler, SameGlobalBatchForEveryWorldSize) {
+  const int64_t n = 103, G = 12;
+  DistributedSampler one(n, G, 5, 0, 1);
+  std::set<int64_t> epoch0;
+  for (int64_t step = 0; step < 2 * one.steps_per_epoch() + 1; ++step) {
+    const auto want = one.global_ids(step);
+    ASSERT_EQ(static_cast<int64_t>(want.size()), G);
+    if (step < one.steps_per_epoch())
+      for (auto id : want) EXPECT_TRUE(epoch0.insert(id).second) << "window " << id << " twice in epoch 0";
+    for (int W : {2, 3, 4}) {
+      std::vector<int64_t> joined;
+      for (int r = 0; r < W; ++r) {
+        DistributedSampler s(n, G, 5, r, W);
+        const auto mine = s.local_ids(step);
+        EXPECT_EQ(static_cast<int64_t>(mine.size()), G / W);
+        joined.insert(joined.end(), mine.begin(), mine.end());
+      }
+      EXPECT_EQ(joined, want) << "step " << step << ", " << W << " ranks";
+    }
+  }
+  EXPECT_NE(one.global_ids(0), one.global_ids(one.steps_per_epoch()));  // a new shuffle each epoch
+  EXPECT_NE(DistributedSampler(n, G, 6, 0, 1).global_ids(0), one.global_ids(0));  // the seed matters
+  EXPECT_THROW(DistributedSampler(n, 10, 5, 0, 4), dp::UsageError);   // 10 sequences over 4 ranks
+  EXPECT_THROW(DistributedSampler(n, 104, 5, 0, 1), dp::UsageError);  // more than the corpus holds
+}
+
+// A checkpoint resumes only the run it was written by: another model, batch or data is refused by name;
+// another world size or synchronization is fine. Tensors come back exactly.
+TEST(LmCheckpoint, RoundTripAndRefusals) {
+  run_ranks(1, [](dp::ProcessGroup& pg) {
+    const std::string path = temp_path("lm.ckpt");
+    dp::FullState s;
+    s.params = {torch::randn({3, 2}), torch::randn({4})};
+    s.exp_avg = {torch::randn({3, 2}), torch::randn({4})};
+    s.exp_avg_sq = {torch::rand({3, 2}), torch::rand({4})};
+    s.adam_step = 7;
+    nlohmann::json cfg = {{"preset", "tiny"}, {"batch", 16}, {"world_size", 2}, {"sync", "ddp"}};
+    dp::save_lm_checkpoint(path, pg, {20, cfg, {{"train", {{0, 5.5, 0.1}}}}}, s);
+    auto other = cfg;
+    other["world_size"] = 4, other["sync"] = "fsdp";
+    auto [meta, got] = dp::load_lm_checkpoint(path, other, s);
+    EXPECT_EQ(meta.step, 20);
+    EXPECT_EQ(got.adam_step, 7);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_TRUE(torch::equal(got.params[i], s.params[i]));
+      EXPECT_TRUE(torch::equal(got.exp_avg_sq[i], s.exp_avg_sq[i]));
+    }
+    other["batch"] = 32;
+    try {
+      dp::load_lm_checkpoint(path, other, s);
+      ADD_FAILURE() << "a checkpoint of another batch size was accepted";
+    } catch (const dp::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("batch = 16, this run has 32"), std::string::npos) << e.what();
+    }
+    dp::FullState bigger = s;
+    bigger.params[1] = torch::zeros({5});
+    EXPECT_THROW(dp::load_lm_checkpoint(path, cfg, bigger), dp::UsageError);  // another model shape
+    std::filesystem::remove(path);
+  });
+}
+
+}  // namespace
