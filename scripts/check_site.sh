@@ -18,7 +18,7 @@ html=$B/docs/html
 out=$B/docs/screenshots
 mkdir -p "$out"
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
-pages=(index stage01 stage02 stage03 stage04 stage05 stage06 stage07 launching results cs336_map accounting debugging)
+pages=(index stage01 stage02 stage03 stage04 stage05 stage06 stage07 stage08 launching results cs336_map accounting debugging)
 failed=0
 for p in "${pages[@]}"; do
   f=$(realpath "$html/$p.html")

@@ -5,6 +5,7 @@
 #include "common/runtime.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace dp {
 
