@@ -23,14 +23,10 @@ LmCheck check_against_one_process(ProcessGroup& pg, const RunOptions& o, const T
   auto trainer = make_trainer(pg, model, o.trainer);
   auto ref = small_lm(o.context, o.seed);
   torch::optim::AdamW ref_opt(ref->parameters(), lm_adamw(o.trainer).lr(lr));
-  const int64_t per_micro = o.batch / pg.world_size() / o.accumulate;
   for (int64_t step = 0; step < kSteps; ++step) {
     const auto ids = sampler.local_ids(step);
-    std::vector<Batch> micro;
-    for (int64_t k = 0; k < o.accumulate; ++k)
-      micro.push_back(windows(corpus.train, {ids.begin() + k * per_micro, ids.begin() + (k + 1) * per_micro}, o.context));
     StepTimes t;
-    trainer->step(micro, lr, t);
+    trainer->step(micro_batches(corpus, ids, o.accumulate, o.context), lr, t);
     // One process, the whole global batch, one mean.
     auto [x, y] = windows(corpus.train, sampler.global_ids(step), o.context);
     ref_opt.zero_grad();

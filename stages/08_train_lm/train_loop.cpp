@@ -44,6 +44,13 @@ void check_micro_batches(const RunOptions& o, int world_size) {
                                  "multiple of {}", o.batch, world_size, o.accumulate, world_size * o.accumulate));
 }
 
+std::vector<Batch> micro_batches(const TextCorpus& c, const std::vector<int64_t>& ids, int64_t k, int64_t context) {
+  const int64_t per = static_cast<int64_t>(ids.size()) / k;
+  std::vector<Batch> out;
+  for (int64_t i = 0; i < k; ++i) out.push_back(windows(c.train, {ids.begin() + i * per, ids.begin() + (i + 1) * per}, context));
+  return out;
+}
+
 TransformerLM make_byte_lm(const std::string& preset, int64_t context, uint64_t seed) {
   auto cfg = TransformerConfig::preset(preset, context);
   cfg.vocab_size = TextCorpus::kVocab;  // bytes
@@ -112,15 +119,12 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
            meta.config.value("world_size", 0), meta.config.value("sync", "?"));
   }
   std::vector<double> data_s, fwd_s, bwd_s, sync_s, opt_s;
-  const int64_t per_micro = o.batch / pg.world_size() / o.accumulate;
   const int64_t every = std::max<int64_t>(1, o.steps / 20);
   for (int64_t step = start; step < o.steps; ++step) {
     Timer wall;
     Timer d;
     const auto ids = sampler.local_ids(step);  // this rank's share of the step's global batch
-    std::vector<Batch> micro;
-    for (int64_t k = 0; k < o.accumulate; ++k)
-      micro.push_back(windows(corpus.train, {ids.begin() + k * per_micro, ids.begin() + (k + 1) * per_micro}, o.context));
+    const auto micro = micro_batches(corpus, ids, o.accumulate, o.context);
     data_s.push_back(d.seconds());
     StepTimes t;
     const double local = trainer->step(micro, lr_at(o, step), t);

@@ -46,6 +46,9 @@ void validate_run_options(const RunOptions& o);
 /// Throws dp::UsageError unless the global batch splits into world_size x accumulate equal micro-batches.
 void check_micro_batches(const RunOptions& o, int world_size);
 
+/// This rank's windows `ids` of the training text cut into `k` equal micro-batches, in order.
+std::vector<Batch> micro_batches(const TextCorpus& c, const std::vector<int64_t>& ids, int64_t k, int64_t context);
+
 /// The TransformerLM of `o.preset` with a byte vocabulary (256), initialised from `seed` on every rank.
 TransformerLM make_byte_lm(const std::string& preset, int64_t context, uint64_t seed);
 

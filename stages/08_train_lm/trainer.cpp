@@ -51,6 +51,12 @@ static FullState state_of(optim::Optimizer& opt, const std::vector<torch::Tensor
   return s;
 }
 
+// Validation loss of a model every rank holds whole (DDP, ZeRO-1): no gradients, no communication.
+static double whole_model_loss(TransformerLM& model, const Batch& b) {
+  torch::NoGradGuard no_grad;
+  return lm_loss(model->forward(b.first), b.second).item<double>();
+}
+
 static ParamState adam_state(const FullState& s, const torch::Tensor& avg, const torch::Tensor& avg_sq) {
   ParamState st;
   st.present = s.adam_step > 0;
@@ -88,10 +94,7 @@ class DdpTrainer : public LmTrainer {
     t.optimizer += o.seconds();
     return loss / K;
   }
-  double eval_loss(const Batch& b) override {
-    torch::NoGradGuard no_grad;
-    return lm_loss(model_->forward(b.first), b.second).item<double>();
-  }
+  double eval_loss(const Batch& b) override { return whole_model_loss(model_, b); }
   FullState full_state() override { return state_of(opt_, model_->parameters()); }  // every rank holds it all
   void load_full_state(const FullState& s) override {
     torch::NoGradGuard no_grad;
@@ -130,10 +133,7 @@ class Zero1Trainer : public LmTrainer {
     t.optimizer += o.seconds();
     return loss / K;
   }
-  double eval_loss(const Batch& b) override {
-    torch::NoGradGuard no_grad;
-    return lm_loss(model_->forward(b.first), b.second).item<double>();
-  }
+  double eval_loss(const Batch& b) override { return whole_model_loss(model_, b); }
   FullState full_state() override {
     // The moments of one flat chunk per rank: gather the chunks, cut the padding, split per parameter.
     FullState s = state_of(zero_->local(), {zero_->shard()});
