@@ -25,18 +25,14 @@
 #include "common/dist.hpp"
 #include "common/results.hpp"
 #include "common/runtime.hpp"
-#include "common/timing.hpp"
 #include "stages/08_train_lm/corpus.hpp"
 #include "stages/08_train_lm/train_loop.hpp"
 #include "stages/08_train_lm/lm_check.hpp"
 #include "stages/08_train_lm/trainer.hpp"
 
-#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 
 using namespace dp;
 using json = nlohmann::json;

@@ -96,11 +96,7 @@ static std::string sample_text(TransformerLM model, const RunOptions& o, int64_t
   return s;
 }
 
-static double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+static double median(const std::vector<double>& v) { return summarize(v).median; }  // common/timing.hpp
 
 // [loop]
 json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, DistributedSampler& sampler) {
