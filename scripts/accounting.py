@@ -4,8 +4,9 @@
 Prints the tables of docs/accounting.md: the formulas evaluated for this project's Transformer presets
 (data parallelism and ZeRO per device; tensor parallelism)
 (fp32 weights and gradients, AdamW: 16 bytes of training state per parameter), and CS336 2025's
-communication_accounting problem (the XXL FFN-only model). Nothing here is measured; the page checks the
-formulas against what stages 05-07 measured.
+communication_accounting problem (the XXL FFN-only model), and CS336 2026's section 8 calculations (one FFN
+layer under DP, FSDP, TP and FSDP x TP) evaluated for datasheet figures. Nothing here is measured; the page
+checks the formulas against what stages 05-07 measured.
 
     python3 scripts/accounting.py            # every table, as Markdown
     python3 scripts/accounting.py --ranks 8  # the preset table for 8 devices
@@ -88,6 +89,39 @@ def xxl():
     return "\n".join(lines)
 
 
+def s8_bounds(tokens, dff, c, w):
+    """CS336 2026 section 8 for one FFN layer (W1, W2: D x D_ff, W3: D_ff x D), 2-byte values, C FLOP/s and
+    W bytes/s of egress per device. Compute outlasts communication when (derivations on the page):
+    DP and FSDP (both passes): N - 1 <= B W / C;  TP forward: N_TP - 1 <= 3 D_ff W / (2 C) (backward: twice
+    that); 2D with the axes overlapping: the product of the two; 2D sharing one network:
+    3 D_ff (N_FSDP - 1) + 2 B (N_TP - 1) <= 3 B D_ff W / C, whose best product is returned in closed form
+    and checked here against a scan over N_TP."""
+    dp = 1 + tokens * w / c
+    tp = 1 + 3 * dff * w / (2 * c)
+    k = 3 * tokens * dff * w / c
+    shared = (k + 3 * dff + 2 * tokens) ** 2 / (24 * tokens * dff)  # u = 3 D_ff N_FSDP, v = 2 B N_TP, u + v fixed
+
+    def n_of(n_tp):  # the largest N_FSDP the shared budget leaves for this N_TP, times N_TP
+        return n_tp * (1 + (k - 2 * tokens * (n_tp - 1)) / (3 * dff))
+    scan = max(n_of(1 + i * (k / (2 * tokens)) / 100000) for i in range(100001))
+    assert abs(scan - shared) <= 1e-6 * shared, (scan, shared)
+    return dp, tp, dp * tp, shared
+
+
+def s8():
+    """The section 8 bounds for the 2026 leaderboard's model (d_ff 11008, batch 2 x 32768 tokens) on H100
+    SXM datasheet figures: 989 TFLOP/s dense bf16, NVLink 450 GB/s each way. Not measured here."""
+    tokens, dff, c, w = 2 * 32768, 11008, 989e12, 450e9
+    dp, tp, both, shared = s8_bounds(tokens, dff, c, w)
+    return "\n".join([
+        f"- C / W = {c / w:,.0f} FLOPs per byte; B = {tokens:,} tokens; D_ff = {dff:,}",
+        f"- data_parallel_calcs (c) and fsdp_calcs (c): N <= 1 + B W / C = {dp:.1f}",
+        f"- tp_calcs (d): forward N_TP <= 1 + 3 D_ff W / (2 C) = {tp:.2f}; backward N_TP <= {1 + 3 * dff * w / c:.2f}",
+        f"- fsdp_tp_calcs (c), axes overlapping: N <= {dp:.1f} x {tp:.2f} = {both:.0f}",
+        f"- fsdp_tp_calcs (d), one shared network: N <= {shared:.0f} (scan over N_TP agrees)",
+    ])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, default=2, help="devices N for the preset table (default 2)")
@@ -99,7 +133,8 @@ def main():
                      preset_table(a.ranks),
                      f"\nTensor parallelism over {a.ranks} devices, fp32, batch 4 x context 128:\n",
                      tp_table(a.ranks, 4 * 128),
-                     "\nCS336 2025 communication_accounting (XXL, FFN-only):\n", xxl()])
+                     "\nCS336 2025 communication_accounting (XXL, FFN-only):\n", xxl(),
+                     "\nCS336 2026 section 8, one FFN layer, H100 SXM datasheet figures (not measured):\n", s8()])
     if a.check:  # every table row and result line must appear on the page verbatim
         page = open(a.check).read()
         missing = [l for l in out.splitlines() if l.startswith(("|", "- ")) and l not in page]
