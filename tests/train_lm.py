@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end tests of the capstone (stage 08) on real text.
 
-  train_lm.py curves LAUNCH PROGRAM WORKDIR   1, 2 and 4 ranks, DDP, ZeRO-1 (with --accumulate 2) and
-                                              FSDP: the same loss curves as one process
+  train_lm.py curves LAUNCH PROGRAM WORKDIR   1, 2 and 4 ranks, DDP, ZeRO-1 and FSDP (both with
+                                              --accumulate 2): the same loss curves as one process
   train_lm.py resume LAUNCH PROGRAM WORKDIR   a run killed with SIGKILL after its step-20 checkpoint
                                               and resumed continues the uninterrupted curve bit for bit
                                               (same world size) or within the tolerance (1 rank DDP,
@@ -69,7 +69,7 @@ def curves(launch, prog, work):
     ref = train(launch, prog, work, "one", 1, [])
     ok = True
     for name, n, extra in [("ddp2", 2, []), ("ddp4", 4, []), ("zero1_4_acc2", 4, ["--sync", "zero1", "--accumulate", "2"]),
-                           ("fsdp2", 2, ["--sync", "fsdp"])]:
+                           ("fsdp2_acc2", 2, ["--sync", "fsdp", "--accumulate", "2"])]:
         ok = compare(f"{name} vs one process", ref, train(launch, prog, work, name, n, extra), TOL) and ok
     ok = must(ref[0][-1] < ref[0][0] - 2, f"the loss fell from {ref[0][0]:.3f} to {ref[0][-1]:.3f} (by more than 2)") and ok
     return ok

@@ -77,6 +77,7 @@ Fsdp::Fsdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const Mod
     gathered_now_ += U.full.nbytes();
     free_full(&U - units_.data());
     sharded_numel_ += n;
+    max_chunk_ = std::max(max_chunk_, U.layout.chunk);
     for (const auto& p : U.replicated) replicated_numel_ += p.numel();
   }
   gathered_peak_ = 0;
@@ -210,7 +211,11 @@ void Fsdp::launch_reduce_scatter(size_t u) {
     p.mutable_grad() = torch::Tensor();  // the full-size gradient is not kept
   }
   free_full(u);  // the unit's backward is over: its weights are not needed until the next forward
-  U.rs = reduce_scatter_async(pg_, U.grad_flat, U.grad_shard, ReduceScatterAlgo::automatic,
+  // Launch j writes into slot j % 2: the loop above has completed launch j - 2, the slot's last user.
+  torch::Tensor& slot = scatter_out_[scatter_order_.size() % kReduceScattersInFlight];
+  if (!slot.defined()) slot = torch::empty({max_chunk_}, U.shard.options().requires_grad(false));
+  U.rs_out = slot.narrow(0, 0, U.layout.chunk);
+  U.rs = reduce_scatter_async(pg_, U.grad_flat, U.rs_out, ReduceScatterAlgo::automatic,
                               fmt::format("reduce-scatter unit {}", u));
   U.scattered = true;
   scatter_order_.push_back(u);
@@ -221,8 +226,14 @@ void Fsdp::launch_reduce_scatter(size_t u) {
 void Fsdp::complete_reduce_scatter(size_t u) {
   Unit& U = units_[u];
   if (!U.grad_flat.defined()) return;
-  U.rs.wait();  // grad_shard = sum over ranks of this rank's chunk
+  U.rs.wait();  // rs_out = sum over ranks of this rank's chunk
   U.grad_flat = torch::Tensor();
+  torch::NoGradGuard no_grad;
+  U.rs_out.div_(pg_.world_size());  // the mean, as DDP's
+  torch::Tensor& g = U.shard.mutable_grad();
+  if (g.defined()) g.add_(U.rs_out);  // a later micro-batch, or zeroed by zero_grad(): 0 + x is x exactly
+  else g = U.grad_shard.copy_(U.rs_out);
+  U.rs_out = torch::Tensor();
 }
 // [reduce_scatter]
 
@@ -248,11 +259,7 @@ void Fsdp::finish_gradient_synchronization() {
     int64_t off = 0;
     for (auto& g : rep) g.copy_(flat.narrow(0, off, g.numel()).view_as(g)), off += g.numel();
   }
-  for (size_t u : scatter_order_) {
-    complete_reduce_scatter(u);
-    units_[u].grad_shard.div_(pg_.world_size());
-    units_[u].shard.mutable_grad() = units_[u].grad_shard;
-  }
+  for (size_t u : scatter_order_) complete_reduce_scatter(u);
   for (size_t u = 0; u < units_.size(); ++u) {
     free_full(u);  // kept from forward but never reached by backward (reshard_after_forward false)
     units_[u].ready = 0, units_[u].scattered = false;

@@ -65,8 +65,11 @@ class Fsdp {
   UnitRunner runner();
   /// What the optimizer steps: each unit's fp32 shard (1-D, its chunk), then the replicated parameters.
   std::vector<torch::Tensor> parameters() const;
-  /// Call after backward, before the optimizer: completes every reduce-scatter (shard grads = mean over
-  /// the ranks, fp32, the shard's shape) and all-reduces the replicated gradients (then / N).
+  /// Call after every backward, before the optimizer: completes every reduce-scatter and adds the mean
+  /// over the ranks to each shard's gradient (fp32, the shard's shape; set when undefined), and
+  /// all-reduces the replicated gradients (then / N). Gradient accumulation is K forward/backward/finish
+  /// rounds before one optimizer step: the shard gradients add up as .grad does, each micro-batch paying
+  /// its own gathers and reduce-scatter, and no rank ever holds a full-size gradient between rounds.
   void finish_gradient_synchronization();
   /// Tensors shaped like parameters() (an optimizer's state for each of them, say) made whole: one fp32
   /// tensor per trainable model parameter, in model->named_parameters() order, each shard's chunks
@@ -110,7 +113,9 @@ class Fsdp {
     Work gather;
     size_t ready = 0;        // sharded gradients accumulated this backward
     bool scattered = false;  // reduce-scatter launched this backward
-    torch::Tensor grad_flat, grad_shard;  // fp32 [padded] and [chunk]
+    torch::Tensor grad_flat;  // fp32 [padded]: this backward's full-size gradient, until its reduce-scatter ends
+    torch::Tensor grad_shard;  // fp32 [chunk]: the shard's .grad when the optimizer left it undefined
+    torch::Tensor rs_out;      // fp32 [chunk]: a view of a scatter_out_ slot, the sum over the ranks
     ReduceScatterWork rs;
   };
 
@@ -134,6 +139,10 @@ class Fsdp {
   std::vector<size_t> scatter_order_;              // units reduce-scattered this backward, in launch order
   size_t scatters_done_ = 0;                       // scatter_order_[0, scatters_done_) are completed
   static constexpr size_t kReduceScattersInFlight = 2;
+  // One output buffer per reduce-scatter in flight (the largest chunk), apart from the gradients the
+  // optimizer reads: a second micro-batch's sum must not overwrite the first's before it is added.
+  torch::Tensor scatter_out_[kReduceScattersInFlight];
+  int64_t max_chunk_ = 0;
   int64_t sharded_numel_ = 0, replicated_numel_ = 0;
   int64_t gathered_now_ = 0, gathered_peak_ = 0, gathers_ = 0, reduce_scatters_ = 0;
   double sent_bytes_ = 0;

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <mutex>
+#include <stdexcept>
 
 namespace dp {
 
@@ -137,11 +138,14 @@ void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts) {
   }
 }
 
-FsdpCheck check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts) {
+FsdpCheck check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumulate) {
   TransformerConfig cfg;
   cfg.vocab_size = 64, cfg.context_length = 16, cfg.d_model = 32, cfg.d_ff = 64, cfg.num_layers = 2, cfg.num_heads = 2;
   const int W = pg.world_size(), r = pg.rank();
   const int64_t rows = 2, T = cfg.context_length;
+  if (accumulate < 1 || rows % accumulate != 0)
+    throw std::invalid_argument(fmt::format("check_transformer_fsdp: accumulate {} does not divide {} rows", accumulate, rows));
+  const int64_t micro = rows / accumulate;
   TransformerLM ref{nullptr}, cmp{nullptr}, shd{nullptr};
   {
     std::lock_guard<std::mutex> lock(model_init_mutex());
@@ -164,9 +168,12 @@ FsdpCheck check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts) {
       return lm_loss(static_cast<TransformerLMImpl&>(m).forward(x).to(torch::kFloat32), y);
     });
     opt.zero_grad();
-    lm_loss(shd->forward_units(x.narrow(0, r * rows, rows), fsdp.runner()).to(torch::kFloat32), y.narrow(0, r * rows, rows))
-        .backward();
-    fsdp.finish_gradient_synchronization();
+    for (int64_t k = 0; k < accumulate; ++k) {  // the mean of equal micro-batch means, each scaled by 1/K
+      const int64_t first = r * rows + k * micro;
+      auto logits = shd->forward_units(x.narrow(0, first, micro), fsdp.runner()).to(torch::kFloat32);
+      (lm_loss(logits, y.narrow(0, first, micro)) / accumulate).backward();
+      fsdp.finish_gradient_synchronization();
+    }
     opt.step();
     result.max_abs_diff = std::max(result.max_abs_diff, compare_and_resync(fsdp.gather_full_parameters(), *ref, opts.compute_dtype));
   }

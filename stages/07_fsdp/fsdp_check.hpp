@@ -34,7 +34,9 @@ void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts);
 /// A small TransformerLM (vocab 64, d 32, d_ff 64, 2 layers, 2 heads, 16 tokens) trained with SGD
 /// (lr 0.05, momentum 0.9) for 3 steps on 2 sequences per rank, against one process on all of them.
 /// Tolerance 1e-5 (fp32) or 1e-4 (bf16: each step checked from common weights, the reference continuing
-/// from FSDP's, because momentum carries bf16 rounding flips from step to step).
-FsdpCheck check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts);
+/// from FSDP's, because momentum carries bf16 rounding flips from step to step). With accumulate = 2
+/// each rank runs its 2 sequences as 2 micro-batches of 1 (loss / 2, finish_gradient_synchronization()
+/// after each): the same tolerances, since only the order of the sums changes.
+FsdpCheck check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumulate = 1);
 
 }  // namespace dp

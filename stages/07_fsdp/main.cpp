@@ -18,7 +18,7 @@
 //       --warmup 0 --steps 2 --variants fsdp --reshard-after-forward true   (970 M parameters: DDP cannot fit here)
 // Correct output: PASS lines for CS336 2026's two FSDP tests (ToyFSDPModel: FSDP equals one process
 // within 1e-6 in fp32 and 1e-4 in bf16; shard-shaped fp32 gradients, replicated ones equal on every
-// rank) and for the Transformer; with --bench a memory table (FSDP near 16P/N, DDP at 16P) and a time
+// rank) and for the Transformer, with and without 2 accumulated micro-batches; with --bench a memory table (FSDP near 16P/N, DDP at 16P) and a time
 // table (ratios to DDP round by round); last, "PASS stage 07".
 //
 // What it leaves: every rank still runs the whole model on its own batch (data parallelism only); the
@@ -64,7 +64,11 @@ static bool run_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes)
       const bool ok2 = everyone(pg, tf.ok());
       print0("{} FSDP == one process on a 2-layer Transformer ({}; 3 SGD steps): max |diff| {:.3g} <= {:.0e}",
              ok2 ? "PASS" : "FAIL", mode(f), tf.max_abs_diff, tf.tolerance);
-      all_ok = all_ok && ok && ok2;
+      const FsdpCheck acc = check_transformer_fsdp(pg, f, /*accumulate=*/2);  // shard gradients add up
+      const bool ok3 = everyone(pg, acc.ok());
+      print0("{} FSDP, 2 micro-batches accumulated per step == one process ({}): max |diff| {:.3g} <= {:.0e}",
+             ok3 ? "PASS" : "FAIL", mode(f), acc.max_abs_diff, acc.tolerance);
+      all_ok = all_ok && ok && ok2 && ok3;
     }
   // [checks]
   return all_ok;

@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember(TransformerConfig::preset_names()));
   cli.app().add_option("--context", o.context, "Tokens (bytes) per sequence")->check(PositiveInt);
   cli.app().add_option("--batch", o.batch, "Global batch: sequences per step over all ranks")->check(PositiveInt);
-  cli.app().add_option("--accumulate", o.accumulate, "Micro-batches per step on each rank (ddp, zero1)")->check(PositiveInt);
+  cli.app().add_option("--accumulate", o.accumulate, "Micro-batches per step on each rank")->check(PositiveInt);
   cli.app().add_option("--sync", o.trainer.sync, "ddp (stage 05), zero1 (stage 06) or fsdp (stage 07)")
       ->check(CLI::IsMember(sync_names()));
   cli.app().add_option("--bucket-mb", o.trainer.bucket_mb, "DDP's bucket cap in MB (stage 05; default 25)")

@@ -30,9 +30,6 @@ void validate_run_options(const RunOptions& o) {
   if (o.resume && !std::filesystem::exists(o.checkpoint))
     throw UsageError(fmt::format("--resume: checkpoint {} does not exist; run without --resume to start from step 0",
                                  o.checkpoint));
-  if (o.trainer.sync == "fsdp" && o.accumulate > 1)
-    throw UsageError(fmt::format("--sync fsdp with --accumulate {}: FSDP here takes one micro-batch per step; use "
-                                 "--sync ddp or zero1 to accumulate", o.accumulate));
   if (!std::filesystem::exists(o.corpus)) load_corpus(o.corpus, 0);  // throws its message, with the remedy
   if (o.warmup > o.steps)
     throw UsageError(fmt::format("--warmup {} is longer than --steps {}", o.warmup, o.steps));

@@ -40,7 +40,7 @@ struct RunOptions {
 
 /// Throws dp::UsageError (exit 2) on options that cannot work together, before anything starts:
 /// --checkpoint-every or --resume without --checkpoint, --resume with a checkpoint that does not exist,
-/// --sync fsdp with --accumulate, --warmup beyond --steps.
+/// --warmup beyond --steps.
 void validate_run_options(const RunOptions& o);
 
 /// Throws dp::UsageError unless the global batch splits into world_size x accumulate equal micro-batches.

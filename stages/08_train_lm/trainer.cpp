@@ -182,13 +182,17 @@ class FsdpTrainer : public LmTrainer {
   FsdpTrainer(ProcessGroup& pg, TransformerLM model, const TrainerOptions& o)
       : model_(model), fsdp_(pg, model.ptr(), model->units(), {}), opt_(fsdp_.parameters(), lm_adamw(o)) {}
   double step(const std::vector<Batch>& micro, double lr, StepTimes& t) override {
-    if (micro.size() != 1) throw UsageError("--sync fsdp takes no --accumulate yet (one micro-batch per step)");
+    const double K = static_cast<double>(micro.size());
+    auto fwd = [&](const torch::Tensor& x) { return model_->forward_units(x, fsdp_.runner()); };
     opt_.zero_grad();
-    const double loss =
-        micro_step(micro[0], 1.0, t, [&](const torch::Tensor& x) { return model_->forward_units(x, fsdp_.runner()); });
-    Timer s;
-    fsdp_.finish_gradient_synchronization();
-    t.sync += s.seconds();
+    double loss = 0;
+    for (const auto& b : micro) {  // no no_sync() here: each micro-batch gathers and reduce-scatters, and
+      loss += micro_step(b, K, t, fwd);  // its shard gradients add up; nothing full-size outlives a round
+      Timer s;
+      fsdp_.finish_gradient_synchronization();
+      t.sync += s.seconds();
+    }
+    loss /= K;
     Timer o;
     set_lr(opt_, lr);
     opt_.step();

@@ -119,7 +119,6 @@ set(S08 $<TARGET_FILE:stage08_train_lm>)
 dp_bad_input(stage08_resume_without_checkpoint 2 "--resume need --checkpoint FILE" ${S08} --resume)
 dp_bad_input(stage08_resume_missing_file 2 "checkpoint /nonexistent/lm.ckpt does not exist"
   ${S08} --resume --checkpoint /nonexistent/lm.ckpt)
-dp_bad_input(stage08_fsdp_accumulate 2 "--sync fsdp with --accumulate 2" ${S08} --sync fsdp --accumulate 2)
 dp_bad_input(stage08_unknown_sync 2 "--sync" ${S08} --sync zero3)
 dp_bad_input(stage08_missing_corpus 2 "--corpus /nonexistent: no such file or directory.*apt-get install fortunes"
   ${S08} --corpus /nonexistent)

@@ -1,6 +1,7 @@
 // Stage 07: FSDP against single-process training (a port of CS336 2026's test_fsdp.py) and what FSDP
-// promises besides: weights own no memory between steps, the next unit is gathered while this one
-// computes, a step issues 2U-1 (or U) all-gathers and U reduce-scatters, a second backward is refused.
+// promises besides: micro-batches accumulate, weights own no memory between steps, the next unit is
+// gathered while this one computes, a step issues 2U-1 (or U) all-gathers and U reduce-scatters, a
+// second backward is refused.
 // One typed suite runs every body in the four modes (fp32/bf16 x reshard after forward or not); ranks
 // are threads (run_ranks).
 #include "common/models.hpp"
@@ -77,6 +78,15 @@ TYPED_TEST(FsdpContract, TransformerWorld2And4) {
       auto r = dp::check_transformer_fsdp(pg, TypeParam::options());
       EXPECT_LE(r.max_abs_diff, r.tolerance) << "world " << pg.world_size();
     });
+}
+
+// Gradient accumulation: 2 micro-batches per step, each reduce-scattered and added to the shard
+// gradients, train like one process on all rows (and like FSDP without accumulation).
+TYPED_TEST(FsdpContract, TransformerAccumulatesMicroBatches) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto r = dp::check_transformer_fsdp(pg, TypeParam::options(), /*accumulate=*/2);
+    EXPECT_LE(r.max_abs_diff, r.tolerance);
+  });
 }
 
 // Between steps the model's Linear/Embedding weights own no memory; a rank keeps its chunk only; the
