@@ -2,7 +2,8 @@
 # Regenerates the benchmark results behind docs/ on this machine, then the plots, timelines and tables.
 # Every result file records the exact command (launcher included) and the machine, row by row.
 #
-#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp features torch small zero fsdp lm (default: all)
+#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp features torch small zero fsdp lm (default: all),
+#                                             or fsdp-memory (stage 07's memory table alone)
 #
 # The DDP runs use the tiny Transformer with 10 timed steps: once over loopback (where Gloo's
 # communication is CPU work that competes with backward for the two cores) and on a simulated cluster
@@ -114,12 +115,12 @@ for part in $parts; do
         --json $R/stage06_designs.json
     net $L --nproc 2 --net 1gbit -- $B/stage06_sharded_opt --bench --preset tiny --context 128 --batch 4 \
         --warmup 2 --steps 10 --json $R/stage06_tiny_1gbit.json ;;
-  fsdp)
+  fsdp|fsdp-memory)
     echo "== stage 07: memory (one variant per process), speed against DDP on 1 Gbit/s, the large preset"
     S7="$L --nproc 2 -- $B/stage07_fsdp --bench --context 128 --batch 4 --warmup 0 --steps 2"
     files=()
     for preset in small medium; do
-      for v in "ddp" "fsdp --reshard-after-forward true" "fsdp --reshard-after-forward false"; do
+      for v in "ddp" "zero1" "fsdp --reshard-after-forward true" "fsdp --reshard-after-forward false"; do
         f=$R/s7_mem_${preset}_${#files[@]}.json
         $S7 --preset $preset --variants $v --json $f
         files+=($f)
@@ -127,6 +128,7 @@ for part in $parts; do
     done
     $PY scripts/merge_results.py $R/stage07_memory.json "${files[@]}"
     rm -f "${files[@]}"
+    if [ $part = fsdp-memory ]; then continue; fi  # the memory table alone (about 8 minutes)
     net $L --nproc 2 --net 1gbit -- $B/stage07_fsdp --bench --preset small --context 128 --warmup 1 --steps 6 \
         --json $R/stage07_small_1gbit.json --trace $R/stage07_small_1gbit.trace.json
     net $L --nproc 2 --net 1gbit -- $B/stage07_fsdp --bench --preset small --context 128 --warmup 1 --steps 6 \
@@ -182,7 +184,7 @@ for part in $parts; do
       files+=($runs/1gbit_ddp_2_2mb.json)
     fi
     $PY scripts/lm_results.py $R/lm_speed.json "${files[@]}" ;;
-  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, features, torch, small, zero, fsdp, lm)" >&2; exit 2 ;;
+  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, features, torch, small, zero, fsdp, fsdp-memory, lm)" >&2; exit 2 ;;
   esac
 done
 

@@ -176,7 +176,7 @@ COLUMNS = {
     "fsdp": [("variant", "variant", "{}"), ("world_size", "ranks", "{}"), ("link", "link", "{}"), ("preset", "preset", "{}"),
              ("compute_dtype", "compute", "{}"), ("param_MB", "params (MB)", "{:.1f}"), ("grad_MB", "grads (MB)", "{:.1f}"),
              ("state_MB", "AdamW state (MB)", "{:.1f}"), ("total_MB", "total (MB)", "{:.1f}"),
-             ("expected_MB", "16P or 16P/N (MB)", "{:.1f}"), ("gathered_peak_MB", "gathered, peak (MB)", "{:.1f}"),
+             ("expected_MB", "by formula: 16P, 8P+8P/N or 16P/N (MB)", "{:.1f}"), ("gathered_peak_MB", "gathered, peak (MB)", "{:.1f}"),
              ("peak_rss_MB", "peak RSS (MB)", "rss"), ("sent_MB_per_step", "sent per rank per step (MB)", "{:.1f}"),
              ("step_s", "step (s), median [95% CI]", "ci"), ("ratio", "step / first variant's [95% CI]", "ci")],
 }

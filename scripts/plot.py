@@ -74,8 +74,8 @@ def fsdp(doc, ax):
                    label="peak RSS (one variant per process)")
     ax.invert_yaxis()
     ax.set_xlabel("MB per rank")
-    ax.set_title(f"memory per rank, {rows[0]['world_size']} ranks: DDP 16P, FSDP 16P/N + gathered units", fontsize=9)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(f"memory per rank, {rows[0]['world_size']} ranks: DDP 16P, ZeRO-1 8P + 8P/N, FSDP 16P/N + gathered units", fontsize=9)
+    ax.legend(loc="upper right", fontsize=8)
 
 def train_lm(doc, ax):
     """Loss curves: training loss (thin, smoothed over 10 steps) and validation loss (markers)."""

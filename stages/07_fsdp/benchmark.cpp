@@ -1,4 +1,5 @@
-// Stage 07's benchmark: bucketed DDP (stage 05) against FSDP in both resharding modes, on the Transformer.
+// Stage 07's benchmark: bucketed DDP (stage 05) and ZeRO-1 (stage 06) against FSDP in both resharding
+// modes, on the Transformer.
 // All variants are built first and then take turns step by step, so each round's ratio compares steps
 // run back to back. Memory is counted tensor by tensor; peak RSS only means something for one variant
 // per process (--variants fsdp), which is how scripts/bench_docs.sh measures it.
@@ -11,7 +12,9 @@
 #include "common/timing.hpp"
 #include "common/trace.hpp"
 #include "common/transformer.hpp"
+#include "common/grad_sync.hpp"  // broadcast_parameters
 #include "stages/05_bucketed/bucketed_ddp.hpp"
+#include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -21,7 +24,7 @@ namespace dp {
 
 namespace optim = torch::optim;
 
-std::vector<std::string> stage07_variant_names() { return {"ddp", "fsdp", "fsdp-keep"}; }
+std::vector<std::string> stage07_variant_names() { return {"ddp", "zero1", "fsdp", "fsdp-keep"}; }
 
 // [estimate]
 double estimated_bytes_per_rank(const Stage07Options& o, const std::string& variant, int world) {
@@ -30,6 +33,7 @@ double estimated_bytes_per_rank(const Stage07Options& o, const std::string& vari
   const double e = o.compute_dtype == torch::kFloat32 ? 4 : 2;  // bytes per gathered value
   const double act = activation_bytes(m, o.cfg.global_batch / world, o.cfg.context, static_cast<int>(e));
   if (variant == "ddp") return 20 * P + act;  // weights, grads, AdamW 16P, + 4P of buckets
+  if (variant == "zero1") return 12 * P + 12 * P / world + act;  // + the all-to-all's 4P receive buffer
   const double unit = std::max(4.0 * m.d_model * m.d_model + 3.0 * m.d_model * m.d_ff, double(m.vocab_size) * m.d_model);
   // 16P/N of shards, shard grads and AdamW state; gathered units: the one computing, the one prefetched,
   // the all-to-all's send copy; two units' fp32 gradients in flight. fsdp-keep holds every unit from
@@ -66,11 +70,12 @@ void check_memory(Stage07Options& o, int world) {
 
 namespace {
 
-// One model in training with DDP or FSDP, its AdamW, and what it measured.
+// One model in training with DDP, ZeRO-1 or FSDP, its AdamW, and what it measured.
 struct Trainee {
   std::string name;
   TransformerLM model{nullptr};
   std::unique_ptr<BucketedDdp> ddp;
+  std::unique_ptr<Zero1Optimizer> zero1;  // owns its AdamW (on this rank's chunk); opt stays empty
   std::unique_ptr<Fsdp> fsdp;
   std::unique_ptr<optim::AdamW> opt;
   std::vector<double> step_s;
@@ -86,6 +91,9 @@ struct Trainee {
     if (variant == "ddp") {
       ddp = std::make_unique<BucketedDdp>(pg, model.ptr(), 25.0);  // PyTorch's default bucket cap
       opt = std::make_unique<optim::AdamW>(model->parameters(), adamw);
+    } else if (variant == "zero1") {
+      broadcast_parameters(pg, *model);  // no DDP wrapper to do it
+      zero1 = Zero1Optimizer::make<optim::AdamW>(pg, model->parameters(), adamw);
     } else {
       FsdpOptions f;
       f.reshard_after_forward = variant == "fsdp", f.compute_dtype = o.compute_dtype;
@@ -99,7 +107,8 @@ struct Trainee {
     trace::Span whole("step", {{"variant", name}, {"round", round}});
     Timer t(device);
     if (ddp) ddp->on_train_batch_start();
-    opt->zero_grad();
+    if (zero1) zero1->zero_grad();
+    else opt->zero_grad();
     torch::Tensor loss;
     {
       trace::Span f("forward");
@@ -107,18 +116,23 @@ struct Trainee {
       loss = lm_loss(logits.to(torch::kFloat32), y);
     }
     { trace::Span b("backward"); loss.backward(); }  // FSDP: gathers and reduce-scatters happen in here
-    {
+    if (!zero1) {  // ZeRO-1 reduce-scatters the gradients in its step()
       trace::Span s("sync");
       if (ddp) ddp->finish_gradient_synchronization();
       else fsdp->finish_gradient_synchronization();
     }
-    { trace::Span s("optimizer"); opt->step(); }
+    {
+      trace::Span s("optimizer");
+      if (zero1) zero1->step();  // reduce-scatter, step this rank's chunk, all-gather
+      else opt->step();
+    }
     return t.seconds();
   }
   // [step]
 
   TrainingBytes count() const {
     if (ddp) return count_training_bytes(*model, *opt);
+    if (zero1) return count_training_bytes(*model, zero1->local());  // whole params and grads, 1/N of AdamW
     TrainingBytes b;  // FSDP: what the optimizer steps is what the rank keeps
     for (const auto& p : fsdp->parameters()) b.params += tensor_bytes({p}), b.grads += tensor_bytes({p.grad()});
     b.state = optimizer_state_bytes(*opt);
@@ -165,14 +179,15 @@ void run_benchmark(ProcessGroup& pg, const Stage07Options& o, Results& results) 
     std::vector<double> ratio;
     for (size_t k = 0; k < per_round.size(); ++k) ratio.push_back(per_round[k] / first[k]);
     const Stats st = summarize(per_round), rt = summarize(ratio);
-    const double sent = t->ddp ? 2.0 * (W - 1) / W * 4 * P : t->sent_per_step;
+    const double sent = t->ddp ? 2.0 * (W - 1) / W * 4 * P : t->zero1 ? zero1_bytes_per_step(mcfg.num_parameters(), W)
+                                                                       : t->sent_per_step;
     results.add({{"variant", t->name}, {"vs", ts.front()->name}, {"world_size", W}, {"link", link_description()},
                  {"preset", o.cfg.preset},
                  {"context", o.cfg.context}, {"batch", o.cfg.global_batch}, {"params", mcfg.num_parameters()},
                  {"compute_dtype", t->fsdp ? dtype_name(o.compute_dtype) : "float32"},
                  {"param_MB", max_all(t->bytes.params) / 1e6}, {"grad_MB", max_all(t->bytes.grads) / 1e6},
                  {"state_MB", max_all(t->bytes.state) / 1e6}, {"total_MB", max_all(t->bytes.total()) / 1e6},
-                 {"expected_MB", (t->ddp ? 16 * P : 16 * P / W) / 1e6},
+                 {"expected_MB", (t->ddp ? 16 * P : t->zero1 ? 8 * P + 8 * P / W : 16 * P / W) / 1e6},
                  {"gathered_peak_MB", t->fsdp ? max_all(t->fsdp->peak_gathered_bytes()) / 1e6 : 0.0},
                  {"peak_rss_MB", alone && reset_ok ? rss / 1e6 : -1.0},
                  {"sent_MB_per_step", sent / 1e6}, {"steps", st.n}, {"step_median_s", st.median},
@@ -184,13 +199,14 @@ void run_benchmark(ProcessGroup& pg, const Stage07Options& o, Results& results) 
 
 void print_tables(const Results& r) {
   print0("\nmemory per rank in MB (10^6 B), counted tensor by tensor after the first step (max over ranks): DDP keeps\n"
-         "16P, FSDP 16P/N plus the gathered units at their peak; peak RSS of the process (-1: several variants ran)\n{}",
+         "16P, ZeRO-1 8P + 8P/N, FSDP 16P/N plus the gathered units at their peak; peak RSS of the process (-1: several\n"
+         "variants ran)\n{}",
          r.markdown({"variant", "world_size", "compute_dtype", "param_MB", "grad_MB", "state_MB", "total_MB",
                      "expected_MB", "gathered_peak_MB", "peak_rss_MB"},
-                    {"variant", "ranks", "compute", "params", "grads", "AdamW state", "total", "16P or 16P/N",
+                    {"variant", "ranks", "compute", "params", "grads", "AdamW state", "total", "by formula",
                      "gathered (peak)", "peak RSS"}, 4));
   print0("\ntime per step (slowest rank): median and range over the rounds; ratio to the first variant taken round\n"
-         "by round; bytes each rank sends per step (ring arithmetic: DDP 2(N-1)/N x 4P, FSDP as launched)\n{}",
+         "by round; bytes each rank sends per step (ring arithmetic: DDP and ZeRO-1 2(N-1)/N x 4P, FSDP as launched)\n{}",
          r.markdown({"variant", "vs", "world_size", "preset", "steps", "sent_MB_per_step", "step_median_s",
                      "step_min_s", "step_max_s", "ratio_median", "ratio_min", "ratio_max"},
                     {"variant", "ratio to", "ranks", "preset", "steps", "sent per step (MB)", "step (s)", "min",

@@ -1,5 +1,5 @@
-// Stage 07's benchmark: the Transformer trained with stage 05's bucketed DDP and with FSDP (resharding
-// after forward or keeping the gathered weights), step by step in turn, for memory and speed.
+// Stage 07's benchmark: the Transformer trained with stage 05's bucketed DDP, stage 06's ZeRO-1 and FSDP
+// (resharding after forward or keeping the gathered weights), step by step in turn, for memory and speed.
 #pragma once
 
 #include "common/ddp_bench.hpp"
@@ -19,7 +19,7 @@ struct Stage07Options {
   torch::ScalarType compute_dtype = torch::kFloat32;              ///< --compute-dtype, for the FSDP variants
 };
 
-/// "ddp", "fsdp" (reshard after forward) and "fsdp-keep" (keep gathered weights until backward).
+/// "ddp", "zero1", "fsdp" (reshard after forward) and "fsdp-keep" (keep gathered weights until backward).
 std::vector<std::string> stage07_variant_names();
 
 /// Estimated bytes one rank needs for `variant` (training state, gathered units, activations).

@@ -85,8 +85,9 @@ int main(int argc, char** argv) {
   add_bench_options(cli.app(), o.cfg);
   cli.app().remove_option(cli.app().get_option("--budget"));
   cli.app().get_option("--steps")->description("Timed steps per variant");
-  cli.app().add_option("--variants", variants, "With --bench: ddp (stage 05, 25 MB buckets) and/or fsdp")
-      ->delimiter(',')->check(CLI::IsMember({"ddp", "fsdp"}));
+  cli.app().add_option("--variants", variants,
+                       "With --bench: ddp (stage 05, 25 MB buckets), zero1 (stage 06's Zero1Optimizer) and/or fsdp")
+      ->delimiter(',')->check(CLI::IsMember({"ddp", "zero1", "fsdp"}));
   cli.app().add_option("--reshard-after-forward", reshard,
                        "true: free gathered weights after forward (ZeRO-3); false: keep them until backward; both")
       ->check(CLI::IsMember({"true", "false", "both"}));
@@ -113,7 +114,7 @@ int main(int argc, char** argv) {
       o.compute_dtype = parse_compute_dtype(dtype);
       o.variants.clear();
       for (const auto& v : variants) {
-        if (v == "ddp") o.variants.push_back("ddp");
+        if (v == "ddp" || v == "zero1") o.variants.push_back(v);
         else for (bool m : modes) o.variants.push_back(m ? "fsdp" : "fsdp-keep");
       }
       check_memory(o, pg.world_size());
