@@ -3,7 +3,7 @@
 # Every result file records the exact command (launcher included) and the machine, row by row.
 #
 #   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp features torch small zero fsdp lm (default: all),
-#                                             or fsdp-memory (stage 07's memory table alone)
+#                                             or fsdp-memory, lm-speed (one table of those parts alone)
 #
 # The DDP runs use the tiny Transformer with 10 timed steps: once over loopback (where Gloo's
 # communication is CPU work that competes with backward for the two cores) and on a simulated cluster
@@ -130,11 +130,11 @@ for part in $parts; do
     rm -f "${files[@]}"
     if [ $part = fsdp-memory ]; then continue; fi  # the memory table alone (about 8 minutes)
     net $L --nproc 2 --net 1gbit -- $B/stage07_fsdp --bench --preset small --context 128 --warmup 1 --steps 6 \
-        --json $R/stage07_small_1gbit.json --trace $R/stage07_small_1gbit.trace.json
+        --variants ddp,zero1,fsdp --json $R/stage07_small_1gbit.json --trace $R/stage07_small_1gbit.trace.json
     net $L --nproc 2 --net 1gbit -- $B/stage07_fsdp --bench --preset small --context 128 --warmup 1 --steps 6 \
         --compute-dtype bf16 --json $R/stage07_small_1gbit_bf16.json
     net $L --nproc 2 --net 10gbit -- $B/stage07_fsdp --bench --preset small --context 128 --warmup 1 --steps 6 \
-        --json $R/stage07_small_10gbit.json --trace $R/stage07_small_10gbit.trace.json
+        --variants ddp,zero1,fsdp --json $R/stage07_small_10gbit.json --trace $R/stage07_small_10gbit.trace.json
     # CS336 fsdp_accounting (b): did each gather finish before its unit's forward began? From the traces.
     files=()
     for rate in 1gbit 10gbit; do
@@ -149,19 +149,21 @@ for part in $parts; do
     # 970 M parameters: DDP would need ~31 GB for 2 ranks here, FSDP ~8 GB per rank.
     $L --nproc 2 -- $B/stage07_fsdp --bench --preset large --context 32 --batch 2 --warmup 0 --steps 2 \
         --variants fsdp --reshard-after-forward true --json $R/stage07_large.json ;;
-  lm)
+  lm|lm-speed)
     echo "== stage 08: loss curves on real text at 1, 2 and 4 ranks (loopback, 500 steps), then speed per --sync and link"
-    # One rank is the reference. One rank with --accumulate 2 sums the same gradients as two half-batch
-    # means, the order 2 ranks use: what that order alone does to a curve, to compare with 2 and 4 ranks.
     runs=build/lm_runs; mkdir -p $runs
-    files=()
-    for n in 1 2 4; do
-      $L --nproc $n -- $B/stage08_train_lm --steps 500 --eval-every 50 --curve $runs/lo_$n.json
-      files+=($runs/lo_$n.json)
-    done
-    $L --nproc 1 -- $B/stage08_train_lm --steps 500 --eval-every 50 --sample 0 --accumulate 2 --curve $runs/lo_1_acc2.json
-    files+=($runs/lo_1_acc2.json)
-    $PY scripts/lm_results.py $R/lm_curves.json "${files[@]}"
+    if [ $part = lm ]; then  # lm-speed: the speed table alone (about 8 minutes)
+      # One rank is the reference. One rank with --accumulate 2 sums the same gradients as two half-batch
+      # means, the order 2 ranks use: what that order alone does to a curve, to compare with 2 and 4 ranks.
+      files=()
+      for n in 1 2 4; do
+        $L --nproc $n -- $B/stage08_train_lm --steps 500 --eval-every 50 --curve $runs/lo_$n.json
+        files+=($runs/lo_$n.json)
+      done
+      $L --nproc 1 -- $B/stage08_train_lm --steps 500 --eval-every 50 --sample 0 --accumulate 2 --curve $runs/lo_1_acc2.json
+      files+=($runs/lo_1_acc2.json)
+      $PY scripts/lm_results.py $R/lm_curves.json "${files[@]}"
+    fi
     files=()
     for link in loopback 1gbit; do
       [ $link = 1gbit ] && [ $net_ok = 0 ] && { echo "(skipped: the 1gbit speed runs)"; continue; }
@@ -184,7 +186,7 @@ for part in $parts; do
       files+=($runs/1gbit_ddp_2_2mb.json)
     fi
     $PY scripts/lm_results.py $R/lm_speed.json "${files[@]}" ;;
-  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, features, torch, small, zero, fsdp, fsdp-memory, lm)" >&2; exit 2 ;;
+  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, features, torch, small, zero, fsdp, fsdp-memory, lm, lm-speed)" >&2; exit 2 ;;
   esac
 done
 
