@@ -344,9 +344,10 @@ Work ProcessGroup::all_to_all_async(torch::Tensor& out, torch::Tensor& in, const
     std::vector<int64_t> equal_splits;  // empty: world_size equal chunks
     return wrap(impl_->comm->alltoall_base(out, in, equal_splits, equal_splits), describe("all_to_all", in), id);
   }
-  // Gloo's alltoall moves the pieces at half the link's rate (measured at 1 Gbit/s with 2 ranks: 283 ms
-  // for 37.3 MB, where one send and one receive posted together take 156 ms, the link's rate). So on
-  // Gloo the exchange is point to point: every receive posted, then every send, all in flight at once.
+  // Gloo's alltoall moves the pieces at half the link's rate (scripts/torch_alltoall.py, 2 ranks at
+  // 1 Gbit/s: 307 ms for 37.3 MB per rank, where one send and one receive posted together take 156 ms,
+  // the link's rate). So on Gloo the exchange is point to point: every receive posted, then every send,
+  // all in flight at once.
   // Each exchange has its own tag, so two in flight between the same ranks cannot take each other's data.
   const int64_t c = in.size(0) / world_;
   const int tag = 1 + impl_->exchanges++ % (1 << 20);
