@@ -109,6 +109,17 @@ for part in $parts; do
         --steps 5 --caps 25,100 --json $R/stage05_small_1gbit.json ;;
   zero)
     echo "== stage 06: memory and speed with and without sharding, then both designs side by side"
+    # Why common/ builds Gloo's all-to-all from sends and receives: Gloo's own, point to point and an
+    # all-reduce, in PyTorch 2.x over the same Gloo (needs scripts/install_torch2.sh's environment).
+    if [ $net_ok = 1 ] && [ -x build-venv/torch2/bin/python ]; then
+      rm -f $R/alltoall.json
+      for rate in 1gbit 10gbit; do
+        $L --nproc 2 --net $rate -- build-venv/torch2/bin/python scripts/torch_alltoall.py --json $R/alltoall.json
+      done
+      $L --nproc 2 -- build-venv/torch2/bin/python scripts/torch_alltoall.py --json $R/alltoall.json
+    else
+      echo "(skipped: the all-to-all comparison needs --net and build-venv/torch2; run scripts/install_torch2.sh)"
+    fi
     $L --nproc 2 -- $B/stage06_sharded_opt --bench --preset small --context 128 --batch 4 --warmup 1 --steps 4 \
         --design cs336 --json $R/stage06.json
     $L --nproc 2 -- $B/stage06_sharded_opt --bench --preset small --context 128 --batch 4 --warmup 1 --steps 4 \
@@ -191,7 +202,7 @@ for part in $parts; do
 done
 
 for f in $R/*.json; do
-  case $f in *.trace.json|*/torch_compare.json|*/torch_ddp_*.json|*/stage07_gather_in_time.json|*/lm_speed.json) continue ;; esac
+  case $f in *.trace.json|*/alltoall.json|*/torch_compare.json|*/torch_ddp_*.json|*/stage07_gather_in_time.json|*/lm_speed.json) continue ;; esac
   $PY scripts/plot.py "$f"
 done
 $PY scripts/make_tables.py

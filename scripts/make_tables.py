@@ -153,6 +153,9 @@ COLUMNS = {
                   ("size", "size", "{}"), ("iters", "iterations", "{}"),
                   ("latency_median_s", "median latency (ms)", "ms"), ("algbw_GBps", "algbw (GB/s)", "{:.3f}"),
                   ("busbw_GBps", "busbw (GB/s)", "{:.3f}")],
+    "alltoall": [("exchange", "exchange", "{}"), ("link", "link", "{}"), ("world_size", "ranks", "{}"),
+                 ("sent_MB", "MB sent per rank", "{:.1f}"), ("time_median_s", "median time (ms)", "ms0"),
+                 ("rate_MBps", "MB/s per rank", "{:.0f}")],
     "sharded_optimizer": [("optimizer", "optimizer", "{}"), ("world_size", "ranks", "{}"),
                ("param_MB", "params (MB)", "{:.1f}"), ("grad_MB", "grads (MB)", "{:.1f}"),
                ("state_MB_max_rank", "optimizer state, max rank (MB)", "{:.1f}"),
@@ -198,6 +201,8 @@ def cell(row, key, fmt):
         return "-" if v < 0 else f"{v:.0f}"
     if fmt == "ms":
         return f"{v * 1e3:.3f}"
+    if fmt == "ms0":
+        return f"{v * 1e3:.0f}"
     return fmt.format(v)
 
 
