@@ -108,6 +108,49 @@ TEST(Timeout, MissingPeerIsAnErrorNotAHang) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
 }
 
+// The same for an all-to-all, which Gloo runs as point-to-point sends and receives (common/dist.cpp).
+TEST(Timeout, MissingPeerInAllToAllIsAnErrorNotAHang) {
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    run_ranks(
+        2,
+        [&](ProcessGroup& pg) {
+          if (pg.rank() == 0) {
+            auto in = torch::ones({8}), out = torch::zeros({8});
+            pg.all_to_all_async(out, in).wait();
+          } else {
+            std::this_thread::sleep_for(std::chrono::seconds(4));
+            throw std::runtime_error("rank 1 gave up");
+          }
+        },
+        std::chrono::milliseconds(1500));
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("all_to_all"), std::string::npos) << msg;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
+}
+
+// Two all-to-alls in flight between the same ranks, waited in reverse order, each get their own data.
+TEST(AllToAll, TwoInFlightKeepTheirData) {
+  run_ranks(3, [](ProcessGroup& pg) {
+    const int W = pg.world_size(), r = pg.rank();
+    std::vector<torch::Tensor> in, out;
+    std::vector<dp::Work> works;
+    for (int k = 0; k < 2; ++k) {  // chunk j of rank r in exchange k holds 100k + 10r + j
+      in.push_back(torch::arange(W, torch::kFloat32).repeat_interleave(4) + 100 * k + 10 * r);
+      out.push_back(torch::zeros({4 * W}));
+      works.push_back(pg.all_to_all_async(out[k], in[k]));
+    }
+    for (int k = 1; k >= 0; --k) works[k].wait();
+    for (int k = 0; k < 2; ++k)
+      for (int i = 0; i < W; ++i)  // piece i came from rank i: its chunk r
+        EXPECT_TRUE(torch::all(out[k].narrow(0, 4 * i, 4) == static_cast<float>(100 * k + 10 * i + r)).item<bool>())
+            << "exchange " << k << ", piece from rank " << i;
+  });
+}
+
 TEST(Backends, NcclOnCpuBuildIsAUsageError) {
 #ifndef DP_WITH_NCCL
   EXPECT_FALSE(dp::backend_available("nccl"));
