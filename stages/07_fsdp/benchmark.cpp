@@ -14,6 +14,7 @@
 #include "common/transformer.hpp"
 #include "common/grad_sync.hpp"  // broadcast_parameters
 #include "stages/05_bucketed/bucketed_ddp.hpp"
+#include "stages/06_sharded_opt/sharded_optimizer.hpp"  // zero1_expected_bytes
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -187,7 +188,9 @@ void run_benchmark(ProcessGroup& pg, const Stage07Options& o, Results& results) 
                  {"compute_dtype", t->fsdp ? dtype_name(o.compute_dtype) : "float32"},
                  {"param_MB", max_all(t->bytes.params) / 1e6}, {"grad_MB", max_all(t->bytes.grads) / 1e6},
                  {"state_MB", max_all(t->bytes.state) / 1e6}, {"total_MB", max_all(t->bytes.total()) / 1e6},
-                 {"expected_MB", (t->ddp ? 16 * P : t->zero1 ? 8 * P + 8 * P / W : 16 * P / W) / 1e6},
+                 {"expected_MB", (t->ddp     ? 16 * P
+                                  : t->zero1 ? zero1_expected_bytes(mcfg.num_parameters(), W).total()  // 8P + 8P/N
+                                             : 16 * P / W) / 1e6},
                  {"gathered_peak_MB", t->fsdp ? max_all(t->fsdp->peak_gathered_bytes()) / 1e6 : 0.0},
                  {"peak_rss_MB", alone && reset_ok ? rss / 1e6 : -1.0},
                  {"sent_MB_per_step", sent / 1e6}, {"steps", st.n}, {"step_median_s", st.median},
