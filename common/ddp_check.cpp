@@ -100,12 +100,16 @@ void train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_pt
 
 }  // namespace
 
+void check_cs336_world_size(int world_size) {
+  if (world_size < 1 || 20 % world_size != 0)
+    throw UsageError(fmt::format("the CS336 check splits 20 rows over the ranks; world size {} does not divide 20. "
+                                 "Use 1, 2, 4, 5, 10 or 20 ranks", world_size));
+}
+
 void check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const MakeGradSync& make, int steps,
                           bool verbose) {
   const int W = pg.world_size();
-  if (20 % W != 0)
-    throw UsageError(fmt::format("the CS336 check splits 20 rows over the ranks; world size {} does not divide 20. "
-                                 "Use 1, 2, 4, 5, 10 or 20 ranks", W));
+  check_cs336_world_size(W);
   std::shared_ptr<ToyBase> baseline, ddp_model;
   // A parameter that comes out equal in two models built one after the other from the same RNG stream
   // was initialised to a constant (ToyModel's no_grad_fixed_param): it is the same on every rank whatever

@@ -18,6 +18,10 @@ double max_param_diff(torch::nn::Module& a, torch::nn::Module& b);
 /// True when every rank holds bit-identical parameters (gathers them all).
 bool parameters_identical_across_ranks(ProcessGroup& pg, torch::nn::Module& module);
 
+/// Throws dp::UsageError unless `world_size` divides the CS336 scenario's 20 rows. Stages call it with the
+/// launch environment's world size, so that bad input exits 2 before any rank connects to another.
+void check_cs336_world_size(int world_size);
+
 /// The CS336 scenario for `model_name` ("toy" or "tied"): ranks seeded differently, so after
 /// construction every rank other than 0 must hold rank 0's values instead of its own (frozen parameters
 /// too; a parameter initialised to a constant, the same under every seed, cannot show it and is not

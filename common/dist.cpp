@@ -83,6 +83,8 @@ LaunchEnv LaunchEnv::from_environment() {
                                  env.rank, env.world_size));
   if (env.master_port > 65535)
     throw UsageError(fmt::format("MASTER_PORT={} is not a TCP port (1..65535)", env.master_port));
+  // Stages check their input against the world size before the group forms: their errors carry this tag.
+  set_log_rank(env.rank, env.world_size);
   return env;
 }
 

@@ -52,8 +52,10 @@ int main(int argc, char** argv) {
   return run_main([&] {
     configure_cpu_threads();
     check_blas();
+    const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
+    check_cs336_world_size(world);  // bad input: exit 2 before any rendezvous
+    if (bench) validate_bench_config(cfg, world);
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
-    if (bench) validate_bench_config(cfg, pg.world_size());  // fail fast on bad input
     run_checks(pg);
 
     if (bench) {

@@ -169,8 +169,10 @@ int main(int argc, char** argv) {
   return run_main([&] {
     configure_cpu_threads();
     check_blas();
+    const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
+    check_cs336_world_size(world);  // bad input: exit 2 before any rendezvous
+    if (bench) validate_bench_config(cfg, world);
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
-    if (bench) validate_bench_config(cfg, pg.world_size());  // fail fast on bad input
     for (const auto& h : hooks) make_comm_hook(h, pg);  // bf16 without bf16 sums: exit 2 now, not after the checks
     std::vector<bool> overlap_opt_choices;
     if (overlap_opt != "true") overlap_opt_choices.push_back(false);

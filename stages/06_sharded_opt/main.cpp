@@ -112,8 +112,9 @@ int main(int argc, char** argv) {
   return run_main([&] {
     configure_cpu_threads();
     check_blas();
+    const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
+    if (bench) validate_bench_config(o.cfg, world);  // bad input: exit 2 before any rendezvous
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
-    if (bench) validate_bench_config(o.cfg, pg.world_size());  // fail fast on bad input
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
 
     bool all_ok = true;

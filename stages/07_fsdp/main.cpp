@@ -104,21 +104,22 @@ int main(int argc, char** argv) {
     // Memory is this stage's subject: let a freed gathered unit or gradient go back to the OS at once, so
     // that resident memory follows the live tensors (common/memory.hpp says what glibc does otherwise).
     map_large_allocations();
-    auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
     std::vector<bool> modes;
     if (reshard != "false") modes.push_back(true);
     if (reshard != "true") modes.push_back(false);
-    if (bench) {  // fail fast on bad input, before the checks
+    const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
+    if (bench) {  // bad input: exit 2 before any rendezvous and before the checks
       o.cfg.bytes_per_param = 0;  // the memory check below knows each variant's own needs
-      validate_bench_config(o.cfg, pg.world_size());
+      validate_bench_config(o.cfg, world);
       o.compute_dtype = parse_compute_dtype(dtype);
       o.variants.clear();
       for (const auto& v : variants) {
         if (v == "ddp" || v == "zero1") o.variants.push_back(v);
         else for (bool m : modes) o.variants.push_back(m ? "fsdp" : "fsdp-keep");
       }
-      check_memory(o, pg.world_size());
+      check_memory(o, world);
     }
+    auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
 
     if (!run_checks(pg, modes)) throw CheckFailed("FSDP differs from single-process training");

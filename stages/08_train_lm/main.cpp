@@ -67,13 +67,15 @@ int main(int argc, char** argv) {
     o.command = command_line(argc, argv);  // reads the launch environment: inside run_main, whose errors exit 2
     configure_cpu_threads();
     check_blas();
-    validate_run_options(o);  // exit 2 before the process group forms: bad flags, a missing checkpoint
+    // Bad input exits 2 before the process group forms: flags, a missing checkpoint or corpus, a batch the
+    // world size does not split. The launch environment knows this rank and the world size already.
+    validate_run_options(o);
+    const LaunchEnv env = LaunchEnv::from_environment();
+    const TextCorpus corpus = load_corpus(o.corpus, (o.batch + 1) * (o.context + 1));
+    DistributedSampler sampler(window_count(corpus.train, o.context), o.batch, o.seed, env.rank, env.world_size);
+    check_micro_batches(o, env.world_size);
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
     o.world_size = pg.world_size();
-    const TextCorpus corpus = load_corpus(o.corpus, (o.batch + 1) * (o.context + 1));
-    DistributedSampler sampler(window_count(corpus.train, o.context), o.batch, o.seed, pg.rank(),
-                               pg.world_size());
-    check_micro_batches(o, pg.world_size());
     print0("process group: backend {}, world size {}; corpus {}: {} bytes of training text, {} held out",
            pg.backend(), pg.world_size(), corpus.source, corpus.train.numel(), corpus.val.numel());
 
