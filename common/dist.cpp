@@ -3,6 +3,7 @@
 #include "common/dist.hpp"
 
 #include "common/c10d_compat.hpp"
+#include "common/exchange.hpp"
 #include "common/runtime.hpp"
 #include "common/trace.hpp"
 
@@ -111,7 +112,7 @@ struct ProcessGroup::Impl {
   compat::StorePtr store;
   compat::CommPtr comm;
   std::string where;  // "gloo rank 1/4" for messages
-  int exchanges = 0;  // point-to-point all-to-alls so far: each gets tags of its own
+  std::unique_ptr<detail::ExchangeQueue> exchanges;  // Gloo's all-to-alls, one at a time (made on first use)
 };
 
 bool backend_available(const std::string& backend) {
@@ -318,24 +319,6 @@ Work ProcessGroup::all_gather_async(std::vector<torch::Tensor>& outs, torch::Ten
   return wrap(impl_->comm->allgather(output, input), describe("all_gather", in), id);
 }
 
-// Several point-to-point operations behind one handle: complete when all of them are.
-class ExchangeWork : public c10d::Work {
- public:
-  explicit ExchangeWork(std::vector<compat::WorkPtr> parts) : parts_(std::move(parts)) {}
-  bool isCompleted() override {
-    for (auto& p : parts_)
-      if (!p->isCompleted()) return false;
-    return true;
-  }
-  bool wait(std::chrono::milliseconds timeout) override {  // Gloo's own timeout applies to each part
-    for (auto& p : parts_) p->wait(timeout);
-    return true;
-  }
-
- private:
-  std::vector<compat::WorkPtr> parts_;
-};
-
 // [all_to_all]
 Work ProcessGroup::all_to_all_async(torch::Tensor& out, torch::Tensor& in, const std::string& label) {
   if (in.size(0) % world_ != 0 || !out.sizes().equals(in.sizes()) || !in.is_contiguous() || !out.is_contiguous())
@@ -348,24 +331,11 @@ Work ProcessGroup::all_to_all_async(torch::Tensor& out, torch::Tensor& in, const
   }
   // Gloo's alltoall moves the pieces at half the link's rate (scripts/torch_alltoall.py, 2 ranks at
   // 1 Gbit/s: 307 ms for 37.3 MB per rank, where one send and one receive posted together take 156 ms,
-  // the link's rate). So on Gloo the exchange is point to point: every receive posted, then every send,
-  // all in flight at once.
-  // Each exchange has its own tag, so two in flight between the same ranks cannot take each other's data.
-  const int64_t c = in.size(0) / world_;
-  const int tag = 1 + impl_->exchanges++ % (1 << 20);
-  std::vector<compat::WorkPtr> parts;
-  for (int i = 1; i < world_; ++i) {  // from rank - i
-    const int peer = (rank_ - i + world_) % world_;
-    std::vector<at::Tensor> v{out.narrow(0, peer * c, c)};
-    parts.push_back(impl_->comm->recv(v, peer, tag));
-  }
-  for (int i = 1; i < world_; ++i) {  // to rank + i
-    const int peer = (rank_ + i) % world_;
-    std::vector<at::Tensor> v{in.narrow(0, peer * c, c)};
-    parts.push_back(impl_->comm->send(v, peer, tag));
-  }
-  out.narrow(0, rank_ * c, c).copy_(in.narrow(0, rank_ * c, c));  // my own piece stays here
-  return wrap(c10::make_intrusive<ExchangeWork>(std::move(parts)), describe("all_to_all", in), id);
+  // the link's rate). So on Gloo the exchange is point to point: every receive posted, then every send.
+  // Exchanges go on the wire one at a time, in the order issued, so that the first one issued is the
+  // first one done (common/exchange.hpp).
+  if (!impl_->exchanges) impl_->exchanges = std::make_unique<detail::ExchangeQueue>(impl_->comm, rank_, world_);
+  return wrap(impl_->exchanges->post(out, in, [id] { trace::collective_done(id); }), describe("all_to_all", in), id);
 }
 // [all_to_all]
 
@@ -408,6 +378,7 @@ void ProcessGroup::barrier() {
 
 void ProcessGroup::shutdown() {
   if (!impl_) return;
+  impl_->exchanges.reset();  // before the backend it sends through
   impl_->comm.reset();
   impl_->store.reset();
   impl_.reset();

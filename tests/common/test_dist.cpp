@@ -143,6 +143,27 @@ TEST(AllToAll, TwoInFlightKeepTheirData) {
   });
 }
 
+// All-to-alls finish in the order they were issued, and a handle says it is complete as soon as its data
+// is there, whether or not anybody waited (FSDP's timeline asks whether a gather was done before compute
+// reached its unit). A large one first, small ones behind it: when the last is done, every earlier one
+// reports done. Gloo's own point-to-point handles report completion only once waited on.
+TEST(AllToAll, FinishInIssueOrder) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    std::vector<torch::Tensor> in, out;
+    std::vector<dp::Work> works;
+    for (int k = 0; k < 6; ++k) {
+      const int64_t n = (k == 0 ? 4'000'000 : 64) * pg.world_size();  // 16 MB, then 256 B per chunk
+      in.push_back(torch::full({n}, static_cast<float>(k)));
+      out.push_back(torch::zeros({n}));
+      works.push_back(pg.all_to_all_async(out[k], in[k]));
+    }
+    works.back().wait();
+    for (int k = 0; k < 5; ++k) EXPECT_TRUE(works[k].completed()) << "exchange " << k << " was overtaken";
+    for (auto& w : works) w.wait();
+    for (int k = 0; k < 6; ++k) EXPECT_TRUE(torch::all(out[k] == static_cast<float>(k)).item<bool>()) << k;
+  });
+}
+
 TEST(Backends, NcclOnCpuBuildIsAUsageError) {
 #ifndef DP_WITH_NCCL
   EXPECT_FALSE(dp::backend_available("nccl"));
