@@ -92,7 +92,6 @@ int main(int argc, char** argv) {
 
   return run_main([&] {
     const double budget_s = parse_seconds(budget, "--budget");
-    for (const auto& s : sizes) parse_size(s, "--sizes");  // bad input: exit 2 before any rendezvous
     configure_cpu_threads();
     check_blas();
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});

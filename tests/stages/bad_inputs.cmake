@@ -50,7 +50,16 @@ foreach(prog stage02_naive_ddp stage05_bucketed)
 endforeach()
 foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt stage07_fsdp)  # global batch split over ranks
   dp_bad_input(${prog}_batch_not_divisible 2 "cannot be split" ${LAUNCH} --nproc 2 -- $<TARGET_FILE:${prog}> --bench --batch 3)
+  # Checked before any rank connects: rank 1 alone, its rendezvous unreachable, gets the refusal at once.
+  # (Checked after the group formed, a peer that had already exited 2 turned it into a connection error.)
+  dp_bad_input(${prog}_batch_checked_before_rendezvous 2 "\\[rank 1/2\\] error: --batch 3 cannot be split"
+    env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=9 $<TARGET_FILE:${prog}> --bench --batch 3 --timeout 2s)
 endforeach()
+set(ALONE env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=9)  # rank 1, its rendezvous unreachable
+dp_bad_input(stage08_batch_checked_before_rendezvous 2 "\\[rank 1/2\\] error: --batch 15 is not a positive multiple"
+  ${ALONE} $<TARGET_FILE:stage08_train_lm> --batch 15 --timeout 2s)
+dp_bad_input(stage02_world_size_checked_before_rendezvous 2 "\\[rank 1/3\\] error: .*world size 3 does not divide 20"
+  env RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=9 ${S02} --timeout 2s)
 dp_bad_input(stage05_zero_cap 2 "caps" $<TARGET_FILE:stage05_bucketed> --caps 0)
 # Gradient accumulation needs at least one micro-batch; a communication hook must exist and the backend
 # must sum its dtype (Gloo in LibTorch 1.13 has no bf16 collectives; 2.x has).
