@@ -3,7 +3,7 @@
 # Every result file records the exact command (launcher included) and the machine, row by row.
 #
 #   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp features torch small zero fsdp lm (default: all),
-#                                             or fsdp-memory, lm-speed (one table of those parts alone)
+#                                             or fsdp-memory, fsdp-zero1, lm-speed (one table of those parts alone)
 #
 # The DDP runs use the tiny Transformer with 10 timed steps: once over loopback (where Gloo's
 # communication is CPU work that competes with backward for the two cores) and on a simulated cluster
@@ -26,6 +26,14 @@ if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/nu
   echo "bench_docs: no --net runs: they need root and iproute2 (ip, tc); running the loopback ones only"
 fi
 net() { [ $net_ok = 1 ] && "$@" || echo "(skipped: $*)"; }
+
+# Stage 07's table of ZeRO-1 in buckets (stage 06's BucketedZero1) against DDP, at 1 and 10 Gbit/s (~8 min).
+zero1_vs_ddp() {
+  for rate in 1gbit 10gbit; do
+    net $L --nproc 2 --net $rate -- $B/stage07_fsdp --bench --preset small --context 128 --warmup 1 --steps 6 \
+        --variants ddp,zero1-buckets,zero1-overlap --json $R/stage07_zero1_$rate.json
+  done
+}
 
 for part in $parts; do
   case $part in
@@ -146,6 +154,7 @@ for part in $parts; do
         --compute-dtype bf16 --json $R/stage07_small_1gbit_bf16.json
     net $L --nproc 2 --net 10gbit -- $B/stage07_fsdp --bench --preset small --context 128 --warmup 1 --steps 6 \
         --variants ddp,zero1,fsdp --json $R/stage07_small_10gbit.json --trace $R/stage07_small_10gbit.trace.json
+    zero1_vs_ddp
     # CS336 fsdp_accounting (b): did each gather finish before its unit's forward began? From the traces.
     files=()
     for rate in 1gbit 10gbit; do
@@ -160,6 +169,7 @@ for part in $parts; do
     # 970 M parameters: DDP would need ~31 GB for 2 ranks here, FSDP ~8 GB per rank.
     $L --nproc 2 -- $B/stage07_fsdp --bench --preset large --context 32 --batch 2 --warmup 0 --steps 2 \
         --variants fsdp --reshard-after-forward true --json $R/stage07_large.json ;;
+  fsdp-zero1) zero1_vs_ddp ;;
   lm|lm-speed)
     echo "== stage 08: loss curves on real text at 1, 2 and 4 ranks (loopback, 500 steps), then speed per --sync and link"
     runs=build/lm_runs; mkdir -p $runs

@@ -18,14 +18,8 @@ namespace dp {
 Zero1Optimizer::Zero1Optimizer(ProcessGroup& pg, const std::vector<torch::Tensor>& params,
                                const MakeLocalOptimizer& make_local, ReduceScatterAlgo algo)
     : pg_(&pg), algo_(algo) {
-  std::unordered_set<const void*> seen;
   int64_t total = 0;
-  for (const auto& p : params) {
-    if (!p.defined() || !p.requires_grad()) continue;            // frozen: never changes, not sharded
-    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // tied weight listed twice
-    if (!p.is_leaf() || p.scalar_type() != torch::kFloat32 || p.device() != pg.device())
-      throw UsageError(fmt::format("Zero1Optimizer: a parameter of shape {} is not a float32 leaf on {}",
-                                   shape_text(p.sizes()), pg.device().str()));
+  for (const auto& p : flattenable_parameters(params, pg.device(), "Zero1Optimizer")) {
     offsets_.push_back(total);
     params_.push_back(p);
     total += p.numel();
@@ -97,6 +91,21 @@ std::string Zero1Optimizer::describe() const {
                      kind_, pg_->world_size(), params_.size(), with_commas(layout_.numel),
                      with_commas(layout_.padded), with_commas(layout_.chunk), reduce_scatter_name(*pg_, algo_),
                      all_gather_name(*pg_));
+}
+
+std::vector<torch::Tensor> flattenable_parameters(const std::vector<torch::Tensor>& params, const torch::Device& device,
+                                                  const std::string& who) {
+  std::unordered_set<const void*> seen;
+  std::vector<torch::Tensor> out;
+  for (const auto& p : params) {
+    if (!p.defined() || !p.requires_grad()) continue;            // frozen: never changes, not sharded
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // tied weight listed twice
+    if (!p.is_leaf() || p.scalar_type() != torch::kFloat32 || p.device() != device)
+      throw UsageError(fmt::format("{}: a parameter of shape {} is not a float32 leaf on {}", who,
+                                   shape_text(p.sizes()), device.str()));
+    out.push_back(p);
+  }
+  return out;
 }
 
 // [traffic]

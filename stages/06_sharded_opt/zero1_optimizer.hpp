@@ -81,6 +81,11 @@ class Zero1Optimizer {
   std::string kind_;
 };
 
+/// The tensors a flat-buffer ZeRO-1 shards: trainable ones, a tied weight once, in the order given. Throws
+/// dp::UsageError naming `who` when one is not a float32 leaf on `device`.
+std::vector<torch::Tensor> flattenable_parameters(const std::vector<torch::Tensor>& params, const torch::Device& device,
+                                                  const std::string& who);
+
 /// Per-rank bytes sent per step by each design (ring accounting, (N-1)/N of a buffer per pass, P fp32
 /// elements): DDP and true ZeRO-1 2 x (N-1)/N x 4P, the CS336 design 3 x (N-1)/N x 4P.
 double zero1_bytes_per_step(int64_t num_params, int world_size);

@@ -1,5 +1,6 @@
-// Stage 07's benchmark: bucketed DDP (stage 05) and ZeRO-1 (stage 06) against FSDP in both resharding
-// modes, on the Transformer.
+// Stage 07's benchmark: bucketed DDP (stage 05) and ZeRO-1 (stage 06: flat, and bucketed with its
+// all-gathers after the step or behind the next forward) against FSDP in both resharding modes, on the
+// Transformer.
 // All variants are built first and then take turns step by step, so each round's ratio compares steps
 // run back to back. Memory is counted tensor by tensor; peak RSS only means something for one variant
 // per process (--variants fsdp), which is how scripts/bench_docs.sh measures it.
@@ -15,6 +16,7 @@
 #include "common/grad_sync.hpp"  // broadcast_parameters
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"  // zero1_expected_bytes
+#include "stages/06_sharded_opt/bucketed_zero1.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -25,7 +27,9 @@ namespace dp {
 
 namespace optim = torch::optim;
 
-std::vector<std::string> stage07_variant_names() { return {"ddp", "zero1", "fsdp", "fsdp-keep"}; }
+std::vector<std::string> stage07_variant_names() {
+  return {"ddp", "zero1", "zero1-buckets", "zero1-overlap", "fsdp", "fsdp-keep"};
+}
 
 // [estimate]
 double estimated_bytes_per_rank(const Stage07Options& o, const std::string& variant, int world) {
@@ -34,7 +38,7 @@ double estimated_bytes_per_rank(const Stage07Options& o, const std::string& vari
   const double e = o.compute_dtype == torch::kFloat32 ? 4 : 2;  // bytes per gathered value
   const double act = activation_bytes(m, o.cfg.global_batch / world, o.cfg.context, static_cast<int>(e));
   if (variant == "ddp") return 20 * P + act;  // weights, grads, AdamW 16P, + 4P of buckets
-  if (variant == "zero1") return 12 * P + 12 * P / world + act;  // + the all-to-all's 4P receive buffer
+  if (variant.rfind("zero1", 0) == 0) return 12 * P + 12 * P / world + act;  // + the all-to-all's 4P buffers
   const double unit = std::max(4.0 * m.d_model * m.d_model + 3.0 * m.d_model * m.d_ff, double(m.vocab_size) * m.d_model);
   // 16P/N of shards, shard grads and AdamW state; gathered units: the one computing, the one prefetched,
   // the all-to-all's send copy; two units' fp32 gradients in flight. fsdp-keep holds every unit from
@@ -77,6 +81,9 @@ struct Trainee {
   TransformerLM model{nullptr};
   std::unique_ptr<BucketedDdp> ddp;
   std::unique_ptr<Zero1Optimizer> zero1;  // owns its AdamW (on this rank's chunk); opt stays empty
+  std::unique_ptr<BucketedZero1> zero1b;  // owns one AdamW per bucket (its chunk); opt stays empty
+  bool overlap = false;                   // zero1-overlap: all-gathers behind the next forward
+  UnitRunner run;                         // FSDP's or zero1-overlap's
   std::unique_ptr<Fsdp> fsdp;
   std::unique_ptr<optim::AdamW> opt;
   std::vector<double> step_s;
@@ -95,11 +102,17 @@ struct Trainee {
     } else if (variant == "zero1") {
       broadcast_parameters(pg, *model);  // no DDP wrapper to do it
       zero1 = Zero1Optimizer::make<optim::AdamW>(pg, model->parameters(), adamw);
+    } else if (variant == "zero1-buckets" || variant == "zero1-overlap") {
+      broadcast_parameters(pg, *model);
+      zero1b = BucketedZero1::make<optim::AdamW>(pg, model->parameters(), adamw, 25.0);  // DDP's bucket cap
+      overlap = variant == "zero1-overlap";
+      if (overlap) run = zero1b->runner(model->units());
     } else {
       FsdpOptions f;
       f.reshard_after_forward = variant == "fsdp", f.compute_dtype = o.compute_dtype;
       fsdp = std::make_unique<Fsdp>(pg, model.ptr(), model->units(), f);
       opt = std::make_unique<optim::AdamW>(fsdp->parameters(), adamw);
+      run = fsdp->runner();
     }
   }
 
@@ -109,15 +122,16 @@ struct Trainee {
     Timer t(device);
     if (ddp) ddp->on_train_batch_start();
     if (zero1) zero1->zero_grad();
+    else if (zero1b) zero1b->zero_grad();
     else opt->zero_grad();
     torch::Tensor loss;
     {
-      trace::Span f("forward");
-      auto logits = fsdp ? model->forward_units(x, fsdp->runner()) : model->forward(x);
+      trace::Span f("forward");  // zero1-overlap: the last step's all-gathers start here, waited unit by unit
+      auto logits = run ? model->forward_units(x, run) : model->forward(x);
       loss = lm_loss(logits.to(torch::kFloat32), y);
     }
-    { trace::Span b("backward"); loss.backward(); }  // FSDP: gathers and reduce-scatters happen in here
-    if (!zero1) {  // ZeRO-1 reduce-scatters the gradients in its step()
+    { trace::Span b("backward"); loss.backward(); }  // FSDP, zero1-b*: reduce-scatters leave from in here
+    if (ddp || fsdp) {  // ZeRO-1 finishes its reduce-scatters in its step()
       trace::Span s("sync");
       if (ddp) ddp->finish_gradient_synchronization();
       else fsdp->finish_gradient_synchronization();
@@ -125,6 +139,7 @@ struct Trainee {
     {
       trace::Span s("optimizer");
       if (zero1) zero1->step();  // reduce-scatter, step this rank's chunk, all-gather
+      else if (zero1b) zero1b->step(/*wait_for_parameters=*/!overlap);
       else opt->step();
     }
     return t.seconds();
@@ -134,6 +149,11 @@ struct Trainee {
   TrainingBytes count() const {
     if (ddp) return count_training_bytes(*model, *opt);
     if (zero1) return count_training_bytes(*model, zero1->local());  // whole params and grads, 1/N of AdamW
+    if (zero1b) {
+      TrainingBytes b = count_training_bytes(*model, zero1b->local(0));
+      b.state = zero1b->state_bytes();  // every bucket's optimizer
+      return b;
+    }
     TrainingBytes b;  // FSDP: what the optimizer steps is what the rank keeps
     for (const auto& p : fsdp->parameters()) b.params += tensor_bytes({p}), b.grads += tensor_bytes({p.grad()});
     b.state = optimizer_state_bytes(*opt);
@@ -180,16 +200,17 @@ void run_benchmark(ProcessGroup& pg, const Stage07Options& o, Results& results) 
     std::vector<double> ratio;
     for (size_t k = 0; k < per_round.size(); ++k) ratio.push_back(per_round[k] / first[k]);
     const Stats st = summarize(per_round), rt = summarize(ratio);
-    const double sent = t->ddp ? 2.0 * (W - 1) / W * 4 * P : t->zero1 ? zero1_bytes_per_step(mcfg.num_parameters(), W)
-                                                                       : t->sent_per_step;
+    const bool zero = t->zero1 || t->zero1b;
+    const double sent = t->ddp ? 2.0 * (W - 1) / W * 4 * P : zero ? zero1_bytes_per_step(mcfg.num_parameters(), W)
+                                                                  : t->sent_per_step;
     results.add({{"variant", t->name}, {"vs", ts.front()->name}, {"world_size", W}, {"link", link_description()},
                  {"preset", o.cfg.preset},
                  {"context", o.cfg.context}, {"batch", o.cfg.global_batch}, {"params", mcfg.num_parameters()},
                  {"compute_dtype", t->fsdp ? dtype_name(o.compute_dtype) : "float32"},
                  {"param_MB", max_all(t->bytes.params) / 1e6}, {"grad_MB", max_all(t->bytes.grads) / 1e6},
                  {"state_MB", max_all(t->bytes.state) / 1e6}, {"total_MB", max_all(t->bytes.total()) / 1e6},
-                 {"expected_MB", (t->ddp     ? 16 * P
-                                  : t->zero1 ? zero1_expected_bytes(mcfg.num_parameters(), W).total()  // 8P + 8P/N
+                 {"expected_MB", (t->ddp  ? 16 * P
+                                  : zero ? zero1_expected_bytes(mcfg.num_parameters(), W).total()  // 8P + 8P/N
                                              : 16 * P / W) / 1e6},
                  {"gathered_peak_MB", t->fsdp ? max_all(t->fsdp->peak_gathered_bytes()) / 1e6 : 0.0},
                  {"peak_rss_MB", alone && reset_ok ? rss / 1e6 : -1.0},

@@ -77,7 +77,7 @@ if(DP_TORCH_VERSION_MAJOR LESS 2)
   dp_bad_input(stage05_bf16_hook_on_gloo 2 "gloo backend of this LibTorch .* cannot all-reduce bf16 tensors.*use --comm-hook allreduce or fp16"
     $<TARGET_FILE:stage05_bucketed> --comm-hook bf16)
 endif()
-dp_bad_input(stage06_unknown_design 2 "unknown design 'zero2': use cs336 .* zero1 .* or both"
+dp_bad_input(stage06_unknown_design 2 "unknown design 'zero2': use cs336 .* zero1 .* zero1-buckets .* or all"
   $<TARGET_FILE:stage06_sharded_opt> --design zero2)
 # Whole replicas of the 970 M-parameter `large` preset (about 16 B per parameter on every rank, plus the
 # benchmark's second replica) do not fit this machine: refused up front, pointing at FSDP (stage 07),

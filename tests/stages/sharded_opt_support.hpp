@@ -6,6 +6,7 @@
 #include "common/models.hpp"
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
+#include "stages/06_sharded_opt/bucketed_zero1.hpp"
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 #include "tests/support/ranks.hpp"
@@ -218,6 +219,28 @@ struct Zero1Design {
     mine.div_(W);
     all_gather_flat(pg, mine, flat);
     unflatten_into(flat, grads);
+  }
+};
+
+// BucketedZero1 with buckets of at most 2,000 bytes (500 floats): the toy models get several buckets of
+// several tensors, the Transformer a bucket per tensor (its norms two to a bucket), so every test runs
+// many reduce-scatters launched from backward's hooks and many all-gathers. Each element is still summed
+// over the ranks in rank order, so the references are Zero1Design's.
+struct BucketedZero1Design {
+  static constexpr const char* name = "zero1_buckets";
+  static constexpr double kCapMb = 0.002;
+  std::unique_ptr<BucketedZero1> opt;
+  BucketedZero1Design(ProcessGroup& g, const std::vector<torch::Tensor>& params, const std::string& kind, double lr)
+      : opt(std::make_unique<BucketedZero1>(g, params, local_factory(kind, lr), kCapMb)) {}
+  void zero_grad() { opt->zero_grad(); }
+  void step_replicated() { opt->step(); }
+  void step_ddp() { opt->step(); }
+  const std::string& kind() const { return opt->kind(); }
+  static void replicated_average(ProcessGroup& pg, const std::vector<torch::Tensor>& grads) {
+    Zero1Design::replicated_average(pg, grads);
+  }
+  static void ddp_average(ProcessGroup& pg, const std::vector<torch::Tensor>& grads) {
+    Zero1Design::ddp_average(pg, grads);
   }
 };
 

@@ -1,0 +1,233 @@
+// BucketedZero1: stage 05's buckets, each a flat buffer cut into N chunks; reduce-scatters from gradient
+// hooks; per bucket a chunk's step and an all-gather, first layers first.
+#include "stages/06_sharded_opt/bucketed_zero1.hpp"
+
+#include "common/memory.hpp"
+#include "common/models.hpp"
+#include "common/optim_state.hpp"
+#include "common/runtime.hpp"
+#include "common/trace.hpp"
+#include "stages/05_bucketed/buckets.hpp"  // assign_buckets
+#include "stages/06_sharded_opt/zero1_optimizer.hpp"  // flattenable_parameters
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace dp {
+
+// [buckets]
+BucketedZero1::BucketedZero1(ProcessGroup& pg, const std::vector<torch::Tensor>& params,
+                             const MakeLocalOptimizer& make_local, double bucket_cap_mb)
+    : pg_(&pg), cap_mb_(bucket_cap_mb) {
+  const auto distinct = flattenable_parameters(params, pg.device(), "BucketedZero1");  // Zero1Optimizer's rule
+  // Stage 05's rule: last registered first, a new bucket once the cap would be passed.
+  std::vector<int64_t> bytes;
+  for (const auto& p : distinct) bytes.push_back(p.numel() * 4);
+  const auto groups = assign_buckets(bytes, std::vector<bool>(distinct.size(), true), bucket_cap_mb);
+  const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(pg.device());
+  const int W = pg.world_size(), r = pg.rank();
+  torch::NoGradGuard no_grad;
+  for (const auto& group : groups) {
+    Bucket b;
+    int64_t total = 0;
+    for (size_t j : group) {
+      b.params.push_back(params_.size());
+      bucket_of_.push_back(buckets_.size()), offset_of_.push_back(static_cast<size_t>(total));
+      params_.push_back(distinct[j]);
+      total += distinct[j].numel();
+    }
+    b.layout = FlatLayout::of(total, W);  // padded to a multiple of N: every rank owns an equal chunk
+    b.flat_params = torch::zeros({b.layout.padded}, fp32);
+    b.flat_grads = torch::zeros({b.layout.padded}, fp32);
+    b.scratch = torch::empty({b.layout.padded}, fp32);  // the all-to-all's receive (and gather's send) side
+    buckets_.push_back(std::move(b));
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {  // the model's tensors move into the buckets
+    auto& p = params_[i];
+    auto& b = buckets_[bucket_of_[i]];
+    b.flat_params.narrow(0, offset_of_[i], p.numel()).view(p.sizes()).copy_(p);
+    auto g = grad_view(i);
+    if (p.grad().defined()) g.copy_(p.grad());
+    p.set_data(b.flat_params.narrow(0, offset_of_[i], p.numel()).view(p.sizes()));
+    p.mutable_grad() = g;  // backward accumulates into the bucket's gradient buffer
+  }
+  for (auto& b : buckets_) {  // each bucket's chunk is one optimizer's one parameter
+    b.shard = b.flat_params.narrow(0, b.layout.offset(r), b.layout.chunk).detach().requires_grad_(true);
+    b.shard.mutable_grad() = torch::zeros({b.layout.chunk}, fp32);
+    b.local = make_local({torch::optim::OptimizerParamGroup({b.shard})});
+    if (!b.local) throw UsageError("BucketedZero1: make_local returned no optimizer");
+  }
+  kind_ = buckets_.empty() ? "custom" : optimizer_kind(*buckets_.front().local);
+  ready_.assign(params_.size(), 0);
+  hooks_ = std::make_unique<AccumulateGradHooks>(
+      params_, [this](size_t i) { before_accumulate(i); }, [this](size_t i) { after_accumulate(i); });
+}
+// [buckets]
+
+BucketedZero1::~BucketedZero1() {
+  hooks_.reset();
+  // Nothing may still write into buffers about to be freed: drain what is in flight, errors included.
+  for (auto& b : buckets_) {
+    try { b.reduce.wait(); } catch (const std::exception&) {}
+    try { if (b.gather.valid()) b.gather.wait(); } catch (const std::exception&) {}  // gathers_due_: none launched
+  }
+}
+
+torch::Tensor BucketedZero1::grad_view(size_t i) const {
+  const auto& p = params_[i];
+  return buckets_[bucket_of_[i]].flat_grads.narrow(0, offset_of_[i], p.numel()).view(p.sizes());
+}
+
+void BucketedZero1::adopt_gradient(size_t i) {
+  // Backward wrote into the buffer unless someone replaced or dropped the gradient (zero_grad with
+  // set_to_none, for one): copy it in (a missing one is zero) and put the view back.
+  auto& p = params_[i];
+  auto view = grad_view(i);
+  const auto& g = p.grad();
+  if (g.defined() && g.data_ptr() == view.data_ptr()) return;
+  torch::NoGradGuard no_grad;
+  if (g.defined()) view.copy_(g);
+  else view.zero_();
+  p.mutable_grad() = view;
+}
+
+// [hooks]
+void BucketedZero1::before_accumulate(size_t i) {
+  const Bucket& b = buckets_[bucket_of_[i]];
+  if (gathers_due_ || b.gather.valid())  // the forward that made this gradient ran on stale weights
+    throw std::logic_error("BucketedZero1: backward reached a parameter whose all-gather from step(false) was "
+                           "never waited for; run forward through runner() or call wait_parameters() first");
+  if (ready_[i])
+    throw std::logic_error("BucketedZero1: a second backward before step(): its reduce-scatter may be on the "
+                           "wire; accumulate micro-batches with Zero1Optimizer, or call step() after each backward");
+}
+
+void BucketedZero1::after_accumulate(size_t i) {
+  adopt_gradient(i);  // .grad() now holds this backward's gradient, in the bucket
+  ready_[i] = 1;
+  ++buckets_[bucket_of_[i]].ready;
+  launch_complete_buckets(/*during_backward=*/true);
+}
+
+// Buckets leave strictly in index order, so that every rank issues the same collectives in the same order
+// (stage 05 explains why); bucket 0, the last layers, is complete first.
+void BucketedZero1::launch_complete_buckets(bool during_backward) {
+  while (next_to_launch_ < buckets_.size()) {
+    Bucket& b = buckets_[next_to_launch_];
+    if (b.ready < b.params.size()) break;
+    auto out = b.shard.mutable_grad();
+    b.reduce = reduce_scatter_async(*pg_, b.flat_grads, out, ReduceScatterAlgo::automatic,
+                                    fmt::format("grads {}", next_to_launch_), b.scratch);
+    launched_in_backward_ += during_backward;
+    ++next_to_launch_;
+  }
+}
+// [hooks]
+
+void BucketedZero1::finish_reduces() {
+  for (size_t i = 0; i < params_.size(); ++i)  // unused this step: a zero (or replaced) gradient
+    if (!ready_[i]) adopt_gradient(i), ready_[i] = 1, ++buckets_[bucket_of_[i]].ready;
+  launch_complete_buckets(/*during_backward=*/false);
+}
+
+// [step]
+void BucketedZero1::step(bool wait_for_parameters) {
+  torch::NoGradGuard no_grad;
+  finish_reduces();
+  // Last bucket first: it holds the first layers, which the next forward needs first. Its reduce-scatter
+  // left last, so this waits for all of them; from then on (step()) each chunk's step runs while the
+  // all-gather launched before it is on the wire.
+  for (size_t k = buckets_.size(); k-- > 0;) {
+    Bucket& b = buckets_[k];
+    b.reduce.wait();                                 // my chunk of this bucket's sum
+    b.shard.mutable_grad().div_(pg_->world_size());  // the DDP average
+    b.local->step();                                 // 1/N of this bucket's optimizer work
+    if (wait_for_parameters) launch_gather(k);
+  }
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (auto& b : buckets_) b.ready = 0;
+  next_to_launch_ = 0;
+  gathers_due_ = !wait_for_parameters;  // step(false): the next forward launches them (runner())
+  if (wait_for_parameters) wait_parameters();
+}
+// [step]
+
+void BucketedZero1::launch_gather(size_t k) {
+  Bucket& b = buckets_[k];
+  b.gather = all_gather_flat_async(*pg_, b.shard, b.flat_params, fmt::format("params {}", k),
+                                   AllGatherAlgo::automatic, b.scratch);
+}
+
+void BucketedZero1::launch_due_gathers() {
+  if (!gathers_due_) return;
+  gathers_due_ = false;
+  for (size_t k = buckets_.size(); k-- > 0;) launch_gather(k);  // first layers first
+}
+
+void BucketedZero1::wait_for_gather(size_t k) {
+  if (!buckets_[k].gather.valid()) return;
+  Work w = std::move(buckets_[k].gather);
+  buckets_[k].gather = Work{};
+  w.wait();
+}
+
+void BucketedZero1::wait_parameters() {
+  launch_due_gathers();
+  for (size_t k = buckets_.size(); k-- > 0;) wait_for_gather(k);
+}
+
+// [runner]
+UnitRunner BucketedZero1::runner(const ModuleUnits& units) {
+  std::unordered_map<const void*, size_t> bucket_by_impl;
+  for (size_t i = 0; i < params_.size(); ++i) bucket_by_impl[params_[i].unsafeGetTensorImpl()] = bucket_of_[i];
+  std::vector<std::vector<size_t>> needs(units.size());  // per unit: the buckets holding its parameters
+  for (size_t u = 0; u < units.size(); ++u) {
+    std::unordered_set<size_t> in;
+    for (const auto& m : units[u])
+      for (const auto& p : m->parameters())
+        if (auto it = bucket_by_impl.find(p.unsafeGetTensorImpl()); it != bucket_by_impl.end()) in.insert(it->second);
+    needs[u].assign(in.begin(), in.end());
+  }
+  return [this, needs](size_t unit, const std::function<torch::Tensor()>& body) {
+    launch_due_gathers();  // the first unit of a forward after step(false) starts every bucket's gather
+    if (unit < needs.size())
+      for (size_t k : needs[unit]) wait_for_gather(k);  // this unit's weights; later ones may still be arriving
+    return body();
+  };
+}
+// [runner]
+
+void BucketedZero1::zero_grad() {
+  for (auto& b : buckets_) b.reduce.wait();  // a backward without a step: drop its sums, keep ranks in step
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (auto& b : buckets_) b.ready = 0, b.flat_grads.zero_();
+  next_to_launch_ = 0;
+  launched_in_backward_ = 0;
+  for (size_t i = 0; i < params_.size(); ++i) adopt_gradient(i);
+}
+
+int64_t BucketedZero1::state_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : buckets_) n += optimizer_state_bytes(*b.local);
+  return n;
+}
+
+int64_t BucketedZero1::buffer_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : buckets_) n += tensor_bytes({b.shard.grad(), b.scratch});
+  return n;
+}
+
+std::string BucketedZero1::describe() const {
+  int64_t numel = 0, padded = 0;
+  for (const auto& b : buckets_) numel += b.layout.numel, padded += b.layout.padded;
+  return fmt::format("bucketed ZeRO-1 {} over {} ranks: {} tensors, {} elements in {} buckets of <= {:g} MB "
+                     "(padded to {}); gradients by {} from backward's hooks, parameters by {}",
+                     kind_, pg_->world_size(), params_.size(), with_commas(numel), buckets_.size(), cap_mb_,
+                     with_commas(padded), reduce_scatter_name(*pg_), all_gather_name(*pg_));
+}
+
+}  // namespace dp
