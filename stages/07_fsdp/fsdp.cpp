@@ -279,19 +279,11 @@ std::vector<torch::Tensor> Fsdp::parameters() const {
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> Fsdp::gather_full_parameters() {
-  torch::NoGradGuard no_grad;
-  std::unordered_map<const void*, torch::Tensor> full;
-  for (auto& U : units_) {
-    torch::Tensor flat = torch::empty({U.layout.padded}, U.shard.options().requires_grad(false));
-    torch::Tensor chunk = U.shard.detach();
-    all_gather_flat(pg_, chunk, flat, "gather_full_parameters");
-    for (size_t i = 0; i < U.sharded.size(); ++i)
-      full[U.sharded[i].unsafeGetTensorImpl()] = flat.narrow(0, U.offsets[i], U.sharded[i].numel()).view(U.sharded[i].sizes());
-    for (const auto& p : U.replicated) full[p.unsafeGetTensorImpl()] = p.detach().to(torch::kFloat32);
-  }
+  auto full = gather_full(parameters());  // the shards and the replicated tensors themselves, made whole
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& [name, p] : unique_named_parameters(*model_, /*trainable_only=*/true))
-    out.emplace_back(name, full.at(p.unsafeGetTensorImpl()));
+  size_t i = 0;
+  for (const auto& named : unique_named_parameters(*model_, /*trainable_only=*/true))
+    out.emplace_back(named.first, std::move(full[i++]));
   return out;
 }
 

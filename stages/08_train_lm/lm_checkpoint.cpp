@@ -50,7 +50,7 @@ void save_lm_checkpoint(const std::string& path, ProcessGroup& pg, const LmCheck
 // [save]
 
 std::pair<LmCheckpointMeta, FullState> load_lm_checkpoint(const std::string& path, const json& config,
-                                                          const FullState& like) {
+                                                          const std::vector<torch::Tensor>& like) {
   const CheckpointFile file = read_checkpoint_file(path, kFormat);  // throws "damaged" / "cannot read"
   json m;
   try {
@@ -71,24 +71,24 @@ std::pair<LmCheckpointMeta, FullState> load_lm_checkpoint(const std::string& pat
                                      "model, batch, data and schedule (only the number of ranks, --sync, --steps, "
                                      "--eval-every and --checkpoint-every may change)",
                                      path, key, meta.config.value(key, json()).dump(), value.dump()));
-    if (m.at("tensors").get<size_t>() != like.params.size())
+    if (m.at("tensors").get<size_t>() != like.size())
       throw UsageError(fmt::format("checkpoint {} holds {} tensors, the model has {}", path,
-                                   m.at("tensors").get<size_t>(), like.params.size()));
+                                   m.at("tensors").get<size_t>(), like.size()));
   } catch (const json::exception& e) {
     throw UsageError(fmt::format("checkpoint {} is damaged: {}", path, e.what()));
   }
   try {
     torch::serialize::InputArchive archive;
     archive.load_from(file.payload(), file.payload_size);
-    for (size_t i = 0; i < like.params.size(); ++i) {
+    for (size_t i = 0; i < like.size(); ++i) {
       torch::Tensor p, a, v;
       archive.read(fmt::format("p{}", i), p);
       archive.read(fmt::format("m{}", i), a);
       archive.read(fmt::format("v{}", i), v);
       for (const auto* t : {&p, &a, &v})
-        if (!t->sizes().equals(like.params[i].sizes()))
+        if (!t->sizes().equals(like[i].sizes()))
           throw UsageError(fmt::format("checkpoint {}: tensor {} has shape {}, the model's has {}", path, i,
-                                       fmt::join(t->sizes(), "x"), fmt::join(like.params[i].sizes(), "x")));
+                                       fmt::join(t->sizes(), "x"), fmt::join(like[i].sizes(), "x")));
       // Copies of their own: tensors read from an archive may alias its buffer.
       s.params.push_back(p.clone()), s.exp_avg.push_back(a.clone()), s.exp_avg_sq.push_back(v.clone());
     }

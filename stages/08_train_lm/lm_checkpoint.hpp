@@ -31,9 +31,10 @@ void save_lm_checkpoint(const std::string& path, ProcessGroup& pg, const LmCheck
 
 /// Reads `path` on every rank and checks it: the file container (magic, version, length, checksum), then
 /// that its configuration equals `config` in every field but the world size and the synchronization,
-/// then each tensor's shape against `like` (the current model's parameters). Throws dp::UsageError
+/// then each tensor's shape against `like` (the current model's trainable parameters, in order; only
+/// their shapes are read, so FSDP's, which hold no memory between steps, do). Throws dp::UsageError
 /// naming the first problem. Not a collective.
 std::pair<LmCheckpointMeta, FullState> load_lm_checkpoint(const std::string& path, const nlohmann::json& config,
-                                                          const FullState& like);
+                                                          const std::vector<torch::Tensor>& like);
 
 }  // namespace dp

@@ -1,6 +1,7 @@
 // The capstone's training loop.
 #include "stages/08_train_lm/train_loop.hpp"
 
+#include "common/models.hpp"  // unique_parameters
 #include "common/results.hpp"
 #include "common/runtime.hpp"
 #include "common/timing.hpp"
@@ -105,7 +106,8 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
   json curve = {{"train", json::array()}, {"val", json::array()}};
   int64_t start = 0;
   if (o.resume) {
-    auto [meta, state] = load_lm_checkpoint(o.checkpoint, o.config(), trainer->full_state());
+    // The shapes to check come from the model itself: full_state() would gather (ZeRO-1, FSDP).
+    auto [meta, state] = load_lm_checkpoint(o.checkpoint, o.config(), unique_parameters(*model, true));
     trainer->load_full_state(state);
     start = meta.step, curve = meta.curve;
     print0("resumed from {} at step {} (saved by {} rank(s), --sync {})", o.checkpoint, start,

@@ -5,6 +5,8 @@
 //   launch_probe exit R C            rank R says so on stderr, exits with code C; the others sleep 60 s
 //   launch_probe kill R              rank R sends itself SIGKILL; the other ranks sleep 60 s
 //   launch_probe stubborn R C        like exit, but the other ranks (and children) ignore SIGTERM
+//   launch_probe refuse R C S        rank R exits with code C at once; the others ignore SIGTERM and
+//                                    after S seconds refuse their input: a message, exit code 2
 //   launch_probe spawn               fork a grandchild that sleeps 60 s, then sleep 60 s
 //   launch_probe straggler           fork a grandchild that sleeps 60 s, then exit 0 at once
 //   launch_probe sleep S             sleep S seconds, exit 0
@@ -206,6 +208,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "probe: rank %d fails on purpose\n", rank);  // the launcher must show this first
     if (mode == "kill") ::raise(SIGKILL);
     return arg(3);
+  }
+  if (mode == "refuse") {  // the race a usage error can lose: a peer's consequential failure comes first
+    if (rank == arg(2)) {  // fails once the others ignore SIGTERM (they record their pids after that)
+      for (int i = 0; std::getenv("PROBE_PID_DIR") && i < 1000 && count_pid_files() < world - 1; ++i) sleep_s(0.01);
+      std::fprintf(stderr, "probe: rank %d lost its peer\n", rank);
+      return arg(3);
+    }
+    std::signal(SIGTERM, SIG_IGN);
+    record_pid("rank" + std::to_string(rank), ::getpid());
+    sleep_s(argc > 4 ? std::atof(argv[4]) : 0);
+    std::fprintf(stderr, "probe: rank %d refuses its input\n", rank);
+    return 2;
   }
   if (mode == "spawn" || mode == "straggler") {
     spawn_grandchild(rank);

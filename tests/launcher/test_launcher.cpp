@@ -129,6 +129,24 @@ TEST(LauncherSupervision, FailingRankCodeIsPropagated) {
   expect_all_gone(box, 4);  // 2 ranks + 2 grandchildren
 }
 
+// A rank that refuses its input (exit 2) is the cause even when a peer's failure (it lost its connection
+// to the refusing rank) reached the launcher first: the launcher reports and exits with 2.
+TEST(LauncherSupervision, UsageErrorOutranksTheFailureItCaused) {
+  Sandbox box;
+  const Result r = run(box, {"--nproc", "3", "--timeout", "5", "--", kProbe, "refuse", "1", "1", "0.3"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 2) << r.err;
+  const auto first = r.err.find("ddp_launch: rank 1 exited with code 1\n");
+  const auto cause = r.err.find("exited with code 2 (a usage error; the failure above followed from it)");
+  EXPECT_NE(first, std::string::npos) << r.err;
+  EXPECT_NE(cause, std::string::npos) << r.err;
+  EXPECT_LT(first, cause) << r.err;
+  EXPECT_NE(r.err.find("refuses its input"), std::string::npos) << r.err;
+  EXPECT_LT(r.seconds, 4.0) << "the refusing ranks exit by themselves, before the grace period ends";
+  // Only a usage error outranks the first failure: ranks that die of the SIGTERM stay "not news"
+  // (KilledRankIsReportedAs137, FailingRankCodeIsPropagated).
+}
+
 TEST(LauncherSupervision, KilledRankIsReportedAs137) {
   Sandbox box;
   const Result r = run(box, {"--nproc", "3", "--", kProbe, "kill", "1"});

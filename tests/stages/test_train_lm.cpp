@@ -88,7 +88,7 @@ TEST(LmCheckpoint, RoundTripAndRefusals) {
     dp::save_lm_checkpoint(path, pg, {20, cfg, {{"train", {{0, 5.5, 0.1}}}}}, s);
     auto other = cfg;
     other["world_size"] = 4, other["sync"] = "fsdp";
-    auto [meta, got] = dp::load_lm_checkpoint(path, other, s);
+    auto [meta, got] = dp::load_lm_checkpoint(path, other, s.params);
     EXPECT_EQ(meta.step, 20);
     EXPECT_EQ(got.adam_step, 7);
     for (size_t i = 0; i < 2; ++i) {
@@ -97,14 +97,14 @@ TEST(LmCheckpoint, RoundTripAndRefusals) {
     }
     other["batch"] = 32;
     try {
-      dp::load_lm_checkpoint(path, other, s);
+      dp::load_lm_checkpoint(path, other, s.params);
       ADD_FAILURE() << "a checkpoint of another batch size was accepted";
     } catch (const dp::UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("batch = 16, this run has 32"), std::string::npos) << e.what();
     }
     dp::FullState bigger = s;
     bigger.params[1] = torch::zeros({5});
-    EXPECT_THROW(dp::load_lm_checkpoint(path, cfg, bigger), dp::UsageError);  // another model shape
+    EXPECT_THROW(dp::load_lm_checkpoint(path, cfg, bigger.params), dp::UsageError);  // another model shape
     std::filesystem::remove(path);
   });
 }

@@ -19,8 +19,9 @@
 // Supervision: every rank runs in its own process group with PR_SET_PDEATHSIG=SIGKILL. The first
 // rank seen failing is reported on stderr ("ddp_launch: rank 1 exited with code 3"); the other groups
 // get SIGTERM, then SIGKILL after --timeout seconds, and the launcher exits with that rank's code
-// (128+N for signal N). Ctrl-C (or SIGTERM) is forwarded the same way and exits 130 (143). The
-// launcher returns only once every rank and every process they started has been reaped.
+// (128+N for signal N), unless a rank exits 2 meanwhile: a usage error is the cause, not a consequence.
+// Ctrl-C (or SIGTERM) is forwarded the same way and exits 130 (143). The launcher returns only once
+// every rank and every process they started has been reaped.
 //
 // Output: each line of a rank's stdout/stderr goes to the launcher's stdout/stderr, prefixed with
 // "[rank r/W] " unless it already starts with "[rank " or --no-prefix is given. The ranks' stdin is

@@ -48,8 +48,9 @@ const char* kFooter = R"(Environment given to every rank (the same contract as t
 
 Output: each line a rank prints is tagged "[rank r/W] " unless it already starts with "[rank ".
 Failure: when a rank fails, the others get SIGTERM, then SIGKILL after --timeout seconds, and the
-launcher exits with the first failing rank's code (128+N for signal N). Ctrl-C stops every rank the
-same way and exits 130. Exit 2 means bad options; 127 means the program could not be started.
+launcher exits with the first failing rank's code (128+N for signal N), or with 2 when a rank exits 2 (a
+usage error) while the others stop. Ctrl-C stops every rank the same way and exits 130. Exit 2
+means bad options (the launcher's or a rank's); 127 means the program could not be started.
 
 A cluster on one machine (--net RATE; needs root, i.e. CAP_NET_ADMIN and CAP_SYS_ADMIN, and
 iproute2): every rank runs in a network namespace of its own, with one veth interface into a Linux

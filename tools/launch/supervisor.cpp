@@ -40,6 +40,8 @@ using Clock = std::chrono::steady_clock;
 // After SIGKILL, how long to wait for the kernel to tear everything down before giving up on
 // processes that escaped their group (setsid) or hang in the kernel.
 constexpr auto kKillWait = std::chrono::seconds(2);
+// What this project's programs exit with on bad input, before any work (and the launcher on bad options).
+constexpr int kUsageErrorCode = 2;
 // While stopping, poll() wakes at least this often to re-check deadlines and group membership.
 constexpr int kTickMs = 50;
 
@@ -183,6 +185,20 @@ void Supervisor::reap() {
       if (r.pid != pid) continue;
       r.reaped = true;
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      // A usage error (exit 2: bad input, refused before any work) is the cause, and a peer that failed
+      // first, because the refusing rank closed its connections, only its consequence: report the usage
+      // error, even when it comes second.
+      if (failed_ && phase_ != Phase::Running && WIFEXITED(status) && WEXITSTATUS(status) == kUsageErrorCode &&
+          exit_code_ != kUsageErrorCode) {
+        while (r.out_fd >= 0 && pump(r.out_fd, r.out)) {
+        }
+        while (r.err_fd >= 0 && pump(r.err_fd, r.err)) {
+        }
+        exit_code_ = kUsageErrorCode;
+        say(fmt::format("rank {} exited with code {} (a usage error; the failure above followed from it)",
+                        r.global, exit_code_));
+        break;
+      }
       if (ok || phase_ != Phase::Running) break;  // deaths we caused while stopping are not news
       failed_ = true;
       // Print what the rank said last (usually why it failed) before our verdict on it.
