@@ -71,10 +71,8 @@ struct Trainee {
   }
   // Tensor bytes: parameters and gradients of the model, the state of every optimizer this rank steps.
   TrainingBytes count() {
-    if (!zero1b) return count_training_bytes(*model, sharded ? sharded->local() : zero1 ? zero1->local() : *plain);
-    TrainingBytes b = count_training_bytes(*model, zero1b->local(0));
-    b.state = zero1b->state_bytes();  // one AdamW per bucket
-    return b;
+    if (zero1b) return zero1b->training_bytes(*model);  // one AdamW per bucket
+    return count_training_bytes(*model, sharded ? sharded->local() : zero1 ? zero1->local() : *plain);
   }
   // This rank's sequences for one step: each rank draws its own (seeded per rank by the caller).
   torch::Tensor tokens(const Options& o) const {

@@ -215,6 +215,12 @@ int64_t BucketedZero1::state_bytes() const {
   return n;
 }
 
+TrainingBytes BucketedZero1::training_bytes(const torch::nn::Module& model) const {
+  TrainingBytes b = count_training_bytes(model, *buckets_.at(0).local);  // parameters and gradients
+  b.state = state_bytes();                                                // every bucket's optimizer
+  return b;
+}
+
 int64_t BucketedZero1::buffer_bytes() const {
   int64_t n = 0;
   for (const auto& b : buckets_) n += tensor_bytes({b.shard.grad(), b.scratch});

@@ -12,6 +12,7 @@
 #pragma once
 
 #include "common/dist.hpp"
+#include "common/memory.hpp"  // TrainingBytes
 #include "common/shard_comm.hpp"
 #include "common/transformer.hpp"                       // UnitRunner, ModuleUnits
 #include "stages/04_overlap/accumulate_grad_hooks.hpp"  // AccumulateGradHooks
@@ -87,6 +88,8 @@ class BucketedZero1 {
   size_t launched_during_backward() const { return launched_in_backward_; }
   /// Sum over the buckets of the optimizer state's bytes (what Zero1Optimizer's local() holds).
   int64_t state_bytes() const;
+  /// count_training_bytes() of `model` with every bucket's optimizer state.
+  TrainingBytes training_bytes(const torch::nn::Module& model) const;
   /// Bytes of the buffers this design adds: the chunks' gradients and the all-to-all buffers.
   int64_t buffer_bytes() const;
   /// "adamw", "adam", "sgd" or "custom".

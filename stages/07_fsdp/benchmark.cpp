@@ -149,11 +149,7 @@ struct Trainee {
   TrainingBytes count() const {
     if (ddp) return count_training_bytes(*model, *opt);
     if (zero1) return count_training_bytes(*model, zero1->local());  // whole params and grads, 1/N of AdamW
-    if (zero1b) {
-      TrainingBytes b = count_training_bytes(*model, zero1b->local(0));
-      b.state = zero1b->state_bytes();  // every bucket's optimizer
-      return b;
-    }
+    if (zero1b) return zero1b->training_bytes(*model);  // every bucket's optimizer
     TrainingBytes b;  // FSDP: what the optimizer steps is what the rank keeps
     for (const auto& p : fsdp->parameters()) b.params += tensor_bytes({p}), b.grads += tensor_bytes({p.grad()});
     b.state = optimizer_state_bytes(*opt);
