@@ -6,8 +6,11 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <map>
 
 namespace dp {
@@ -93,6 +96,45 @@ const CLI::Validator SizeText = CLI::Validator(
     },
     "SIZE");
 
+// Finite numbers with a lower bound, named in words.
+static CLI::Validator finite_at_least(double low, bool strict, const std::string& name) {
+  return CLI::Validator(
+      [=](std::string& s) -> std::string {
+        const std::string rule = fmt::format("must be a finite number {} {}", strict ? ">" : ">=", low);
+        double v = 0;
+        try {
+          size_t pos = 0;
+          v = std::stod(s, &pos);
+          if (pos != s.size()) return "'" + s + "' is not a number: it " + rule;
+        } catch (const std::exception&) {
+          return "'" + s + "' is not a number: it " + rule;
+        }
+        if (!std::isfinite(v) || v < low || (strict && v == low)) return "'" + s + "': the value " + rule;
+        return {};
+      },
+      name);
+}
+
+const CLI::Validator PositiveFinite = finite_at_least(0, true, "NUMBER > 0");
+const CLI::Validator NonNegativeFinite = finite_at_least(0, false, "NUMBER >= 0");
+
+void check_writable(const std::string& option, const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p(path);
+  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  if (path.empty() || p.filename().empty() || fs::is_directory(p, ec))
+    throw UsageError(fmt::format("{} '{}': cannot write there: it names a folder, not a file; give a file name, "
+                                 "e.g. {}/out", option, path, path.empty() ? "." : path));
+  if (!fs::is_directory(dir, ec))
+    throw UsageError(fmt::format("{} {}: cannot write there: the folder {} does not exist; create it (mkdir -p {}) "
+                                 "or give a path in an existing, writable folder", option, path, dir.string(),
+                                 dir.string()));
+  if (::access(dir.c_str(), W_OK) != 0 || (fs::exists(p, ec) && ::access(p.c_str(), W_OK) != 0))
+    throw UsageError(fmt::format("{} {}: cannot write there (permission denied); give a path in a writable folder",
+                                 option, path));
+}
+
 Cli::Cli(const std::string& program, const std::string& description) : app_(description, program) {
   app_.option_defaults()->always_capture_default();
   app_.add_option("--backend", common_.backend, "Communication backend: gloo (CPU tensors) or nccl (CUDA tensors)")
@@ -107,6 +149,7 @@ int Cli::parse(int argc, char** argv) {
   try {
     app_.parse(argc, argv);
     parse_seconds(common_.timeout, "--timeout");
+    if (!common_.json.empty()) check_writable("--json", common_.json);
     check_backend(common_.backend);  // nccl: a CUDA build, and a GPU for every rank on this node
   } catch (const CLI::CallForHelp&) {
     fmt::print("{}", app_.help());

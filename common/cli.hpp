@@ -49,5 +49,16 @@ class Cli {
 extern const CLI::Validator PositiveInt;
 /// CLI11 check: the value must parse with parse_size() (for options such as --size 100MB).
 extern const CLI::Validator SizeText;
+/// CLI11 check: a finite number above 0 (rates and caps such as --lr, --caps). nan, inf and 0 are
+/// refused with the rule in words ("must be a finite number > 0"), not CLI11's 308-digit range.
+extern const CLI::Validator PositiveFinite;
+/// CLI11 check: a finite number, 0 or more (such as --warmup).
+extern const CLI::Validator NonNegativeFinite;
+
+/// Throws dp::UsageError naming `option` and `path` unless a file can be written there: its folder
+/// exists and is writable, and the path is not a folder or a read-only file. Creates nothing. Every
+/// program calls it for each output file (results, traces, curves, checkpoints) before any work, so a
+/// typo fails in a second instead of after the run; Cli::parse() does it for --json.
+void check_writable(const std::string& option, const std::string& path);
 
 }  // namespace dp

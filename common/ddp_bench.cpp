@@ -36,12 +36,7 @@ void validate_bench_config(BenchConfig& cfg, int world) {
                                    with_commas(mcfg.num_parameters()), cfg.bytes_per_param),
                        "use a smaller --preset, fewer ranks on this machine, or shard the parameters too "
                        "(FSDP, stage 07)");
-  if (!cfg.trace.empty()) {  // an unwritable path fails now, not after the whole benchmark
-    std::ofstream probe(cfg.trace, std::ios::app);
-    if (!probe)
-      throw UsageError(fmt::format("--trace {}: cannot write there; give a path in an existing, writable folder",
-                                   cfg.trace));
-  }
+  if (!cfg.trace.empty()) check_writable("--trace", cfg.trace);  // fails now, not after the whole benchmark
 }
 
 namespace {
@@ -214,7 +209,7 @@ void add_bench_options(CLI::App& app, BenchConfig& cfg) {
   app.add_option("--preset", cfg.preset, "Transformer size: tiny, small, medium, large, xl, 2.7b");
   app.add_option("--batch", cfg.global_batch, "Global batch (sequences per step, split over ranks)")->check(PositiveInt);
   app.add_option("--context", cfg.context, "Context length (tokens per sequence)")->check(PositiveInt);
-  app.add_option("--warmup", cfg.warmup, "Untimed steps per variant")->check(CLI::NonNegativeNumber);
+  app.add_option("--warmup", cfg.warmup, "Untimed steps per variant")->check(NonNegativeFinite);
   app.add_option("--steps", cfg.steps, "Timed steps per variant (default 10)")->check(PositiveInt);
   app.add_option("--budget", cfg.budget, "Stop timing after this long (e.g. 60s, 5m); reported when it cuts steps");
   auto* trace = app.add_option("--trace", cfg.trace, "Write a Chrome trace (Perfetto) of the timed steps to FILE")

@@ -15,6 +15,7 @@ packages=(
   iproute2                         # ip and tc: ddp_launch --net builds a simulated network from them
   procps                           # pgrep, used by the tests to look for left-over processes
   fortunes                         # 2.4 MB of English quotations: the text stage 08 learns from
+  slurmd slurmctld slurm-client munge   # tests/slurm.sh: a private single-node Slurm runs the sbatch script
 )
 missing=()
 for p in "${packages[@]}"; do

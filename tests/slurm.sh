@@ -5,15 +5,16 @@
 # here is stopped on exit, whatever happens; nothing is written outside the temporary folder.
 #
 #   tests/slurm.sh BIN_DIR        (ctest: slurm_single_node)
-# Exit 0: both jobs passed; 1: a job failed (its output is printed); 77: skipped, with the reason (not root,
-# or Slurm/munge not installed: apt-get install slurmd slurmctld slurm-client munge).
+# Exit 0: both jobs passed; 1: a job failed (its output is printed), or Slurm/munge is missing although
+# scripts/install_deps.sh installs it (run it); 77: skipped, with the reason: not root.
 set -u
 bin=${1:?usage: tests/slurm.sh BIN_DIR}
 root=$(cd "$(dirname "$0")/.." && pwd)
 skip() { echo "SKIP: $*"; exit 77; }
+fail() { echo "FAIL: $*"; exit 1; }
 [ "$(id -u)" = 0 ] || skip "a private Slurm needs root (slurmd runs jobs as their user)"
 for t in munged mungekey slurmctld slurmd sbatch scontrol sinfo; do
-  command -v $t >/dev/null || skip "no $t: apt-get install slurmd slurmctld slurm-client munge"
+  command -v $t >/dev/null || fail "no $t: run bash scripts/install_deps.sh (it installs slurmd slurmctld slurm-client munge)"
 done
 
 tmp=$(mktemp -d /tmp/dp-slurm.XXXXXX)
@@ -29,7 +30,7 @@ host=$(hostname -s)
 port=$((20000 + RANDOM % 20000))
 
 # munge: a key of our own and a socket in the temporary folder, so a system munged is never touched.
-mungekey -c -k "$tmp/munge.key" -b 1024 || skip "mungekey could not create a key"
+mungekey -c -k "$tmp/munge.key" -b 1024 || fail "mungekey could not create a key"
 chmod 600 "$tmp/munge.key"
 munged -F --force -S "$tmp/munge.sock" --key-file="$tmp/munge.key" --pid-file="$tmp/munged.pid" \
     --log-file="$tmp/munged.log" --seed-file="$tmp/munged.seed" &
@@ -75,7 +76,7 @@ done
 if ! sinfo -h -o %T 2>/dev/null | grep -q idle; then
   echo "slurm did not come up; its logs:"
   tail -n 20 "$tmp"/slurmctld.log "$tmp"/slurmd.log "$tmp"/munged.log 2>/dev/null
-  skip "Slurm's daemons could not start here (see the logs above)"
+  fail "Slurm's daemons did not come up (see the logs above)"
 fi
 sinfo
 

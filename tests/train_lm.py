@@ -9,6 +9,10 @@
                                               4 ranks ZeRO-1, 2 ranks FSDP); an FSDP checkpoint resumed
                                               by DDP; a torn temporary file is ignored, a truncated
                                               checkpoint refused with exit 2
+  train_lm.py lostwork LAUNCH PROGRAM WORKDIR  --checkpoint without --checkpoint-every writes the
+                                              checkpoint at the end; a run whose loss turns non-finite
+                                              (--lr 1e30) stops at that step with the hint, exit 1, and
+                                              writes no checkpoint after the last finite step
 
 Exit 0: pass; 1: fail; 77: skipped (the corpus, Debian's fortunes package, is not installed).
 TOL: curves of different world sizes sum the same gradients in another order; after 30 steps on
@@ -18,6 +22,7 @@ by 1e-2 or more.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -138,6 +143,34 @@ def resume(launch, prog, work):
     return ok
 
 
+def lostwork(launch, prog, work):
+    ck = os.path.join(work, "lm.ckpt")
+    short = ["--steps", "3", "--warmup", "0", "--eval-every", "10", "--sample", "0", "--batch", "8", "--context", "32"]
+    # Asked for, written: no --checkpoint-every, yet the run ends with the checkpoint on disk.
+    rc, out = run(launch, prog, 2, short + ["--checkpoint", ck], os.path.join(work, "end.log"))
+    ok = must(rc == 0 and os.path.exists(ck) and f"checkpoint step 3 written to {ck}" in out,
+              f"--checkpoint alone: exit {rc}, the checkpoint of step 3 written at the end")
+    if not ok:
+        print(out[-3000:])
+        return False
+    # A learning rate that blows the weights up: the loss turns inf or nan within a step or two. The run
+    # stops at that step with the hint, and the checkpoint of the step before is the last one written.
+    ck2 = os.path.join(work, "diverge.ckpt")
+    rc, out = run(launch, prog, 2, short[:1] + ["9"] + short[2:] + ["--checkpoint", ck2, "--checkpoint-every", "1",
+                                                                  "--lr", "1e30"], os.path.join(work, "diverge.log"))
+    m = re.search(r"the training loss is (nan|inf|-inf) at step (\d+)", out)
+    written = [int(s) for s in re.findall(r"checkpoint step (\d+) written", out)]
+    ok = must(rc == 1 and m is not None and "Lower --lr" in out,
+              f"--lr 1e30: exit {rc} (want 1), {'stopped at step ' + m.group(2) if m else 'no non-finite-loss message'}") and ok
+    if m:
+        stop = int(m.group(2))
+        ok = must(os.path.exists(ck2) and max(written, default=0) == stop - 1,
+                  f"checkpoints written after steps {written}, none after the loss turned {m.group(1)} at step {stop}") and ok
+    if not ok:
+        print(out[-3000:])
+    return ok
+
+
 def main():
     what, launch, prog, work = sys.argv[1:5]
     if not os.path.isdir(CORPUS):
@@ -145,7 +178,7 @@ def main():
         return 77
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    ok = curves(launch, prog, work) if what == "curves" else resume(launch, prog, work)
+    ok = {"curves": curves, "resume": resume, "lostwork": lostwork}[what](launch, prog, work)
     print("PASS" if ok else "FAILED")
     return 0 if ok else 1
 

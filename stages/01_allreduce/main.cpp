@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
   cli.app().add_flag("--bench", run_bench, "After the demo, benchmark all-reduce at --sizes");
   cli.app().add_option("--sizes", sizes, "Tensor sizes (float32), e.g. 1MB,10MB,100MB,1GB (MB = 10^6 B, MiB = 2^20 B)")
       ->delimiter(',')->check(SizeText);
-  cli.app().add_option("--warmup", warmup, "Untimed iterations before measuring")->check(CLI::NonNegativeNumber);
+  cli.app().add_option("--warmup", warmup, "Untimed iterations before measuring")->check(NonNegativeFinite);
   cli.app().add_option("--iters", iters, "Timed iterations per size")->check(PositiveInt);
   cli.app().add_option("--budget", budget, "Stop measuring a size after this long (e.g. 10s)");
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;

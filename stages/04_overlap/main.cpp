@@ -60,14 +60,15 @@ static void show_overlap(ProcessGroup& pg) {
   if (before == 0) throw CheckFailed("no all-reduce started during backward: the hooks did not fire");
 }
 
-static void run_checks(ProcessGroup& pg) {
+static void run_checks(ProcessGroup& pg, uint64_t seed) {
   print0("toy MLP, batch 100 split over {} ranks, SGD lr 0.01, 10 epochs:", pg.world_size());
-  check_toy_mlp_experiment(pg, make_overlap, /*verbose=*/true);
-  print0("PASS toy MLP: DDP weights equal single-process full-batch weights");
+  const Margin mlp = check_toy_mlp_experiment(pg, make_overlap, /*verbose=*/true, seed);
+  print0("PASS toy MLP: DDP weights equal single-process full-batch weights: max |diff| {:.3g} <= {:.3g} (ratio {:.2f})",
+         mlp.diff, mlp.bound, mlp.ratio());
   for (const char* model : {"toy", "tied"}) {
-    check_cs336_scenario(pg, model, make_overlap);
-    print0("PASS CS336 scenario ({}): 5 SGD steps equal single-process training, frozen parameters unchanged",
-           model);
+    const Margin m = check_cs336_scenario(pg, model, make_overlap, 5, false, seed);
+    print0("PASS CS336 scenario ({}): 5 SGD steps equal single-process training, frozen parameters unchanged: max |diff| {:.3g} <= {:.3g} (ratio {:.2f})",
+           model, m.diff, m.bound, m.ratio());
   }
   show_overlap(pg);
 }
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
     check_cs336_world_size(world);  // bad input: exit 2 before any rendezvous
     if (bench) validate_bench_config(cfg, world);
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
-    run_checks(pg);
+    run_checks(pg, cli.common().seed);
 
     if (bench) {
       print_bench_header(pg, cfg);

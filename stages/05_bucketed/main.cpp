@@ -59,7 +59,7 @@ static std::unique_ptr<GradSync> make(ProcessGroup& pg, std::shared_ptr<torch::n
   return std::make_unique<Sync>(pg, std::move(m));
 }
 
-static void run_checks(ProcessGroup& pg, BucketOrder order) {
+static void run_checks(ProcessGroup& pg, BucketOrder order, uint64_t seed) {
   // [checks]
   for (double cap : {0.0016, 0.0001, 0.01}) {
     for (const char* model : {"toy", "tied"}) {
@@ -68,9 +68,10 @@ static void run_checks(ProcessGroup& pg, BucketOrder order) {
         print0("{} model, {} MB buckets:\n{}", model, cap, ddp->describe_buckets());
         return ddp;
       };
-      check_cs336_scenario(pg, model, make_bucketed);
-      print0("PASS CS336 scenario ({}, {} MB buckets{}): equals single-process training", model, cap,
-             order == BucketOrder::arrival ? ", rebuilt in arrival order after step 1" : "");
+      const Margin m = check_cs336_scenario(pg, model, make_bucketed, 5, false, seed);
+      print0("PASS CS336 scenario ({}, {} MB buckets{}): equals single-process training: max |diff| {:.3g} <= {:.3g} "
+             "(ratio {:.2f})", model, cap, order == BucketOrder::arrival ? ", rebuilt in arrival order after step 1" : "",
+             m.diff, m.bound, m.ratio());
     }
   }
   // [checks]
@@ -144,7 +145,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> orders{"reverse"};
   cli.app().add_flag("--bench", bench, "After the checks, benchmark the Transformer");
   cli.app().add_option("--caps", caps, "Bucket caps to benchmark, in MB (10^6 bytes)")
-      ->delimiter(',')->check(CLI::PositiveNumber);
+      ->delimiter(',')->check(PositiveFinite);
   cli.app().add_option("--accumulate", accumulate,
                        "Micro-batches per optimizer step (K): with --bench, also time K micro-batches of --batch "
                        "under no_sync() against K = 1")->check(PositiveInt);
@@ -178,8 +179,8 @@ int main(int argc, char** argv) {
     if (overlap_opt != "true") overlap_opt_choices.push_back(false);
     if (overlap_opt != "false") overlap_opt_choices.push_back(true);
     const BucketOrder order = orders.front() == "arrival" ? BucketOrder::arrival : BucketOrder::reverse_registration;
-    run_checks(pg, BucketOrder::reverse_registration);
-    if (std::find(orders.begin(), orders.end(), "arrival") != orders.end()) run_checks(pg, BucketOrder::arrival);
+    run_checks(pg, BucketOrder::reverse_registration, cli.common().seed);
+    if (std::find(orders.begin(), orders.end(), "arrival") != orders.end()) run_checks(pg, BucketOrder::arrival, cli.common().seed);
     check_overlapped_optimizer(pg);
 
     if (bench) {

@@ -42,6 +42,8 @@
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
+#include <filesystem>
+
 using namespace dp;
 namespace optim = torch::optim;
 
@@ -122,6 +124,14 @@ int main(int argc, char** argv) {
     check_blas();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
     if (bench) validate_bench_config(o.cfg, world);  // bad input: exit 2 before any rendezvous
+    if (bench && !o.checkpoint_dir.empty()) {         // the folder it saves to, made and checked now
+      std::error_code ec;
+      std::filesystem::create_directories(o.checkpoint_dir, ec);
+      if (ec)
+        throw UsageError(fmt::format("--checkpoint {}: cannot create that folder ({}); give a writable folder",
+                                     o.checkpoint_dir, ec.message()));
+      check_writable("--checkpoint", o.checkpoint_dir + "/stage06_" + o.cfg.preset + ".ckpt");
+    }
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
 

@@ -3,6 +3,7 @@
 
 #include "common/models.hpp"
 #include "common/runtime.hpp"
+#include "common/tolerance.hpp"
 #include "common/transformer.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -60,9 +61,9 @@ static double max_diff(const std::vector<std::pair<std::string, torch::Tensor>>&
 }
 
 // With bf16 compute on the Transformer, the reference continues from FSDP's weights after every step: a
-// weight that differs by 1e-5 can round to a different bf16 value, and momentum carries such flips into
-// the next steps (measured at 2 ranks: 2.4e-5 per step, 6.2e-5 after three chained steps, against the
-// bound 1e-4). Each step is then checked on its own, so the bound keeps a margin.
+// weight that differs by a little can round to a different bf16 value, a flip of 2u relative that no
+// first-order bound foresees, and momentum would carry it on. Each step is then checked on its own: the
+// weights start equal, only the velocity carries the earlier steps' differences (resync in the bound).
 static double compare_and_resync(const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::nn::Module& ref,
                                  torch::ScalarType dtype) {
   const double d = max_diff(full, ref);
@@ -75,13 +76,26 @@ static double compare_and_resync(const std::vector<std::pair<std::string, torch:
 }
 
 // [toy]
-FsdpCheck check_toy_fsdp(ProcessGroup& pg, FsdpOptions opts) {
+// How far a gradient entry of FSDP and of the reference can differ, relative to the largest gradient
+// entry (tolerance.hpp's model). The weight gradient sums `terms` products (rows x tokens) in another
+// grouping, then the W rank partials (the reduce-scatter is fp32): gamma_{terms + W} in fp32, for
+// ATen accumulates bf16 products and sums in fp32 too and rounds the result once. The loss's scale
+// 1/rows differs from 1/(rows W): every op between the loss and the weight (`depth`) may then round its
+// output differently, forward and backward (2 roundings of the compute dtype per op), and below fp32
+// each run also rounds its weight gradient once to the compute dtype (2 more).
+static double relative_gradient_error(double terms, int W, int depth, torch::ScalarType dtype, double* roundings) {
+  const double low = 2.0 * depth + (dtype == torch::kFloat32 ? 0 : 2);
+  if (roundings) *roundings = low;
+  return (terms + W) * unit_roundoff(torch::kFloat32) + low * unit_roundoff(dtype);
+}
+
+FsdpCheck check_toy_fsdp(ProcessGroup& pg, FsdpOptions opts, uint64_t seed) {
   const int W = pg.world_size(), r = pg.rank();
   const int64_t rows = 10, T = 8;  // per rank
   ToyFSDPModel ref{nullptr}, cmp{nullptr}, shd{nullptr};
   {
     std::lock_guard<std::mutex> lock(model_init_mutex());
-    torch::manual_seed(42);
+    torch::manual_seed(42 + seed);
     ref = ToyFSDPModel(), cmp = ToyFSDPModel(), shd = ToyFSDPModel();
   }
   copy_parameters(*shd, *ref);
@@ -91,19 +105,32 @@ FsdpCheck check_toy_fsdp(ProcessGroup& pg, FsdpOptions opts) {
   auto last_token_loss = [](const torch::Tensor& logits, const torch::Tensor& labels) {
     return torch::nn::functional::cross_entropy(logits.select(1, -1).to(torch::kFloat32), labels);
   };
-  FsdpCheck result{0, opts.compute_dtype == torch::kFloat32 ? 1e-6 : 1e-4};
-  for (int step = 0; step < 3; ++step) {
-    auto gen = data_generator(123 + step);  // reshuffled every step, identically on every rank
+  constexpr int kSteps = 3;
+  const double lr = 0.01;
+  double G = 0;  // the largest |gradient| entry of any step: the scale of the bound
+  FsdpCheck result;
+  for (int step = 0; step < kSteps; ++step) {
+    auto gen = data_generator(123 + 1000 * seed + step);  // reshuffled every step, identically on every rank
     auto tokens = torch::randint(0, 100, {rows * W, T}, gen).to(pg.device());
     auto labels = torch::randint(0, 100, {rows * W}, gen).to(pg.device());
     reference_step(*ref, *cmp, ref_opt, opts.compute_dtype,
                    [&](torch::nn::Module& m) { return last_token_loss(static_cast<ToyFSDPModelImpl&>(m).forward(tokens), labels); });
+    G = std::max(G, max_abs_grad(ref->parameters()));
     opt.zero_grad();
     last_token_loss(shd->forward_units(tokens.narrow(0, r * rows, rows), fsdp.runner()), labels.narrow(0, r * rows, rows)).backward();
     fsdp.finish_gradient_synchronization();
     opt.step();
     result.max_abs_diff = std::max(result.max_abs_diff, max_diff(fsdp.gather_full_parameters(), *ref));
   }
+  // The last token of rows * W rows is summed; the chain from a weight to the loss: embedding, 2 norms,
+  // fc1, fc2, lm_head, the cross-entropy (7 ops). Plain SGD: the steps' differences add up.
+  double n = 0;
+  const double rel = relative_gradient_error(double(rows * W), W, 7, opts.compute_dtype, &n);
+  const double w = max_abs(ref->parameters());
+  result.tolerance = sgd_weight_bound(lr, 0.0, kSteps, rel * G, w);
+  result.derivation = fmt::format("lr {} x {} steps x ({} sums x u(fp32) + {:.0f} roundings x u({})) x max|g| {:.3g}, "
+                                  "plus {} ulps of max|w| {:.3g}", lr, kSteps, rows * W + W, n,
+                                  dtype_name(opts.compute_dtype), G, kSteps, w);
   return result;
 }
 // [toy]
@@ -138,7 +165,7 @@ void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts) {
   }
 }
 
-FsdpCheck check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumulate) {
+FsdpCheck check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumulate, uint64_t seed) {
   TransformerConfig cfg;
   cfg.vocab_size = 64, cfg.context_length = 16, cfg.d_model = 32, cfg.d_ff = 64, cfg.num_layers = 2, cfg.num_heads = 2;
   const int W = pg.world_size(), r = pg.rank();
@@ -149,7 +176,7 @@ FsdpCheck check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumul
   TransformerLM ref{nullptr}, cmp{nullptr}, shd{nullptr};
   {
     std::lock_guard<std::mutex> lock(model_init_mutex());
-    torch::manual_seed(3);
+    torch::manual_seed(3 + seed);
     ref = TransformerLM(cfg), cmp = TransformerLM(cfg), shd = TransformerLM(cfg);
   }
   copy_parameters(*shd, *ref);
@@ -157,16 +184,20 @@ FsdpCheck check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumul
   Fsdp fsdp(pg, shd.ptr(), shd->units(), opts);
   // SGD with momentum: a gradient's rounding reaches the weights scaled by lr, where AdamW's normalised
   // step can turn a 1e-9 difference in a near-zero gradient into a sizeable fraction of lr.
-  const auto o = optim::SGDOptions(0.05).momentum(0.9);
+  const double lr = 0.05, momentum = 0.9;
+  constexpr int kSteps = 3;
+  const auto o = optim::SGDOptions(lr).momentum(momentum);
   optim::SGD ref_opt(ref->parameters(), o), opt(fsdp.parameters(), o);
-  FsdpCheck result{0, opts.compute_dtype == torch::kFloat32 ? 1e-5 : 1e-4};
-  for (int step = 0; step < 3; ++step) {
-    auto gen = data_generator(99 + step);
+  double G = 0;
+  FsdpCheck result;
+  for (int step = 0; step < kSteps; ++step) {
+    auto gen = data_generator(99 + 1000 * seed + step);
     auto tokens = torch::randint(0, cfg.vocab_size, {rows * W, T + 1}, gen).to(pg.device());
     auto x = tokens.narrow(1, 0, T), y = tokens.narrow(1, 1, T);
     reference_step(*ref, *cmp, ref_opt, opts.compute_dtype, [&](torch::nn::Module& m) {
       return lm_loss(static_cast<TransformerLMImpl&>(m).forward(x).to(torch::kFloat32), y);
     });
+    G = std::max(G, max_abs_grad(ref->parameters()));
     opt.zero_grad();
     for (int64_t k = 0; k < accumulate; ++k) {  // the mean of equal micro-batch means, each scaled by 1/K
       const int64_t first = r * rows + k * micro;
@@ -177,6 +208,20 @@ FsdpCheck check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumul
     opt.step();
     result.max_abs_diff = std::max(result.max_abs_diff, compare_and_resync(fsdp.gather_full_parameters(), *ref, opts.compute_dtype));
   }
+  // rows * W sequences of T tokens summed (micro-batches only regroup them); the chain from the first
+  // layer's weights to the loss: embedding, per layer 10 ops (norm, q/k/v, scores, softmax, the
+  // weighted sum, out-projection, norm, w1/w3, SiLU x gate, w2), final norm, lm_head, cross-entropy.
+  const int depth = 1 + 10 * int(cfg.num_layers) + 3;
+  double n = 0;
+  const double rel = relative_gradient_error(double(rows * W * T), W, depth, opts.compute_dtype, &n);
+  const bool resync = opts.compute_dtype != torch::kFloat32;  // see compare_and_resync
+  const double w = max_abs(ref->parameters());
+  result.tolerance = sgd_weight_bound(lr, momentum, kSteps, rel * G, w, resync);
+  result.derivation = fmt::format("lr {} x {:.3g} (momentum {}, {} steps{}) x ({} sums x u(fp32) + {:.0f} roundings x "
+                                  "u({})) x max|g| {:.3g}, plus ulps of max|w| {:.3g}", lr,
+                                  sgd_weight_bound(1, momentum, kSteps, 1, 0, resync), momentum, kSteps,
+                                  resync ? ", weights resynced" : "", rows * W * T + W, n,
+                                  dtype_name(opts.compute_dtype), G, w);
   return result;
 }
 

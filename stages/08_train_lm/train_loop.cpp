@@ -1,6 +1,7 @@
 // The capstone's training loop.
 #include "stages/08_train_lm/train_loop.hpp"
 
+#include "common/cli.hpp"     // check_writable
 #include "common/models.hpp"  // unique_parameters
 #include "common/results.hpp"
 #include "common/runtime.hpp"
@@ -11,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -31,6 +33,9 @@ void validate_run_options(const RunOptions& o) {
   if (o.resume && !std::filesystem::exists(o.checkpoint))
     throw UsageError(fmt::format("--resume: checkpoint {} does not exist; run without --resume to start from step 0",
                                  o.checkpoint));
+  // Every file the run will write, checked before any work: a typo costs a second, not the run.
+  if (!o.checkpoint.empty()) check_writable("--checkpoint", o.checkpoint);
+  if (!o.curve.empty()) check_writable("--curve", o.curve);
   if (!std::filesystem::exists(o.corpus)) load_corpus(o.corpus, 0);  // throws its message, with the remedy
   if (o.warmup > o.steps)
     throw UsageError(fmt::format("--warmup {} is longer than --steps {}", o.warmup, o.steps));
@@ -123,7 +128,14 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
     data_s.push_back(d.seconds());
     StepTimes t;
     const double local = trainer->step(micro, lr_at(o, step), t);
-    const double loss = mean_over_ranks(pg, local);
+    const double loss = mean_over_ranks(pg, local);  // the same number on every rank: they stop together
+    if (!std::isfinite(loss))  // nothing after this step is worth keeping: stop before any checkpoint
+      throw NonFiniteLoss(fmt::format(
+          "the training loss is {} at step {} (lr {:.3g}); the model has diverged, so the run stops here and "
+          "writes no checkpoint{}. Lower --lr (or lengthen --warmup) and start again{}",
+          std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf", step + 1, lr_at(o, step),
+          o.checkpoint.empty() ? "" : fmt::format(" ({} keeps its last good state)", o.checkpoint),
+          o.checkpoint.empty() ? "" : ", or --resume from the last checkpoint"));
     const double secs = wall.seconds();
     fwd_s.push_back(t.forward), bwd_s.push_back(t.backward), sync_s.push_back(t.sync), opt_s.push_back(t.optimizer);
     curve["train"].push_back({step, loss, secs});
@@ -134,7 +146,8 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
       print0("step {:5d}/{}  loss {:.4f}{}  lr {:.2e}  {:.0f} tokens/s", step + 1, o.steps, loss,
              eval ? fmt::format("  val {:.4f}", val) : std::string(), lr_at(o, step),
              static_cast<double>(o.batch * o.context) / secs);
-    if (o.checkpoint_every > 0 && ((step + 1) % o.checkpoint_every == 0 || last)) {
+    // Every N steps with --checkpoint-every, and at the end whenever --checkpoint was asked for.
+    if (!o.checkpoint.empty() && (last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0))) {
       save_lm_checkpoint(o.checkpoint, pg, {step + 1, o.config(), curve}, trainer->full_state());
       print0("checkpoint step {} written to {}", step + 1, o.checkpoint);
     }

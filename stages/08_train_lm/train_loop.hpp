@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <stdexcept>
 #include <string>
 
 namespace dp {
@@ -40,7 +41,7 @@ struct RunOptions {
 
 /// Throws dp::UsageError (exit 2) on options that cannot work together, before anything starts:
 /// --checkpoint-every or --resume without --checkpoint, --resume with a checkpoint that does not exist,
-/// --warmup beyond --steps.
+/// a --checkpoint or --curve file that cannot be written, --warmup beyond --steps.
 void validate_run_options(const RunOptions& o);
 
 /// Throws dp::UsageError unless the global batch splits into world_size x accumulate equal micro-batches.
@@ -52,8 +53,16 @@ std::vector<Batch> micro_batches(const TextCorpus& c, const std::vector<int64_t>
 /// The TransformerLM of `o.preset` with a byte vocabulary (256), initialised from `seed` on every rank.
 TransformerLM make_byte_lm(const std::string& preset, int64_t context, uint64_t seed);
 
+/// The training loss stopped being a number (too large a learning rate, mostly): the run ends at that
+/// step with a hint (exit 1), and writes no checkpoint over the last good one.
+struct NonFiniteLoss : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 /// Trains (from step 0, or from the checkpoint with --resume) to o.steps and returns the curve, as also
-/// written to o.curve: {"config", "train": [[step, loss, tokens/s]...], "val": [[step, loss]...],
+/// written to o.curve. Checkpoints (with --checkpoint) every o.checkpoint_every steps and after the last
+/// step; throws NonFiniteLoss at the first non-finite loss. The curve: {"config", "train": [[step, loss,
+/// tokens/s]...], "val": [[step, loss]...],
 /// "phases": median seconds per step of data, forward, backward, sync, optimizer (this rank), "sample",
 /// "command", "machine", "link"}.
 nlohmann::json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, DistributedSampler& sampler);

@@ -25,6 +25,10 @@ foreach(prog stage01_allreduce stage02_naive_ddp stage03_flat stage04_overlap st
   dp_bad_input(${prog}_unreachable_master 2 "rendezvous at 127.0.0.1:9 failed"
     env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=9 ${P} --timeout 2s)
   dp_bad_input(${prog}_bad_rank_env 2 "RANK=5 is not below WORLD_SIZE=2" env RANK=5 WORLD_SIZE=2 ${P})
+  # Every output file is checked before any work (the benchmark of stage 06 used to run to its end first).
+  dp_bad_input(${prog}_json_unwritable 2 "--json /nonexistent-dir/r.json: cannot write there: the folder /nonexistent-dir does not exist"
+    ${P} --json /nonexistent-dir/r.json)
+  dp_bad_input(${prog}_json_is_a_folder 2 "--json '/tmp': cannot write there: it names a folder" ${P} --json /tmp)
   dp_add_test(bad_input_${prog}_port_in_use LABELS "hardening;cli" TIMEOUT 90
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/../port_in_use.sh ${P})
 endforeach()
@@ -133,3 +137,19 @@ dp_bad_input(stage08_missing_corpus 2 "--corpus /nonexistent: no such file or di
   ${S08} --corpus /nonexistent)
 dp_bad_input(stage08_batch_not_divisible 2 "--batch 15 is not a positive multiple of the world size 2"
   ${LAUNCH} --nproc 2 -- ${S08} --batch 15)
+
+# Numbers: nan, inf and out-of-range values are refused with the rule in words (not CLI11's 308-digit range).
+set(S08 $<TARGET_FILE:stage08_train_lm>)
+dp_bad_input(stage08_lr_nan 2 "--lr: 'nan': the value must be a finite number > 0" ${S08} --lr nan)
+dp_bad_input(stage08_lr_inf 2 "--lr: 'inf': the value must be a finite number > 0" ${S08} --lr inf)
+dp_bad_input(stage08_lr_negative 2 "--lr: '-1': the value must be a finite number > 0" ${S08} --lr -1)
+dp_bad_input(stage08_lr_not_a_number 2 "--lr: 'fast' is not a number: it must be a finite number > 0" ${S08} --lr fast)
+dp_bad_input(stage08_bucket_mb_zero 2 "--bucket-mb: '0': the value must be a finite number > 0" ${S08} --bucket-mb 0)
+dp_bad_input(stage05_caps_nan 2 "--caps: 'nan': the value must be a finite number > 0" $<TARGET_FILE:stage05_bucketed> --caps 1,nan)
+dp_bad_input(stage01_warmup_inf 2 "--warmup: 'inf': the value must be a finite number >= 0" ${S01} --warmup inf)
+# Output files of stage 08 (checkpoint, curve) and stage 06 (its checkpoint folder), checked before any work.
+dp_bad_input(stage08_checkpoint_unwritable 2 "--checkpoint /nonexistent-dir/lm.ckpt: cannot write there"
+  ${S08} --checkpoint /nonexistent-dir/lm.ckpt)
+dp_bad_input(stage08_curve_unwritable 2 "--curve /nonexistent-dir/c.json: cannot write there" ${S08} --curve /nonexistent-dir/c.json)
+dp_bad_input(stage06_checkpoint_folder_uncreatable 2 "--checkpoint /proc/dp-ckpt: cannot create that folder"
+  $<TARGET_FILE:stage06_sharded_opt> ${TINY} --checkpoint /proc/dp-ckpt)

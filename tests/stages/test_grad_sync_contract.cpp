@@ -102,6 +102,26 @@ struct SumOnly : GradSync {
   std::shared_ptr<torch::nn::Module> module;
 };
 
+// Averages, but with a relative error of 1e-4 (a float16 division, a stale scale): 1,700 times fp32's u,
+// and more than the derived bound (ddp_check.cpp) allows for sums in another order.
+struct SlightlyOffAverage : GradSync {
+  SlightlyOffAverage(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) : pg(pg) {
+    dp::broadcast_parameters(pg, *m);
+    module = std::move(m);
+  }
+  int64_t calls_per_step() const override { return 0; }
+  void after_backward() override {
+    for (auto& p : module->parameters())
+      if (p.grad().defined()) {
+        auto g = p.mutable_grad();
+        pg.all_reduce(g);
+        g.mul_((1 + 1e-4) / pg.world_size());
+      }
+  }
+  ProcessGroup& pg;
+  std::shared_ptr<torch::nn::Module> module;
+};
+
 // Forgets the broadcast (and the averaging).
 struct NoBroadcast : GradSync {
   NoBroadcast(ProcessGroup&, std::shared_ptr<torch::nn::Module>) {}
@@ -138,6 +158,13 @@ std::unique_ptr<GradSync> make(ProcessGroup& pg, std::shared_ptr<torch::nn::Modu
 
 TEST(CheckCanFail, MissingDivisionIsCaught) {
   EXPECT_THROW(run_ranks(2, [&](ProcessGroup& pg) { dp::check_cs336_scenario(pg, "toy", make<SumOnly>); }),
+               dp::CheckFailed);
+}
+TEST(CheckCanFail, AverageOffBy1e4IsCaught) {
+  for (const char* model : {"toy", "tied"})
+    EXPECT_THROW(run_ranks(2, [&](ProcessGroup& pg) { dp::check_cs336_scenario(pg, model, make<SlightlyOffAverage>); }),
+                 dp::CheckFailed) << model;
+  EXPECT_THROW(run_ranks(2, [&](ProcessGroup& pg) { dp::check_toy_mlp_experiment(pg, make<SlightlyOffAverage>); }),
                dp::CheckFailed);
 }
 TEST(CheckCanFail, MissingBroadcastIsCaught) {

@@ -5,6 +5,7 @@
 #include "common/ddp_check.hpp"
 #include "common/models.hpp"
 #include "common/runtime.hpp"
+#include "common/tolerance.hpp"
 #include "common/transformer.hpp"
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/support/fixtures.hpp"
@@ -31,12 +32,13 @@ using dp::testing::run_ranks;
 using dp::testing::same_on_all_ranks;
 
 constexpr int kSteps = 3;
+constexpr double kAdamLr = 1e-2, kAdamBeta2 = 0.999, kAdamEps = 1e-8, kSgdLr = 0.1, kMomentum = 0.9;
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, std::vector<torch::Tensor> params) {
   if (kind == "adamw")
-    return std::make_unique<torch::optim::AdamW>(std::move(params),
-                                                 torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
-  return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(0.1).momentum(0.9));
+    return std::make_unique<torch::optim::AdamW>(
+        std::move(params), torch::optim::AdamWOptions(kAdamLr).betas({0.9, kAdamBeta2}).eps(kAdamEps).weight_decay(0.1));
+  return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(kSgdLr).momentum(kMomentum));
 }
 
 // One training problem: a reference model, a replica with the same values, the global batches of every
@@ -45,15 +47,20 @@ struct Problem {
   std::shared_ptr<torch::nn::Module> ref, ddp;
   std::vector<torch::Tensor> inputs, targets;  // per step: [N, ...]
   std::function<torch::Tensor(torch::nn::Module&, const torch::Tensor&, const torch::Tensor&)> loss;
-  double atol = 1e-6;  // besides rtol 1e-5; with AdamW at least kAdamWAtol
+  double terms_per_row = 1;  // loss terms per row (tokens), summed into every weight gradient
+  int depth = 3;             // ops between a weight and the loss (layers, plus the loss)
 };
 
-// AdamW moves an element by about lr * g / (|g| + eps) whatever the size of g: where a gradient is tiny (an
-// embedding row of a rare token, a nearly cancelled sum), float rounding of g, which any other split of the
-// batch gives, changes the step visibly. Measured on the Transformer: 7.2e-6 already with K = 1 (no
-// accumulation, plain DDP) against one process. 2e-5 is 0.2% of one AdamW step at lr 1e-2. (SGD keeps the
-// tight 1e-6: it is also the optimizer that would notice a wrong 1/K, which AdamW's scale invariance hides.)
-constexpr double kAdamWAtol = 2e-5;
+// The bound (common/tolerance.hpp): a gradient entry sums N rows x terms_per_row products in another
+// grouping (micro-batches, ranks), then K W partials, and 2 roundings per op on the way to the loss when
+// the loss's scale differs by more than a power of two: roundings x u(fp32) x max|g| per entry. SGD with
+// momentum turns that into lr (1 + 0.9 + ...) per step; AdamW, entry by entry, into up to 2 lr dg /
+// (sqrt(v) + eps): tiny where the gradient is large, up to lr where it is near zero (an embedding row of
+// a rare token). SGD is also the optimizer that would notice a wrong 1/K, which AdamW's scale invariance
+// hides.
+double roundings(const Problem& p, int64_t rows, int K, int W) {
+  return double(rows) * p.terms_per_row + K * W + 2.0 * p.depth;
+}
 
 // CS336's models: N = 32 rows of rand(10) -> rand(5) per step, MSE averaged over rows and outputs.
 Problem toy_problem(const std::string& name) {
@@ -91,7 +98,8 @@ Problem transformer_problem() {
   p.loss = [](torch::nn::Module& m, const torch::Tensor& x, const torch::Tensor& y) {
     return dp::lm_loss(static_cast<dp::TransformerLMImpl&>(m).forward(x), y);
   };
-  p.atol = 2e-5;  // for SGD too (not tightened: 3 steps at lr 0.1 on rounded embedding gradients)
+  p.terms_per_row = 8;
+  p.depth = 1 + 10 * int(cfg.num_layers) + 3;  // embedding, 10 ops a layer, final norm, lm_head, loss
   return p;
 }
 
@@ -104,6 +112,8 @@ void accumulation_equals_one_process(ProcessGroup& pg, Problem p, const std::str
   auto ddp = Variant::make(pg, p.ddp);
   auto ref_opt = make_optimizer(opt_kind, dp::unique_parameters(*p.ref, true));
   auto ddp_opt = make_optimizer(opt_kind, dp::unique_parameters(*p.ddp, true));
+  dp::AdamWeightBound adam_bound(kAdamLr, kAdamBeta2, kAdamEps);
+  double G = 0;  // the largest gradient entry so far: the scale of SGD's bound
   for (int s = 0; s < kSteps; ++s) {
     // [accumulate]
     const int64_t B = p.inputs[s].size(0) / (K * W);
@@ -125,14 +135,26 @@ void accumulation_equals_one_process(ProcessGroup& pg, Problem p, const std::str
 
     ref_opt->zero_grad();
     p.loss(*p.ref, p.inputs[s], p.targets[s]).backward();
+    const auto ref_params = dp::unique_parameters(*p.ref, true);
+    const double dg = roundings(p, p.inputs[s].size(0), K, W) * dp::unit_roundoff(torch::kFloat32) *
+                      dp::max_abs_grad(ref_params);
+    adam_bound.add_step(ref_params, dg);
+    G = std::max(G, dp::max_abs_grad(ref_params));
     ref_opt->step();
-    const auto a = dp::unique_named_parameters(*p.ref), b = dp::unique_named_parameters(*p.ddp);
-    for (size_t i = 0; i < a.size(); ++i)
-      if (!torch::allclose(a[i].second, b[i].second, 1e-5, opt_kind == "adamw" ? std::max(p.atol, kAdamWAtol) : p.atol))
-        throw dp::CheckFailed(fmt::format("{}, {} ranks, K = {}, step {}: {} differs from one process by {:.3g} "
-                                          "(largest value {:.3g})", opt_kind, W, K, s, a[i].first,
-                                          (a[i].second - b[i].second).abs().max().item<double>(),
-                                          a[i].second.abs().max().item<double>()));
+    // Trainable tensors, in the order adam_bound saw them (frozen ones do not move in either run).
+    const auto a = dp::unique_named_parameters(*p.ref, true), b = dp::unique_named_parameters(*p.ddp, true);
+    const double sgd_bound = dp::sgd_weight_bound(
+        kSgdLr, kMomentum, s + 1, roundings(p, p.inputs[s].size(0), K, W) * dp::unit_roundoff(torch::kFloat32) * G,
+        dp::max_abs(dp::unique_parameters(*p.ref, true)));
+    for (size_t i = 0; i < a.size(); ++i) {
+      const double diff = (a[i].second - b[i].second).abs().max().item<double>();
+      const double ratio = opt_kind == "adamw" ? adam_bound.worst_ratio({b[i].second}, {a[i].second}, i)
+                                               : diff / sgd_bound;
+      if (ratio > 1)
+        throw dp::CheckFailed(fmt::format("{}, {} ranks, K = {}, step {}: {} differs from one process by {:.3g}, {:.3g} "
+                                          "times its rounding bound (largest value {:.3g})", opt_kind, W, K, s,
+                                          a[i].first, diff, ratio, a[i].second.abs().max().item<double>()));
+    }
     if (!dp::parameters_identical_across_ranks(pg, *p.ddp)) throw dp::CheckFailed("ranks disagree");
   }
 }
