@@ -42,6 +42,7 @@ command -v debootstrap >/dev/null || {
 [ -n "$dir" ] || dir=$(mktemp -d /var/tmp/dp-fresh.XXXXXX)
 mkdir -p "$dir" "$logs"
 dir=$(cd "$dir" && pwd)
+chmod 755 "$dir"  # mktemp's 0700 would lock the root's own users out of / (_apt, munge's postinst)
 
 mounted=()
 teardown() {
