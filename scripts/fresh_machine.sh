@@ -111,8 +111,11 @@ echo "$(hostname)" > "$dir/etc/hostname"
 run_in_root() {  # name, command: a clean root login's environment, output to $logs/name.log
   local name=$1; shift
   local start=$(date +%s)
+  # In the background and waited for: bash runs the INT/TERM trap (and so the teardown) at once during a
+  # `wait`, but only after a foreground command has finished.
   chroot "$dir" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    bash -c "cd /src && $*" > "$logs/$name.log" 2>&1 < /dev/null
+    bash -c "cd /src && $*" > "$logs/$name.log" 2>&1 < /dev/null &
+  wait $!
   local rc=$?
   echo "$name $rc $(( $(date +%s) - start ))" >> "$logs/summary.txt"
   echo "fresh_machine: $name exit $rc in $(( $(date +%s) - start )) s (log: $logs/$name.log)"

@@ -37,7 +37,8 @@ run_config() {  # preset, ctest arguments...
 timings=$(mktemp); trap 'rm -f "$timings"' EXIT
 bash scripts/install_deps.sh
 case "$config" in
-  default) run_config default "$@" ;;
+  # The default suite needs the pip torch 2.x too: its torchrun starts our programs in the launcher test.
+  default) bash scripts/install_torch2.sh >/dev/null; run_config default "$@" ;;
   torch2|cuda) bash scripts/install_torch2.sh >/dev/null; run_config "$config" "$@" ;;
   all)
     t=$(date +%s); bash scripts/install_torch2.sh >/dev/null
