@@ -84,42 +84,37 @@ TYPED_TEST(GradSyncContract, RefusesRanksWithDifferentModels) {
 
 // --- The checks can fail: a "DDP" that breaks the contract is caught --------------------------------
 
-// Forgets to divide by the world size.
-struct SumOnly : GradSync {
-  SumOnly(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) : pg(pg) {
+// Broadcasts, all-reduces every gradient, then scales it by scale(W): the average is 1 / W.
+struct ScaledAllReduce : GradSync {
+  ScaledAllReduce(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) : pg(pg) {
     dp::broadcast_parameters(pg, *m);
     module = std::move(m);
   }
-  int64_t calls_per_step() const override { return 0; }
-  void after_backward() override {
-    for (auto& p : module->parameters())
-      if (p.grad().defined()) {
-        auto g = p.mutable_grad();
-        pg.all_reduce(g);  // no division by the world size
-      }
-  }
-  ProcessGroup& pg;
-  std::shared_ptr<torch::nn::Module> module;
-};
-
-// Averages, but with a relative error of 1e-4 (a float16 division, a stale scale): 1,700 times fp32's u,
-// and more than the derived bound (ddp_check.cpp) allows for sums in another order.
-struct SlightlyOffAverage : GradSync {
-  SlightlyOffAverage(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) : pg(pg) {
-    dp::broadcast_parameters(pg, *m);
-    module = std::move(m);
-  }
+  virtual double scale(int world_size) const = 0;
   int64_t calls_per_step() const override { return 0; }
   void after_backward() override {
     for (auto& p : module->parameters())
       if (p.grad().defined()) {
         auto g = p.mutable_grad();
         pg.all_reduce(g);
-        g.mul_((1 + 1e-4) / pg.world_size());
+        g.mul_(scale(pg.world_size()));
       }
   }
   ProcessGroup& pg;
   std::shared_ptr<torch::nn::Module> module;
+};
+
+// Forgets to divide by the world size.
+struct SumOnly : ScaledAllReduce {
+  using ScaledAllReduce::ScaledAllReduce;
+  double scale(int) const override { return 1; }
+};
+
+// Averages, but with a relative error of 1e-4 (a float16 division, a stale scale): 1,700 times fp32's u,
+// and more than the derived bound (ddp_check.cpp) allows for sums in another order.
+struct SlightlyOffAverage : ScaledAllReduce {
+  using ScaledAllReduce::ScaledAllReduce;
+  double scale(int world_size) const override { return (1 + 1e-4) / world_size; }
 };
 
 // Forgets the broadcast (and the averaging).
