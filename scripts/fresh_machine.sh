@@ -97,7 +97,10 @@ else
   echo "fresh_machine: cloned $(git -C "$dir/src" log -1 --format='%h %s' | cut -c1-100)"
 fi
 
-# What a booted machine has: /proc, /sys, /dev, a tmpfs /run (ip netns keeps its namespaces there), DNS.
+# What a booted machine has: / as a mount point of its own (`ip netns exec` remounts / as a slave, which a
+# plain folder cannot be), /proc, /sys, /dev, a tmpfs /run (ip netns keeps its namespaces there), DNS.
+mnt bind "$dir" "$dir"
+mount --make-private "$dir"
 mnt proc proc "$dir/proc"
 mnt sysfs sysfs "$dir/sys"
 mnt bind /dev "$dir/dev"
@@ -105,6 +108,15 @@ mnt devpts devpts "$dir/dev/pts" gid=5,mode=620,ptmxmode=666
 mnt tmpfs tmpfs "$dir/run" mode=755
 mnt tmpfs tmpfs "$dir/dev/shm" mode=1777
 cp -L /etc/resolv.conf "$dir/etc/resolv.conf"
+# This network's own trust: a machine here reaches Debian and PyPI through the CAs installed in
+# /usr/local/share/ca-certificates (and pip's /etc/pip.conf, if any); the new root gets the same, so that
+# update-ca-certificates keeps them when the ca-certificates package arrives.
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+  mkdir -p "$dir/usr/local/share/ca-certificates" "$dir/etc/ssl/certs"
+  cp /usr/local/share/ca-certificates/*.crt "$dir/usr/local/share/ca-certificates/"
+  cp -L /etc/ssl/certs/ca-certificates.crt "$dir/etc/ssl/certs/ca-certificates.crt"
+fi
+[ -f /etc/pip.conf ] && cp /etc/pip.conf "$dir/etc/pip.conf"
 cp /etc/apt/sources.list.d/*.sources "$dir/etc/apt/sources.list.d/" 2>/dev/null || true
 echo "$(hostname)" > "$dir/etc/hostname"
 
