@@ -14,12 +14,13 @@
 #include <map>
 
 namespace dp {
-namespace {
 
-std::string lower(std::string s) {
+std::string lowercase(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
+
+namespace {
 
 // Splits "10.5MiB" into 10.5 and "mib"; throws when the number part is missing or malformed.
 std::pair<double, std::string> split_number(const std::string& text, const std::string& what,
@@ -31,7 +32,7 @@ std::pair<double, std::string> split_number(const std::string& text, const std::
   } catch (const std::exception&) {
     throw UsageError(fmt::format("{} '{}' is not a number with a unit; write e.g. {}", what, text, examples));
   }
-  std::string unit = lower(text.substr(pos));
+  std::string unit = lowercase(text.substr(pos));
   while (!unit.empty() && unit.front() == ' ') unit.erase(0, 1);
   if (!std::isfinite(v) || v <= 0)
     throw UsageError(fmt::format("{} '{}' must be positive; write e.g. {}", what, text, examples));

@@ -61,4 +61,7 @@ extern const CLI::Validator NonNegativeFinite;
 /// typo fails in a second instead of after the run; Cli::parse() does it for --json.
 void check_writable(const std::string& option, const std::string& path);
 
+/// `s` in ASCII lower case: option values such as units and preset names are matched case-insensitively.
+std::string lowercase(std::string s);
+
 }  // namespace dp

@@ -9,6 +9,10 @@
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;  // CLI11's, from <CLI/CLI.hpp> where the options are added: its header is not for every includer
+}
+
 namespace dp {
 
 /// What to train and how long to time it.

@@ -54,17 +54,12 @@ torch::nn::Linear make_linear(int64_t d_in, int64_t d_out) {
   return lin;
 }
 
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 }  // namespace
 
 // --- Configuration --------------------------------------------------------------------------------
 
 TransformerConfig TransformerConfig::preset(const std::string& name, int64_t context_length) {
-  const std::string key = lower(name);
+  const std::string key = lowercase(name);
   for (const auto& row : kPresets) {
     if (key != row.name) continue;
     TransformerConfig cfg;
