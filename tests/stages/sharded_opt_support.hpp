@@ -223,8 +223,8 @@ struct Zero1Design {
 };
 
 // BucketedZero1 with buckets of at most 4,000 bytes (1,000 floats): the toy model gets one bucket, the
-// tied model two of two tensors each, the Transformer 34 (each weight alone; a block's two norms share
-// one, the last block's with the final norm), so the tests run many reduce-scatters launched from
+// tied model two of two tensors each, the Transformer one per weight matrix plus one per block for its two
+// norms (the last block's shared with the final norm), so the tests run many reduce-scatters launched from
 // backward's hooks, over buckets of one tensor and of several. Each element is still summed
 // over the ranks in rank order, so the references are Zero1Design's.
 struct BucketedZero1Design {

@@ -55,8 +55,9 @@ TEST(Sampler, SameGlobalBatchForEveryWorldSize) {
   for (int64_t step = 0; step < 2 * one.steps_per_epoch() + 1; ++step) {
     const auto want = one.global_ids(step);
     ASSERT_EQ(static_cast<int64_t>(want.size()), G);
-    if (step < one.steps_per_epoch())
+    if (step < one.steps_per_epoch()) {
       for (auto id : want) EXPECT_TRUE(epoch0.insert(id).second) << "window " << id << " twice in epoch 0";
+    }
     for (int W : {2, 3, 4}) {
       std::vector<int64_t> joined;
       for (int r = 0; r < W; ++r) {
