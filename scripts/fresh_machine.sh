@@ -98,11 +98,15 @@ else
 fi
 
 # What a booted machine has: / as a mount point of its own (`ip netns exec` remounts / as a slave, which a
-# plain folder cannot be), /proc, /sys, /dev, a tmpfs /run (ip netns keeps its namespaces there), DNS.
+# plain folder cannot be), /proc, /sys with its cgroup hierarchy (slurmd needs it), /dev, a tmpfs /run
+# (ip netns keeps its namespaces there), DNS, and the /etc/hosts that Debian's installer writes (this host's
+# name on 127.0.1.1: torchrun and Slurm resolve it).
 mnt bind "$dir" "$dir"
 mount --make-private "$dir"
 mnt proc proc "$dir/proc"
 mnt sysfs sysfs "$dir/sys"
+# The host's cgroup mounts (v2 alone, or v1's tmpfs and controllers), each bound at the same place, in order.
+while read -r m; do mnt bind "$m" "$dir$m"; done < <(awk '$2 ~ "^/sys/fs/cgroup(/|$)" {print $2}' /proc/mounts)
 mnt bind /dev "$dir/dev"
 mnt devpts devpts "$dir/dev/pts" gid=5,mode=620,ptmxmode=666
 mnt tmpfs tmpfs "$dir/run" mode=755
@@ -119,6 +123,8 @@ fi
 [ -f /etc/pip.conf ] && cp /etc/pip.conf "$dir/etc/pip.conf"
 cp /etc/apt/sources.list.d/*.sources "$dir/etc/apt/sources.list.d/" 2>/dev/null || true
 echo "$(hostname)" > "$dir/etc/hostname"
+printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n\n::1\tlocalhost ip6-localhost ip6-loopback\nff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n' \
+    "$(hostname)" > "$dir/etc/hosts"
 
 run_in_root() {  # name, command: a clean root login's environment, output to $logs/name.log
   local name=$1; shift

@@ -36,9 +36,10 @@ munged -F --force -S "$tmp/munge.sock" --key-file="$tmp/munge.key" --pid-file="$
     --log-file="$tmp/munged.log" --seed-file="$tmp/munged.seed" &
 pids+=($!)
 
+# The controller and the node by address: this host's name need not resolve (a container's often does not).
 cat > "$tmp/slurm.conf" <<EOF
 ClusterName=dp
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
@@ -60,7 +61,7 @@ ReturnToService=2
 SchedulerType=sched/builtin
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
-NodeName=$host CPUs=$(nproc) State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
 PartitionName=dp Nodes=$host Default=YES MaxTime=10 State=UP
 EOF
 mkdir -p "$tmp/state" "$tmp/spool"
@@ -69,11 +70,15 @@ slurmctld -D -f "$tmp/slurm.conf" &
 pids+=($!)
 slurmd -D -f "$tmp/slurm.conf" -N "$host" &
 pids+=($!)
-for _ in $(seq 30); do
-  sinfo -h -o %T 2>/dev/null | grep -q idle && break
+up=0 died="" names=(munged slurmctld slurmd)
+for _ in $(seq 30); do  # idle within 30 s, or fail at once when a daemon has exited (it says why in its log)
+  sinfo -h -o %T 2>/dev/null | grep -q idle && { up=1; break; }
+  for i in 0 1 2; do kill -0 "${pids[i]}" 2>/dev/null || died+=" ${names[i]}"; done
+  [ -n "$died" ] && break
   sleep 1
 done
-if ! sinfo -h -o %T 2>/dev/null | grep -q idle; then
+if [ $up = 0 ]; then
+  [ -n "$died" ] && echo "exited during start-up:$died"
   echo "slurm did not come up; its logs:"
   tail -n 20 "$tmp"/slurmctld.log "$tmp"/slurmd.log "$tmp"/munged.log 2>/dev/null
   fail "Slurm's daemons did not come up (see the logs above)"
