@@ -27,9 +27,12 @@ run() {  # name, command...: run with a deadline, keep the output, expect a PASS
   fi
 }
 export OMP_NUM_THREADS=1
+# --local-addr: the agent and the workers meet on 127.0.0.1, not on this machine's hostname, which need not
+# resolve (a fresh root, a container without /etc/hosts: torchrun would wait there until its timeout).
+tr_args=(--standalone --local-addr 127.0.0.1 --nproc_per_node 2 --no-python)
 if [ "$major" -lt 2 ]; then
   t0=$(date +%s)
-  timeout -k 5 60 "$torchrun" --standalone --nproc_per_node 2 --no-python "$stage01" --sizes 1MB --iters 3 \
+  timeout -k 5 60 "$torchrun" "${tr_args[@]}" "$stage01" --sizes 1MB --iters 3 \
     > "$out/refusal.log" 2>&1; rc=$?
   if [ $rc -eq 0 ] || [ $rc -eq 124 ] || ! grep -q "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" "$out/refusal.log"; then
     echo "FAIL: LibTorch $major.x under torchrun's agent store: expected a refusal naming the remedy (exit $rc)"
@@ -39,8 +42,8 @@ if [ "$major" -lt 2 ]; then
   fi
   export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 fi
-run torchrun_stage01 "$torchrun" --standalone --nproc_per_node 2 --no-python "$stage01" --sizes 1MB --iters 3
-run torchrun_stage05 "$torchrun" --standalone --nproc_per_node 2 --no-python "$stage05" \
+run torchrun_stage01 "$torchrun" "${tr_args[@]}" "$stage01" --sizes 1MB --iters 3
+run torchrun_stage05 "$torchrun" "${tr_args[@]}" "$stage05" \
     --bench --preset tiny --context 16 --warmup 0 --steps 1 --caps 1
 run ddp_launch_python "$launch" --nproc 2 -- "$py" "$peer"
 exit $fail
