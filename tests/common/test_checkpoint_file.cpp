@@ -49,7 +49,9 @@ TEST(CheckpointFile, HeaderLengthAndChecksumAreChecked) {
     expect_usage_error([&] { dp::read_checkpoint_file(bad, kTest); }, needles);
   };
   refused(bytes.substr(0, 20), {"is damaged", "shorter than the 36-byte header"});
-  refused("X" + bytes.substr(1), {"is damaged", "magic bytes TESTFILE"});
+  std::string magic = bytes;
+  magic[0] = 'X';  // the first magic byte
+  refused(magic, {"is damaged", "magic bytes TESTFILE"});
   refused(bytes.substr(0, bytes.size() - 1), {"is damaged", "truncated"});
   refused(bytes + "!", {"is damaged", "appended to"});
   std::string flipped = bytes;

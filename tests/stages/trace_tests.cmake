@@ -6,6 +6,7 @@
 #                             (about 0.11 s) is far shorter than its 0.31 s of communication at 1 Gbit/s,
 #                             so at most about a third of it could overlap; 16 sequences make backward
 #                             longer than the communication while the gradient bytes stay the same.
+#                             Only the rows it needs (no communication, bucketed): half the time.
 #   trace_loopback_format     the trace is complete and consistent (no --net: runs without root)
 # The first two run on an emulated 1 Gbit/s network (ddp_launch --net: root and iproute2), where
 # communication takes long enough to measure; tests/net_or_skip.sh skips them (exit 77) elsewhere.
@@ -27,7 +28,7 @@ dp_add_test(trace_stage05_overlaps LABELS "stage05;trace;net" TIMEOUT 300 RUN_SE
     [=[l=$1 p=$2 t=$3 c=$4 && shift 4 && rm -f "$t" && "$l" --nproc 2 --net 1gbit -- "$p" "$@" --caps 1 --trace "$t" &&
        python3 "$c" "$t" --variant "bucketed 1 MB (stage 05)" --min-overlap 0.5]=]
     sh ${LAUNCH} $<TARGET_FILE:stage05_bucketed> ${CMAKE_BINARY_DIR}/trace_s05.json ${TRACE_CHECK}
-    --bench --preset tiny --context 128 --batch 16 --warmup 1 --steps 4)
+    --bench --preset tiny --context 128 --batch 16 --warmup 1 --steps 4 --variants bucketed)
 set_tests_properties(trace_stage05_overlaps PROPERTIES SKIP_RETURN_CODE 77 RESOURCE_LOCK dpnet)
 
 dp_add_test(trace_loopback_format LABELS "stage03;trace" TIMEOUT 180
