@@ -1,7 +1,7 @@
 // The checkpoint file container: header (magic, version, lengths), FNV-1a checksum, atomic write.
 // A damaged, truncated or foreign file is refused by name instead of loaded, and a crash while saving
 // never destroys the previous checkpoint. What goes inside (which tensors, which metadata) is the
-// caller's business: stage 06 stores ZeRO-1 state in it.
+// caller's business (a sharded optimizer's state, a whole training run's).
 //
 // File layout (integers little-endian):
 //   offset  0  8 bytes  magic (FileFormat::magic, e.g. "DPZ1CKPT")
@@ -9,7 +9,7 @@
 //          12  u64      M: bytes of the metadata
 //          20  u64      T: bytes of the payload
 //          28  u64      FNV-1a 64-bit hash of the M + T bytes that follow
-//          36  M bytes  metadata, text (stage 06 writes JSON: readable with `head -c 2000 FILE`)
+//          36  M bytes  metadata, text (JSON by convention: readable with `head -c 2000 FILE`)
 //          36+M T bytes payload, binary
 #pragma once
 

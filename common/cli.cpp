@@ -2,6 +2,7 @@
 #include "common/cli.hpp"
 
 #include "common/dist.hpp"
+#include "common/format.hpp"
 #include "common/runtime.hpp"
 
 #include <fmt/format.h>
@@ -14,11 +15,6 @@
 #include <map>
 
 namespace dp {
-
-std::string lowercase(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 namespace {
 
@@ -54,13 +50,6 @@ uint64_t parse_size(const std::string& text, const std::string& what) {
   if (bytes < 1 || bytes > 1e15)
     throw UsageError(fmt::format("{} '{}' is out of range (1 byte .. 1 PB)", what, text));
   return static_cast<uint64_t>(std::llround(bytes));
-}
-
-std::string format_bytes(double bytes) {
-  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
-  int i = 0;
-  while (bytes >= 1000 && i < 4) bytes /= 1000, ++i;
-  return bytes == std::floor(bytes) ? fmt::format("{:.0f} {}", bytes, units[i]) : fmt::format("{:.3g} {}", bytes, units[i]);
 }
 
 double parse_seconds(const std::string& text, const std::string& what) {

@@ -14,9 +14,6 @@ namespace dp {
 /// Throws dp::UsageError naming `what` and the text when it does not parse or is not positive.
 uint64_t parse_size(const std::string& text, const std::string& what = "size");
 
-/// Formats bytes with a decimal unit ("100 MB", "1.5 GB").
-std::string format_bytes(double bytes);
-
 /// Parses a duration such as "30s", "500ms", "2m" or "45" (seconds). Throws dp::UsageError.
 double parse_seconds(const std::string& text, const std::string& what = "duration");
 
@@ -60,8 +57,5 @@ extern const CLI::Validator NonNegativeFinite;
 /// program calls it for each output file (results, traces, curves, checkpoints) before any work, so a
 /// typo fails in a second instead of after the run; Cli::parse() does it for --json.
 void check_writable(const std::string& option, const std::string& path);
-
-/// `s` in ASCII lower case: option values such as units and preset names are matched case-insensitively.
-std::string lowercase(std::string s);
 
 }  // namespace dp

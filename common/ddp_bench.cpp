@@ -6,12 +6,18 @@
 // JSON (scripts/make_tables.py); the program keeps every sample.
 #include "common/ddp_bench.hpp"
 
+#include "common/accounting.hpp"
 #include "common/cli.hpp"
 #include "common/data.hpp"
+#include "common/fault.hpp"
+#include "common/format.hpp"
+#include "common/launch_env.hpp"
 #include "common/memory.hpp"
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "common/trace.hpp"
+#include "common/trace_write.hpp"
 #include "common/transformer.hpp"
 
 #include <filesystem>
@@ -68,7 +74,7 @@ struct Trainee {
     { trace::Span s("forward"); loss = lm_loss(model->forward(x), y); }
     const double f = phase.seconds();
     phase.start();
-    { trace::Span s("backward"); loss.backward(); }  // stages 04/05 launch all-reduces from in here
+    { trace::Span s("backward"); loss.backward(); }  // gradient hooks launch their all-reduces from in here
     const double b = phase.seconds();
     phase.start();
     if (sync) { trace::Span s("sync"); sync->after_backward(); }  // 02/03 communicate; 04/05 wait

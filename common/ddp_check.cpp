@@ -4,6 +4,7 @@
 
 #include "common/data.hpp"
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "common/tolerance.hpp"
 

@@ -4,6 +4,8 @@
 
 #include "common/c10d_compat.hpp"
 #include "common/exchange.hpp"
+#include "common/format.hpp"
+#include "common/launch_env.hpp"
 #include "common/runtime.hpp"
 #include "common/trace.hpp"
 
@@ -16,25 +18,6 @@
 
 namespace dp {
 namespace {
-
-// Reads an integer environment variable; a malformed value is a usage error, not a crash.
-int env_int(const char* name, int fallback, int min_value) {
-  const char* s = std::getenv(name);
-  if (!s || !*s) return fallback;
-  char* end = nullptr;
-  long v = std::strtol(s, &end, 10);
-  if (*end != '\0' || v < min_value || v > 1 << 30)
-    throw UsageError(fmt::format("environment variable {}='{}' is not an integer >= {}; "
-                                 "unset it or let the launcher set it", name, s, min_value));
-  return static_cast<int>(v);
-}
-
-// c10d reports failures as c10::Error with long backtraces; keep the first line for users.
-std::string first_line(const std::exception& e) {
-  std::string s = e.what();
-  auto nl = s.find('\n');
-  return nl == std::string::npos ? s : s.substr(0, nl);
-}
 
 // Which network interface Gloo binds. GLOO_SOCKET_IFNAME (PyTorch's variable) names an interface;
 // otherwise one node, or a master on loopback, talks over 127.0.0.1 (resolving the hostname, Gloo's
@@ -65,30 +48,6 @@ compat::GlooInterface gloo_interface(const LaunchEnv& env) {
 
 }  // namespace
 
-LaunchEnv LaunchEnv::from_environment() {
-  LaunchEnv env;
-  if (const char* i = std::getenv("GLOO_SOCKET_IFNAME"); i && *i) env.gloo_ifname = i;
-  if (const char* n = std::getenv("DP_NET"); n && *n) env.net = n;
-  if (const char* c = std::getenv("DP_LAUNCH_COMMAND"); c && *c) env.launch_command = c;
-  env.launched = std::getenv("RANK") && std::getenv("WORLD_SIZE");
-  if (!env.launched) return env;  // started by hand: one rank
-  env.world_size = env_int("WORLD_SIZE", 1, 1);
-  env.rank = env_int("RANK", 0, 0);
-  env.local_rank = env_int("LOCAL_RANK", env.rank, 0);
-  env.local_world_size = env_int("LOCAL_WORLD_SIZE", env.world_size, 1);
-  env.master_port = env_int("MASTER_PORT", 29500, 1);
-  if (const char* a = std::getenv("MASTER_ADDR"); a && *a) env.master_addr = a;
-  if (const char* u = std::getenv("TORCHELASTIC_USE_AGENT_STORE"); u) env.agent_store = std::string(u) == "True";
-  if (env.rank >= env.world_size)
-    throw UsageError(fmt::format("RANK={} is not below WORLD_SIZE={}; check the launcher's settings",
-                                 env.rank, env.world_size));
-  if (env.master_port > 65535)
-    throw UsageError(fmt::format("MASTER_PORT={} is not a TCP port (1..65535)", env.master_port));
-  // Stages check their input against the world size before the group forms: their errors carry this tag.
-  set_log_rank(env.rank, env.world_size);
-  return env;
-}
-
 // ----- Work ------------------------------------------------------------------------------------
 
 void Work::wait() {
@@ -97,7 +56,7 @@ void Work::wait() {
   try {
     w->wait();
   } catch (const std::exception& e) {
-    throw std::runtime_error(fmt::format("{} failed: {}", what_, first_line(e)));
+    throw std::runtime_error(fmt::format("{} failed: {}", what_, first_line(e.what())));
   }
   trace::collective_done(trace_id_);  // no-op when the completion callback already recorded it
 }
@@ -204,7 +163,7 @@ ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store
   } catch (const UsageError&) {
     throw;
   } catch (const std::exception& e) {
-    const std::string why = first_line(e);
+    const std::string why = first_line(e.what());
     if (why.find("imeout") == std::string::npos && why.find("imed out") == std::string::npos)
       throw std::runtime_error(fmt::format("rank {}: the {} process group of {} ranks could not form: {}", rank,
                                            opts.backend, world, why));
@@ -239,7 +198,7 @@ ProcessGroup ProcessGroup::init_from_env(const DistOptions& opts) {
     store = compat::make_tcp_store(env.master_addr, env.master_port, host, env.world_size, opts.timeout);
     if (env.agent_store) store = c10::make_intrusive<c10d::PrefixStore>("dp_from_scratch", store);
   } catch (const std::exception& e) {
-    std::string msg = first_line(e);
+    std::string msg = first_line(e.what());
     if (env.rank == 0 && (msg.find("in use") != std::string::npos || msg.find("bind") != std::string::npos))
       throw UsageError(fmt::format("rank 0 cannot listen on {}:{} ({}); pick a free --master-port "
                                    "or let ddp_launch choose one", env.master_addr, env.master_port, msg));
@@ -382,15 +341,6 @@ void ProcessGroup::shutdown() {
   impl_->comm.reset();
   impl_->store.reset();
   impl_.reset();
-}
-
-void maybe_inject_collective_fault(ProcessGroup& pg) {
-  if (!fault_requested("misorder", pg.rank())) return;
-  fmt::print(stderr, "[rank {}/{}] DP_FAULT: misorder: one extra broadcast that no other rank issues\n", pg.rank(),
-             pg.world_size());
-  std::fflush(stderr);
-  auto t = torch::zeros({4}, torch::kInt64);
-  pg.broadcast(t, 0, "DP_FAULT misorder");
 }
 
 }  // namespace dp

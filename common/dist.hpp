@@ -14,30 +14,6 @@ class Store;
 
 namespace dp {
 
-/// What a launcher (ours, torchrun, a Slurm wrapper) tells a rank through its environment.
-/// Without RANK/WORLD_SIZE a program runs as a single rank (rank 0 of 1).
-struct LaunchEnv {
-  int rank = 0;              ///< RANK: global rank, 0..world_size-1
-  int world_size = 1;        ///< WORLD_SIZE: number of ranks in the job
-  int local_rank = 0;        ///< LOCAL_RANK: rank on this node (picks the GPU)
-  int local_world_size = 1;  ///< LOCAL_WORLD_SIZE: ranks on this node
-  std::string master_addr = "127.0.0.1";  ///< MASTER_ADDR: host of rank 0's rendezvous store
-  int master_port = 29500;   ///< MASTER_PORT: its TCP port
-  bool launched = false;     ///< true when RANK and WORLD_SIZE were set
-  bool agent_store = false;  ///< TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent already hosts the
-                             ///< store at MASTER_ADDR:MASTER_PORT, so rank 0 connects instead of hosting
-  std::string gloo_ifname;   ///< GLOO_SOCKET_IFNAME: the interface Gloo binds (PyTorch's variable), or empty
-  std::string net;           ///< DP_NET: the rate of ddp_launch --net's simulated links ("1gbit"), or empty
-  std::string launch_command;  ///< DP_LAUNCH_COMMAND: ddp_launch's own command line, or empty
-
-  /// True when every rank runs on this machine (LOCAL_WORLD_SIZE == WORLD_SIZE).
-  bool single_node() const { return local_world_size == world_size; }
-
-  /// Reads the variables above. This is the one place that reads the launch environment; throws
-  /// dp::UsageError naming a malformed variable.
-  static LaunchEnv from_environment();
-};
-
 /// Options of a process group.
 struct DistOptions {
   std::string backend = "gloo";               ///< "gloo" (CPU tensors) or "nccl" (CUDA tensors)
@@ -129,13 +105,6 @@ class ProcessGroup {
   torch::Device device_{torch::kCPU};
   std::chrono::milliseconds timeout_{0};
 };
-
-/// Fault injection for docs/debugging.md: with DP_FAULT=misorder@R, rank R issues one extra collective
-/// here (a broadcast of 4 int64 from rank 0) that no other rank issues, so every later collective of
-/// rank R pairs with a different one on the others: collectives in different orders on different ranks.
-/// Every other rank, and every run without it, does nothing. With TORCH_DISTRIBUTED_DEBUG=DETAIL the
-/// process group checks each collective against the other ranks' first and names the mismatch.
-void maybe_inject_collective_fault(ProcessGroup& pg);
 
 /// True when this build can run `backend` ("gloo" always; "nccl" only with a CUDA LibTorch).
 bool backend_available(const std::string& backend);

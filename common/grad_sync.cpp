@@ -2,6 +2,7 @@
 #include "common/grad_sync.hpp"
 
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 
 #include <fmt/format.h>

@@ -1,7 +1,9 @@
 // Memory measurement: training bytes counted tensor by tensor, resident memory (RSS) and CUDA peaks.
-// Tensor bytes come from the tensors themselves, resident memory from the operating system. Stage 06
-// uses it to show what sharding the optimizer state saves; any later stage that shards more can use it.
+// Tensor bytes come from the tensors themselves, resident memory from the operating system; what they
+// should come to is common/accounting.hpp.
 #pragma once
+
+#include "common/accounting.hpp"
 
 #include <torch/torch.h>
 
@@ -17,15 +19,6 @@ int64_t tensor_bytes(const std::vector<torch::Tensor>& tensors);
 /// Bytes of the state tensors of an Adam, AdamW or SGD optimizer (exp_avg, exp_avg_sq, max_exp_avg_sq,
 /// momentum_buffer). Other optimizer types count 0.
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& opt);
-
-/// What training keeps on one rank, counted tensor by tensor.
-struct TrainingBytes {
-  int64_t params = 0;  ///< every parameter (each replica holds the whole model)
-  int64_t grads = 0;   ///< gradients that are currently allocated
-  int64_t state = 0;   ///< optimizer state held by this rank
-  /// params + grads + state.
-  int64_t total() const { return params + grads + state; }
-};
 
 /// Counts a model's parameters and gradients (tied weights once) and an optimizer's state.
 TrainingBytes count_training_bytes(const torch::nn::Module& model, const torch::optim::Optimizer& opt);

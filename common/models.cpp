@@ -11,7 +11,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <unordered_set>
 
 namespace dp {
 
@@ -99,47 +98,32 @@ std::shared_ptr<ToyBase> make_toy_model(const std::string& name) {
                                fmt::join(toy_model_names(), ", ")));
 }
 
+// --- CS336 2026's ToyFSDPModel: the Transformer's pieces, four units --------------------------------
+
+ToyFSDPModelImpl::ToyFSDPModelImpl() {
+  embedding = register_module("embedding", torch::nn::Embedding(100, 64));
+  trunc_normal_(embedding->weight, 1.0);
+  norm1 = register_module("norm1", RMSNorm(64));
+  fc1 = register_module("fc1", make_linear(64, 128));
+  norm2 = register_module("norm2", RMSNorm(128));
+  fc2 = register_module("fc2", make_linear(128, 64));
+  lm_head = register_module("lm_head", make_linear(64, 100));
+}
+
+torch::Tensor ToyFSDPModelImpl::forward_units(const torch::Tensor& tokens, const UnitRunner& run) {
+  auto x = run_unit(run, 0, [&] { return embedding(tokens); });         // [B, T, 64]
+  x = run_unit(run, 1, [&] { return torch::relu(fc1(norm1(x))); });    // [B, T, 128]
+  x = run_unit(run, 2, [&] { return fc2(norm2(x)); });                 // [B, T, 64]
+  return run_unit(run, 3, [&] { return lm_head(x); });                 // [B, T, 100]
+}
+
+ModuleUnits ToyFSDPModelImpl::units() {
+  return {{embedding.ptr()}, {norm1.ptr(), fc1.ptr()}, {norm2.ptr(), fc2.ptr()}, {lm_head.ptr()}};
+}
+
 std::mutex& model_init_mutex() {
   static std::mutex m;
   return m;
 }
-
-// --- Parameter lists that count a tied weight once ---------------------------------------------
-
-std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(const torch::nn::Module& m,
-                                                                           bool trainable_only) {
-  // named_parameters() walks the module tree (own parameters first, then each child in
-  // registration order) and keys entries by dotted name, so a tied weight appears once per name.
-  // The TensorImpl pointer identifies the tensor itself; keep its first name only.
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  std::unordered_set<const void*> seen;
-  for (const auto& item : m.named_parameters(/*recurse=*/true)) {
-    const torch::Tensor& p = item.value();
-    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
-    if (trainable_only && !p.requires_grad()) continue;
-    out.emplace_back(item.key(), p);
-  }
-  return out;
-}
-
-std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& m, bool trainable_only) {
-  std::vector<torch::Tensor> out;
-  for (auto& named : unique_named_parameters(m, trainable_only)) out.push_back(named.second);
-  return out;
-}
-
-int64_t count_elements(const std::vector<torch::Tensor>& tensors) {
-  int64_t n = 0;
-  for (const auto& t : tensors) n += t.numel();
-  return n;
-}
-
-void copy_parameters(torch::nn::Module& dst, const torch::nn::Module& src) {
-  torch::NoGradGuard no_grad;
-  auto d = unique_parameters(dst), s = unique_parameters(src);
-  for (size_t i = 0; i < d.size(); ++i) d[i].copy_(s[i]);
-}
-
-std::string shape_text(c10::IntArrayRef sizes) { return fmt::format("[{}]", fmt::join(sizes, ", ")); }
 
 }  // namespace dp

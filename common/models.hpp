@@ -1,10 +1,14 @@
-// Toy models for checking DDP and optimizer sharding, plus parameter helpers that handle tied weights.
+// Toy models for checking DDP and optimizer sharding (parameter lists that count tied weights once:
+// common/params.hpp).
 //
 // All toy models map [N, 10] -> [N, 5]. ToyModel and ToyModelWithTiedWeights follow the models in
 // CS336 assignment 2's tests: one has a frozen parameter and one unused parameter, the other shares one
 // weight between two layers. A model built twice after the same torch::manual_seed(s) has identical
 // values, which is how the tests build a reference model and a DDP replica.
 #pragma once
+
+#include "common/transformer.hpp"
+#include "common/units.hpp"
 
 #include <torch/torch.h>
 
@@ -89,6 +93,21 @@ struct ToyModelWithTiedWeightsImpl : ToyBase {
 };
 TORCH_MODULE(ToyModelWithTiedWeights);
 
+/// CS336 2026's ToyFSDPModel, the model of its FSDP tests: Embedding(100, 64) -> RMSNorm(64) ->
+/// Linear 64->128 -> ReLU -> RMSNorm(128) -> Linear 128->64 -> lm_head 64->100, bias-free Linears
+/// initialised like the TransformerLM's. 29,376 parameters; tokens [B, T] in [0, 100) -> logits [B, T, 100].
+/// Units (forward_units): 0 embedding, 1 norm1 + fc1, 2 norm2 + fc2, 3 lm_head.
+struct ToyFSDPModelImpl : torch::nn::Module {
+  ToyFSDPModelImpl();
+  torch::Tensor forward(const torch::Tensor& tokens) { return forward_units(tokens, {}); }
+  torch::Tensor forward_units(const torch::Tensor& tokens, const UnitRunner& run);
+  ModuleUnits units();
+  torch::nn::Embedding embedding{nullptr};
+  RMSNorm norm1{nullptr}, norm2{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, lm_head{nullptr};
+};
+TORCH_MODULE(ToyFSDPModel);
+
 /// Names accepted by make_toy_model: "mlp", "toy", "tied".
 std::vector<std::string> toy_model_names();
 
@@ -101,25 +120,5 @@ std::shared_ptr<ToyBase> make_toy_model(const std::string& name);
 /// drawing: the tests run ranks as threads, and the DDP checks (common/ddp_check) seed and build their
 /// models on every rank. In the programs every rank is a process of its own and the lock is uncontended.
 std::mutex& model_init_mutex();
-
-/// The distinct parameters of `m` in named_parameters() order, each tensor once (first occurrence
-/// kept; identity is the TensorImpl, so tied weights count once). LibTorch's parameters() lists a
-/// tied weight under every name it is registered with; summing or all-reducing that list would
-/// count it twice. With trainable_only, parameters with requires_grad false are left out.
-std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& m, bool trainable_only = false);
-
-/// A shape as people write it, "[10, 5]" (for messages).
-std::string shape_text(c10::IntArrayRef sizes);
-
-/// Copies `src`'s unique parameter values into `dst`, a model of the same structure (frozen ones too):
-/// the C++ stand-in for Python's copy.deepcopy of the weights. No autograd history is recorded.
-void copy_parameters(torch::nn::Module& dst, const torch::nn::Module& src);
-
-/// unique_parameters() with the dotted name of each tensor's first registration ("fc2.fc.weight").
-std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(const torch::nn::Module& m,
-                                                                           bool trainable_only = false);
-
-/// Total number of elements of the tensors (e.g. a model's parameter count).
-int64_t count_elements(const std::vector<torch::Tensor>& tensors);
 
 }  // namespace dp

@@ -2,6 +2,7 @@
 #include "common/results.hpp"
 
 #include "common/dist.hpp"
+#include "common/launch_env.hpp"
 
 #include <torch/version.h>
 

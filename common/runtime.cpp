@@ -1,13 +1,13 @@
-// Exit codes, rank-aware printing state, CPU threads per rank and the slow-BLAS check.
+// Exit codes, CPU threads per rank and the slow-BLAS check.
 #include "common/runtime.hpp"
 
-#include "common/dist.hpp"
+#include "common/format.hpp"
+#include "common/launch_env.hpp"
 
 #include <torch/torch.h>
 
 #include <chrono>
 #include <dlfcn.h>
-#include <csignal>
 #include <cstdlib>
 #include <fstream>
 #include <malloc.h>
@@ -15,14 +15,6 @@
 
 namespace dp {
 namespace {
-int g_rank = 0;
-int g_world = 1;
-
-std::string first_line(const char* what) {
-  std::string s = what;
-  auto nl = s.find('\n');
-  return nl == std::string::npos ? s : s.substr(0, nl);
-}
 
 int env_positive(const char* name) {
   const char* s = std::getenv(name);
@@ -33,24 +25,17 @@ int env_positive(const char* name) {
 }
 }  // namespace
 
-void set_log_rank(int rank, int world_size) {
-  g_rank = rank;
-  g_world = world_size;
-}
-int log_rank() { return g_rank; }
-int log_world() { return g_world; }
-
 int run_main(const std::function<int()>& body) {
   try {
     return body();
   } catch (const UsageError& e) {
-    fmt::print(stderr, "[rank {}/{}] error: {}\n", g_rank, g_world, e.what());
+    fmt::print(stderr, "[rank {}/{}] error: {}\n", log_rank(), log_world(), e.what());
     return 2;
   } catch (const CheckFailed& e) {
-    fmt::print(stderr, "[rank {}/{}] CHECK FAILED: {}\n", g_rank, g_world, e.what());
+    fmt::print(stderr, "[rank {}/{}] CHECK FAILED: {}\n", log_rank(), log_world(), e.what());
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "[rank {}/{}] error: {}\n", g_rank, g_world, first_line(e.what()));
+    fmt::print(stderr, "[rank {}/{}] error: {}\n", log_rank(), log_world(), first_line(e.what()));
     return 1;
   }
 }
@@ -106,7 +91,7 @@ double check_blas(double warn_below, bool quiet) {
   // The reference BLAS is ~100x slower than OpenBLAS; a busy machine is only a few times slower, so
   // the library's name decides, and the speed only backs it up.
   bool reference = loaded_blas() == "reference";
-  if ((reference || gflops < warn_below) && !quiet && g_rank == 0) {
+  if ((reference || gflops < warn_below) && !quiet && log_rank() == 0) {
     fmt::print(stderr,
                "warning: a 1024x1024 float matmul ran at {:.1f} GFLOP/s on {} thread(s){}. Install an optimized "
                "BLAS: apt-get install libopenblas0-pthread\n",
@@ -114,24 +99,6 @@ double check_blas(double warn_below, bool quiet) {
                reference ? " with the reference BLAS (libblas.so.3 from Debian's 'libblas3')" : "");
   }
   return gflops;
-}
-
-bool fault_requested(const std::string& action, int rank) {
-  const char* f = std::getenv("DP_FAULT");
-  if (!f || !*f) return false;
-  const std::string spec = f;
-  const auto at = spec.find('@');
-  return at != std::string::npos && spec.substr(0, at) == action && std::atoi(spec.c_str() + at + 1) == rank;
-}
-
-void maybe_inject_fault(int rank) {
-  for (const char* action : {"die", "hang"}) {
-    if (!fault_requested(action, rank)) continue;
-    fmt::print(stderr, "[rank {}/{}] DP_FAULT: {} now\n", g_rank, g_world, action);
-    std::fflush(stderr);
-    if (std::string(action) == "die") std::raise(SIGKILL);
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-  }
 }
 
 }  // namespace dp

@@ -4,8 +4,9 @@
 // stage records, for every timed step, forward / backward / optimizer spans on the compute lane, an
 // instant when each gradient or bucket is ready, and one span per collective from its launch to its
 // completion (taken from the collective's own completion callback, not from whoever waited on it).
-// Rank 0 gathers every rank's events and writes one JSON file that Perfetto (ui.perfetto.dev) and
-// chrome://tracing open, one process per rank; `scripts/timeline.py` turns it into a PNG.
+// Rank 0 gathers every rank's events and writes one JSON file (common/trace_write.hpp) that Perfetto
+// (ui.perfetto.dev) and chrome://tracing open, one process per rank; `scripts/timeline.py` turns it into
+// a PNG.
 //
 // Recording is off unless a program enabled it, and the hot path then costs one relaxed atomic load.
 #pragma once
@@ -16,11 +17,7 @@
 #include <cstdint>
 #include <string>
 
-namespace dp {
-
-class ProcessGroup;
-
-namespace trace {
+namespace dp::trace {
 
 /// Starts collecting events in this process (timestamps count from now). Call it on every rank right
 /// after a barrier, so that the ranks' time origins agree to within one barrier's latency.
@@ -56,10 +53,8 @@ int64_t collective_launched(const std::string& what, const std::string& label, i
 /// The collective `id` completed now (may be called from a communication thread). Ignores -1.
 void collective_done(int64_t id);
 
-/// Gathers every rank's events to rank 0, which writes the Chrome trace-event JSON to `path`
-/// (atomically). Collectives that overlap on one rank are spread over several communication lanes.
-/// Every rank must call it; it ends the recording.
-void write(ProcessGroup& pg, const std::string& path);
+/// This rank's events so far as a JSON array ({name, ph, comm, ts, dur, args}, microseconds since
+/// enable()); ends the recording. common/trace_write.hpp gathers them from every rank into one file.
+nlohmann::json take_events();
 
-}  // namespace trace
-}  // namespace dp
+}  // namespace dp::trace

@@ -7,6 +7,7 @@
 #include "common/transformer.hpp"
 
 #include "common/cli.hpp"
+#include "common/format.hpp"
 #include "common/runtime.hpp"
 
 #include <fmt/format.h>
@@ -32,6 +33,8 @@ constexpr PresetRow kPresets[] = {
     {"large", 1280, 5120, 36, 20},   {"xl", 1600, 6400, 48, 25},   {"2.7b", 2560, 10240, 32, 32},
 };
 
+}  // namespace
+
 // Truncated normal N(0, std^2) cut at +-3 std, drawn from the global RNG (deterministic under
 // torch::manual_seed). Draw normals, then redraw the ~0.27% that fall outside the cut until none is
 // left; a few cheap rounds, where PyTorch's inverse-CDF method (erfinv) costs ~6x more on CPU.
@@ -53,8 +56,6 @@ torch::nn::Linear make_linear(int64_t d_in, int64_t d_out) {
   trunc_normal_(lin->weight, std::sqrt(2.0 / double(d_in + d_out)));
   return lin;
 }
-
-}  // namespace
 
 // --- Configuration --------------------------------------------------------------------------------
 
@@ -104,37 +105,6 @@ void TransformerConfig::validate() const {
     throw UsageError(fmt::format("d_model {} must split into {} heads of even width (RoPE rotates pairs of dims)",
                                  d_model, num_heads));
   if (!(rope_theta > 0)) throw UsageError(fmt::format("rope_theta must be positive, got {}", rope_theta));
-}
-
-MemoryBytes fp32_training_bytes(int64_t num_params) {
-  // fp32 weights and gradients take 4 bytes per parameter each; AdamW keeps two fp32 moments.
-  return {4 * num_params, 4 * num_params, 8 * num_params};
-}
-
-std::string with_commas(int64_t n) {
-  std::string digits = std::to_string(n < 0 ? -n : n), out;
-  for (size_t i = 0; i < digits.size(); ++i) {
-    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
-    out += digits[i];
-  }
-  return n < 0 ? "-" + out : out;
-}
-
-double activation_bytes(const TransformerConfig& c, int64_t batch, int64_t tokens, int bytes_per_value) {
-  const double per_token = double(c.num_layers) * (12.0 * c.d_model + 4.0 * c.d_ff + 2.0 * c.num_heads * tokens) +
-                           3.0 * c.vocab_size + 2.0 * c.d_model;
-  return per_token * double(batch) * double(tokens) * bytes_per_value;
-}
-
-std::string describe(const TransformerConfig& cfg) {
-  const int64_t p = cfg.num_parameters();
-  const MemoryBytes m = fp32_training_bytes(p);
-  return fmt::format(
-      "{}: d_model {}, d_ff {}, {} layers, {} heads, ctx {}, vocab {}; {} params; "
-      "fp32 params {}, grads {}, AdamW state {}",
-      cfg.name, cfg.d_model, cfg.d_ff, cfg.num_layers, cfg.num_heads, cfg.context_length, cfg.vocab_size,
-      with_commas(p), format_bytes(double(m.params)), format_bytes(double(m.grads)),
-      format_bytes(double(m.adam_state)));
 }
 
 // --- Building blocks ------------------------------------------------------------------------------
@@ -233,8 +203,7 @@ TransformerLMImpl::TransformerLMImpl(const TransformerConfig& config) : cfg(conf
 
 torch::Tensor TransformerLMImpl::forward(const torch::Tensor& tokens) { return forward_units(tokens, UnitRunner()); }
 
-// Calls body() through the runner when there is one.
-static torch::Tensor run_unit(const UnitRunner& run, size_t unit, const std::function<torch::Tensor()>& body) {
+torch::Tensor run_unit(const UnitRunner& run, size_t unit, const std::function<torch::Tensor()>& body) {
   return run ? run(unit, body) : body();
 }
 
@@ -253,27 +222,6 @@ ModuleUnits TransformerLMImpl::units() {
   for (const auto& layer : *layers) u.push_back({layer});
   u.push_back({ln_final.ptr(), lm_head.ptr()});
   return u;
-}
-
-ToyFSDPModelImpl::ToyFSDPModelImpl() {
-  embedding = register_module("embedding", torch::nn::Embedding(100, 64));
-  trunc_normal_(embedding->weight, 1.0);
-  norm1 = register_module("norm1", RMSNorm(64));
-  fc1 = register_module("fc1", make_linear(64, 128));
-  norm2 = register_module("norm2", RMSNorm(128));
-  fc2 = register_module("fc2", make_linear(128, 64));
-  lm_head = register_module("lm_head", make_linear(64, 100));
-}
-
-torch::Tensor ToyFSDPModelImpl::forward_units(const torch::Tensor& tokens, const UnitRunner& run) {
-  auto x = run_unit(run, 0, [&] { return embedding(tokens); });         // [B, T, 64]
-  x = run_unit(run, 1, [&] { return torch::relu(fc1(norm1(x))); });    // [B, T, 128]
-  x = run_unit(run, 2, [&] { return fc2(norm2(x)); });                 // [B, T, 64]
-  return run_unit(run, 3, [&] { return lm_head(x); });                 // [B, T, 100]
-}
-
-ModuleUnits ToyFSDPModelImpl::units() {
-  return {{embedding.ptr()}, {norm1.ptr(), fc1.ptr()}, {norm2.ptr(), fc2.ptr()}, {lm_head.ptr()}};
 }
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {

@@ -1,6 +1,8 @@
 // A pre-norm Transformer language model with the layout of CS336's BasicsTransformerLM, its model-size
-// presets, a closed-form parameter count and the fp32 training memory it implies.
+// presets and a closed-form parameter count (what it costs to train: common/accounting.hpp).
 #pragma once
+
+#include "common/units.hpp"
 
 #include <torch/torch.h>
 
@@ -41,39 +43,19 @@ struct TransformerConfig {
   void validate() const;
 };
 
-/// How a wrapper that shards a model (FSDP) runs one unit of it. LibTorch's C++ modules have no forward
-/// hooks, so a model that can be sharded says where its units begin and end: it calls
-/// `run(unit, body)`, and `run` must call `body()` once and return its result. In between, the wrapper
-/// may gather the unit's weights first and free them afterwards. An empty runner calls body() directly.
-using UnitRunner = std::function<torch::Tensor(size_t unit, const std::function<torch::Tensor()>& body)>;
-/// The modules of each unit, in the order forward() runs the units.
-using ModuleUnits = std::vector<std::vector<std::shared_ptr<torch::nn::Module>>>;
-
-/// Bytes of fp32 training state for P parameters: weights 4P, gradients 4P, AdamW moments 8P.
-struct MemoryBytes {
-  int64_t params = 0, grads = 0, adam_state = 0;
-  int64_t total() const { return params + grads + adam_state; }
-};
-MemoryBytes fp32_training_bytes(int64_t num_params);
-
-/// About how many bytes of activations forward() keeps for backward: per token and layer the block's
-/// saved tensors (~12 d + 4 d_ff + 2 H T values), plus ~3 V for the logits and the loss, times
-/// `bytes_per_value`. An estimate for memory checks, not a measurement.
-double activation_bytes(const TransformerConfig& cfg, int64_t batch, int64_t tokens, int bytes_per_value = 4);
-
-/// One line: preset, shape, parameter count with thousands separators and the fp32 bytes of weights,
-/// gradients and AdamW state (decimal units: 1 MB = 10^6 B), e.g.
-/// "small: d_model 768, d_ff 3072, 12 layers, 12 heads, ctx 128, vocab 10000; 128,625,408 params;
-/// fp32 params 515 MB, grads 515 MB, AdamW state 1.03 GB".
-std::string describe(const TransformerConfig& cfg);
-
-/// Formats an integer with thousands separators: 1998235200 -> "1,998,235,200".
-std::string with_commas(int64_t n);
-
 /// Rotary position embedding. x: [..., T, Dh] (Dh even); positions: [T] int64, the position of each
 /// row along T. Pairs are interleaved: dims (2i, 2i+1) rotate together by angle pos * theta^(-2i/Dh),
 /// as in CS336 (not the "halves" pairing (i, i + Dh/2) of some other models). Returns x's shape and dtype.
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& positions, double theta = 10000);
+
+/// Fills `w` in place with a truncated normal N(0, std^2) cut at +-3 std, drawn from the global RNG.
+void trunc_normal_(torch::Tensor w, double std);
+
+/// A bias-free Linear(d_in, d_out) initialised as CS336 does: truncated normal, std sqrt(2 / (d_in + d_out)).
+torch::nn::Linear make_linear(int64_t d_in, int64_t d_out);
+
+/// Calls body() through `run` when there is one (a sharding wrapper's runner), else directly.
+torch::Tensor run_unit(const UnitRunner& run, size_t unit, const std::function<torch::Tensor()>& body);
 
 /// RMSNorm with a learnable gain (initialised to ones): x * rsqrt(mean(x^2) + eps) * weight, over the
 /// last dim, computed in float32 and cast back to x's dtype. x: [..., d].
@@ -137,21 +119,6 @@ struct TransformerLMImpl : torch::nn::Module {
   torch::nn::Linear lm_head{nullptr};
 };
 TORCH_MODULE(TransformerLM);
-
-/// CS336 2026's ToyFSDPModel, the model of its FSDP tests: Embedding(100, 64) -> RMSNorm(64) ->
-/// Linear 64->128 -> ReLU -> RMSNorm(128) -> Linear 128->64 -> lm_head 64->100, bias-free Linears
-/// initialised like the TransformerLM's. 29,376 parameters; tokens [B, T] in [0, 100) -> logits [B, T, 100].
-/// Units (forward_units): 0 embedding, 1 norm1 + fc1, 2 norm2 + fc2, 3 lm_head.
-struct ToyFSDPModelImpl : torch::nn::Module {
-  ToyFSDPModelImpl();
-  torch::Tensor forward(const torch::Tensor& tokens) { return forward_units(tokens, {}); }
-  torch::Tensor forward_units(const torch::Tensor& tokens, const UnitRunner& run);
-  ModuleUnits units();
-  torch::nn::Embedding embedding{nullptr};
-  RMSNorm norm1{nullptr}, norm2{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, lm_head{nullptr};
-};
-TORCH_MODULE(ToyFSDPModel);
 
 /// Mean cross-entropy over all tokens. logits: [B, T, V]; targets: [B, T] int64 -> scalar.
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);

@@ -11,8 +11,11 @@ checks the formulas against what stages 05-07 measured.
     python3 scripts/accounting.py            # every table, as Markdown
     python3 scripts/accounting.py --ranks 8  # the preset table for 8 devices
     python3 scripts/accounting.py --check docs/accounting.md   # exit 1 unless the page quotes every line (ctest)
+    python3 scripts/accounting.py --json     # the per-device formulas for every preset at N = 1, 2, 3, 4, 8:
+                                             # tests/common/test_models.cpp checks common/accounting.cpp against them
 """
 import argparse
+import json
 import sys
 
 VOCAB = 10000
@@ -126,9 +129,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, default=2, help="devices N for the preset table (default 2)")
     ap.add_argument("--check", metavar="PAGE", help="exit 1 unless PAGE quotes every table row and result line")
+    ap.add_argument("--json", action="store_true", help="print the per-device formulas for every preset as JSON")
     a = ap.parse_args()
     if a.ranks < 1:
         ap.error(f"--ranks {a.ranks}: give 1 or more devices")
+    if a.json:  # [{preset, params, world, rows: {scheme: [memory bytes, bytes sent per step]}}]
+        print(json.dumps([{"preset": name, "params": num_parameters(d, dff, layers), "world": n,
+                           "rows": per_device(num_parameters(d, dff, layers), n)}
+                          for name, (d, dff, layers, _) in PRESETS.items() for n in (1, 2, 3, 4, 8)]))
+        return 0
     out = "\n".join([f"Per device, N = {a.ranks}: training-state memory and bytes sent per step (GB = 10^9 B)\n",
                      preset_table(a.ranks),
                      f"\nTensor parallelism over {a.ranks} devices, fp32, batch 4 x context 128:\n",

@@ -13,7 +13,14 @@ for a in "$@"; do
     *) echo "tour.sh: unknown option '$a'; use --full or nothing" >&2; exit 2 ;;
   esac
 done
-bash scripts/build.sh
+# The tour builds only what it runs (the test suite is scripts/test.sh's business); --full builds everything,
+# since the benchmarks behind docs/ use more programs.
+if [ $full = 1 ]; then
+  bash scripts/build.sh
+else
+  bash scripts/build.sh ddp_launch stage01_allreduce stage02_naive_ddp stage03_flat stage04_overlap \
+    stage05_bucketed stage06_sharded_opt stage07_fsdp stage08_train_lm
+fi
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
 # The ranks talk over a simulated cluster network (every rank in its own network namespace behind a
 # 1 Gbit/s link, ddp_launch --net) when this machine allows it, so that communication costs wall time

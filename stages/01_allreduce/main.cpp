@@ -15,6 +15,7 @@
 // the gradients of a model that every rank trains on its own slice of the batch.
 #include "common/cli.hpp"
 #include "common/dist.hpp"
+#include "common/fault.hpp"
 #include "common/results.hpp"
 #include "common/runtime.hpp"
 #include "common/timing.hpp"

@@ -1,6 +1,7 @@
 #include "stages/03_flat/flat_ddp.hpp"
 
 #include "common/models.hpp"
+#include "common/params.hpp"
 
 namespace dp {
 

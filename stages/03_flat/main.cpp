@@ -16,6 +16,7 @@
 #include "common/cli.hpp"
 #include "common/ddp_bench.hpp"
 #include "common/ddp_check.hpp"
+#include "common/launch_env.hpp"
 #include "common/runtime.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
 #include "stages/03_flat/flat_ddp.hpp"

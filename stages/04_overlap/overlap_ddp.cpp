@@ -1,6 +1,7 @@
 #include "stages/04_overlap/overlap_ddp.hpp"
 
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/trace.hpp"
 
 #include <algorithm>

@@ -1,6 +1,7 @@
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/trace.hpp"
 
 #include <fmt/format.h>

@@ -6,6 +6,7 @@
 #include "common/data.hpp"
 #include "common/ddp_check.hpp"
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"

@@ -40,6 +40,7 @@
 #include "common/data.hpp"
 #include "common/ddp_bench.hpp"
 #include "common/ddp_check.hpp"
+#include "common/launch_env.hpp"
 #include "common/models.hpp"
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"

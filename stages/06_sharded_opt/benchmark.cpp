@@ -3,10 +3,13 @@
 // Transformer: memory around the first step, then step times, then (CS336 design) resume from a checkpoint.
 #include "stages/06_sharded_opt/benchmark.hpp"
 
+#include "common/accounting.hpp"
 #include "common/cli.hpp"
 #include "common/ddp_check.hpp"
+#include "common/format.hpp"
 #include "common/memory.hpp"
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "common/timing.hpp"
 #include "common/trace.hpp"

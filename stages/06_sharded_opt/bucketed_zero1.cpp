@@ -2,6 +2,7 @@
 // hooks; per bucket a chunk's step and an all-gather, first layers first.
 #include "stages/06_sharded_opt/bucketed_zero1.hpp"
 
+#include "common/format.hpp"
 #include "common/memory.hpp"
 #include "common/models.hpp"
 #include "common/optim_state.hpp"

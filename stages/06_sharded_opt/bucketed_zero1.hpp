@@ -12,9 +12,9 @@
 #pragma once
 
 #include "common/dist.hpp"
-#include "common/memory.hpp"  // TrainingBytes
+#include "common/memory.hpp"  // count_training_bytes, TrainingBytes
 #include "common/shard_comm.hpp"
-#include "common/transformer.hpp"                       // UnitRunner, ModuleUnits
+#include "common/units.hpp"                             // UnitRunner, ModuleUnits
 #include "stages/04_overlap/accumulate_grad_hooks.hpp"  // AccumulateGradHooks
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"  // MakeLocalOptimizer
 

@@ -5,6 +5,7 @@
 #include "common/checkpoint_file.hpp"
 #include "common/models.hpp"
 #include "common/optim_state.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 
 #include <fmt/format.h>

@@ -29,13 +29,17 @@
 //
 // What it leaves: parameters and gradients stay whole on every rank (4P + 4P). ZeRO-2 keeps only the
 // gradient chunk; FSDP (ZeRO-3) shards the parameters too and gathers each layer just in time.
+#include "common/accounting.hpp"
 #include "common/cli.hpp"
 #include "common/ddp_bench.hpp"
 #include "common/ddp_check.hpp"
+#include "common/launch_env.hpp"
 #include "common/memory.hpp"
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "common/trace.hpp"
+#include "common/trace_write.hpp"
 #include "common/transformer.hpp"
 #include "stages/06_sharded_opt/benchmark.hpp"
 #include "stages/06_sharded_opt/bucketed_zero1.hpp"

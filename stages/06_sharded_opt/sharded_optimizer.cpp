@@ -3,8 +3,10 @@
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"
 
 #include "common/cli.hpp"
+#include "common/format.hpp"
 #include "common/models.hpp"
 #include "common/optim_state.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
 
@@ -184,12 +186,5 @@ std::string ShardedOptimizer::describe() const {
                        with_commas(sh.elements), format_bytes(static_cast<double>(sh.bytes)));
   return out;
 }
-
-// [arithmetic]
-TrainingBytes zero1_expected_bytes(int64_t num_params, int world_size) {
-  const MemoryBytes full = fp32_training_bytes(num_params);  // 4P weights, 4P gradients, 8P AdamW moments
-  return {full.params, full.grads, full.adam_state / world_size};  // only the moments are split N ways
-}
-// [arithmetic]
 
 }  // namespace dp

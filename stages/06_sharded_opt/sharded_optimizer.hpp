@@ -135,8 +135,4 @@ class ShardedOptimizer {
   std::vector<int64_t> loads_;                       // elements owned per rank
 };
 
-/// ZeRO-1's memory claim for fp32 AdamW, P parameters over N ranks: params 4P and grads 4P on every
-/// rank, state 8P/N (N = 1 gives the unsharded 16P). The benchmark prints it beside the measured bytes.
-TrainingBytes zero1_expected_bytes(int64_t num_params, int world_size);
-
 }  // namespace dp

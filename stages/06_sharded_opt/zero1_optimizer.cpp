@@ -2,9 +2,11 @@
 // all-gather.
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
+#include "common/format.hpp"
 #include "common/memory.hpp"
 #include "common/models.hpp"
 #include "common/optim_state.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
 
@@ -107,16 +109,5 @@ std::vector<torch::Tensor> flattenable_parameters(const std::vector<torch::Tenso
   }
   return out;
 }
-
-// [traffic]
-double zero1_bytes_per_step(int64_t num_params, int world_size) {
-  const double pass = 4.0 * num_params * (world_size - 1) / world_size;  // one ring pass over 4P bytes
-  return 2 * pass;  // reduce-scatter + all-gather: an all-reduce's two halves
-}
-double cs336_bytes_per_step(int64_t num_params, int world_size) {
-  const double pass = 4.0 * num_params * (world_size - 1) / world_size;
-  return 3 * pass;  // all-reduce (two passes) + every parameter broadcast once
-}
-// [traffic]
 
 }  // namespace dp

@@ -86,9 +86,4 @@ class Zero1Optimizer {
 std::vector<torch::Tensor> flattenable_parameters(const std::vector<torch::Tensor>& params, const torch::Device& device,
                                                   const std::string& who);
 
-/// Per-rank bytes sent per step by each design (ring accounting, (N-1)/N of a buffer per pass, P fp32
-/// elements): DDP and true ZeRO-1 2 x (N-1)/N x 4P, the CS336 design 3 x (N-1)/N x 4P.
-double zero1_bytes_per_step(int64_t num_params, int world_size);
-double cs336_bytes_per_step(int64_t num_params, int world_size);
-
 }  // namespace dp

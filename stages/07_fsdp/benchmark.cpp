@@ -6,16 +6,18 @@
 // per process (--variants fsdp), which is how scripts/bench_docs.sh measures it.
 #include "stages/07_fsdp/benchmark.hpp"
 
+#include "common/accounting.hpp"
+#include "common/launch_env.hpp"
 #include "common/memory.hpp"
 #include "common/models.hpp"
 #include "common/results.hpp"
 #include "common/runtime.hpp"
 #include "common/timing.hpp"
 #include "common/trace.hpp"
+#include "common/trace_write.hpp"
 #include "common/transformer.hpp"
 #include "common/grad_sync.hpp"  // broadcast_parameters
 #include "stages/05_bucketed/bucketed_ddp.hpp"
-#include "stages/06_sharded_opt/sharded_optimizer.hpp"  // zero1_expected_bytes
 #include "stages/06_sharded_opt/bucketed_zero1.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
@@ -188,7 +190,6 @@ void run_benchmark(ProcessGroup& pg, const Stage07Options& o, Results& results) 
   if (!o.cfg.trace.empty()) trace::write(pg, o.cfg.trace), print0("trace of the timed steps written to {}", o.cfg.trace);
   auto max_all = [&](double v) { auto a = pg.all_gather(v); return *std::max_element(a.begin(), a.end()); };
   const double rss = max_all(static_cast<double>(peak_rss_bytes()));
-  const double P = static_cast<double>(mcfg.num_parameters());
   std::vector<double> first;  // the first variant's per-round steps: the ratios' denominator
   for (auto& t : ts) {
     const auto per_round = max_over_ranks(pg, t->step_s);
@@ -197,17 +198,17 @@ void run_benchmark(ProcessGroup& pg, const Stage07Options& o, Results& results) 
     for (size_t k = 0; k < per_round.size(); ++k) ratio.push_back(per_round[k] / first[k]);
     const Stats st = summarize(per_round), rt = summarize(ratio);
     const bool zero = t->zero1 || t->zero1b;
-    const double sent = t->ddp ? 2.0 * (W - 1) / W * 4 * P : zero ? zero1_bytes_per_step(mcfg.num_parameters(), W)
-                                                                  : t->sent_per_step;
+    const int64_t np = mcfg.num_parameters();
+    const double sent = t->ddp ? ddp_bytes_per_step(np, W) : zero ? zero1_bytes_per_step(np, W) : t->sent_per_step;
     results.add({{"variant", t->name}, {"vs", ts.front()->name}, {"world_size", W}, {"link", link_description()},
                  {"preset", o.cfg.preset},
                  {"context", o.cfg.context}, {"batch", o.cfg.global_batch}, {"params", mcfg.num_parameters()},
                  {"compute_dtype", t->fsdp ? dtype_name(o.compute_dtype) : "float32"},
                  {"param_MB", max_all(t->bytes.params) / 1e6}, {"grad_MB", max_all(t->bytes.grads) / 1e6},
                  {"state_MB", max_all(t->bytes.state) / 1e6}, {"total_MB", max_all(t->bytes.total()) / 1e6},
-                 {"expected_MB", (t->ddp  ? 16 * P
-                                  : zero ? zero1_expected_bytes(mcfg.num_parameters(), W).total()  // 8P + 8P/N
-                                             : 16 * P / W) / 1e6},
+                 {"expected_MB", double(t->ddp  ? fp32_training_bytes(np).total()        // 16P
+                                        : zero ? zero1_expected_bytes(np, W).total()  // 8P + 8P/N
+                                               : fsdp_expected_bytes(np, W).total()) / 1e6},  // 16P/N
                  {"gathered_peak_MB", t->fsdp ? max_all(t->fsdp->peak_gathered_bytes()) / 1e6 : 0.0},
                  {"peak_rss_MB", alone && reset_ok ? rss / 1e6 : -1.0},
                  {"sent_MB_per_step", sent / 1e6}, {"steps", st.n}, {"step_median_s", st.median},

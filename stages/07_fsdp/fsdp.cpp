@@ -1,8 +1,10 @@
 // FSDP: shard each unit's weights, gather them just in time, reduce-scatter gradients as they are ready.
 #include "stages/07_fsdp/fsdp.hpp"
 
+#include "common/format.hpp"
 #include "common/grad_sync.hpp"  // broadcast_parameters
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "common/trace.hpp"
 

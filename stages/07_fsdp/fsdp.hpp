@@ -8,7 +8,7 @@
 
 #include "common/dist.hpp"
 #include "common/shard_comm.hpp"
-#include "common/transformer.hpp"  // UnitRunner, ModuleUnits
+#include "common/units.hpp"  // UnitRunner, ModuleUnits
 #include "stages/04_overlap/accumulate_grad_hooks.hpp"
 
 #include <torch/torch.h>

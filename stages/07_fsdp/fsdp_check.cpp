@@ -2,6 +2,7 @@
 #include "stages/07_fsdp/fsdp_check.hpp"
 
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "common/tolerance.hpp"
 #include "common/transformer.hpp"

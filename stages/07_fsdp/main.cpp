@@ -26,9 +26,12 @@
 //
 // What it leaves: every rank still runs the whole model on its own batch (data parallelism only); the
 // gathered unit must fit on one device. Tensor and pipeline parallelism split the model itself.
+#include "common/accounting.hpp"
 #include "common/cli.hpp"
 #include "common/ddp_bench.hpp"
+#include "common/launch_env.hpp"
 #include "common/memory.hpp"
+#include "common/models.hpp"
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
 #include "stages/07_fsdp/benchmark.hpp"

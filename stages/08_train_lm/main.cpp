@@ -23,6 +23,7 @@
 // itself), sequence parallelism and real GPUs are the next steps; docs/08_train_lm.md lists them.
 #include "common/cli.hpp"
 #include "common/dist.hpp"
+#include "common/launch_env.hpp"
 #include "common/results.hpp"
 #include "common/runtime.hpp"
 #include "stages/08_train_lm/corpus.hpp"

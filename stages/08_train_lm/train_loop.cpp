@@ -2,7 +2,9 @@
 #include "stages/08_train_lm/train_loop.hpp"
 
 #include "common/cli.hpp"     // check_writable
-#include "common/models.hpp"  // unique_parameters
+#include "common/models.hpp"
+#include "common/accounting.hpp"
+#include "common/params.hpp"
 #include "common/results.hpp"
 #include "common/runtime.hpp"
 #include "common/timing.hpp"

@@ -1,5 +1,6 @@
 // Options: sizes with units, durations, and every bad value ends in exit code 2 with a message.
 #include "common/cli.hpp"
+#include "common/format.hpp"
 #include "common/runtime.hpp"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,6 @@
 // Collectives against closed forms, for 1 to 4 ranks (threads as ranks over an in-process store).
 #include "common/dist.hpp"
+#include "common/launch_env.hpp"
 #include "common/runtime.hpp"
 #include "tests/support/ranks.hpp"
 

@@ -1,15 +1,21 @@
-// Unit tests for common/models, common/transformer and common/data (single process, CPU).
+// Unit tests for common/models, common/transformer, common/accounting and common/data (single process, CPU).
+#include "common/accounting.hpp"
 #include "common/data.hpp"
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "common/tolerance.hpp"
 #include "common/transformer.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "tests/support/expect.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -127,6 +133,46 @@ TEST(TransformerConfig, ClosedFormCountMatchesBuiltModels) {
   EXPECT_EQ(dp::TransformerConfig::preset("2.7b").num_parameters(), 3406809600);
   EXPECT_EQ(dp::TransformerConfig::preset("xl").d_head(), 64);
   EXPECT_EQ(dp::fp32_training_bytes(1000).total(), 16000);
+}
+
+// common/accounting.cpp and scripts/accounting.py (which docs/accounting.md quotes) are two writings of
+// the same formulas: for every preset at 1, 2, 3, 4 and 8 ranks, both give the same parameter count,
+// memory per device and bytes sent per step. The values are sums of products of integers below 2^53 with
+// (N-1)/N, so they agree to a few ulps (relative 1e-12 leaves room for the order of operations).
+TEST(Accounting, MatchesScript) {
+  const std::string cmd = std::string("python3 ") + DP_SOURCE_DIR + "/scripts/accounting.py --json";
+  std::string out;
+  if (FILE* f = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+    ASSERT_EQ(pclose(f), 0) << cmd;
+  }
+  const auto rows = nlohmann::json::parse(out);
+  ASSERT_EQ(rows.size(), 30u) << "6 presets x 5 world sizes";
+  auto near = [](double a, double b) { return std::abs(a - b) <= 1e-12 * std::max(1.0, std::abs(b)); };
+  for (const auto& r : rows) {
+    const auto cfg = dp::TransformerConfig::preset(r["preset"].get<std::string>());
+    const int64_t P = cfg.num_parameters();
+    const int N = r["world"].get<int>();
+    const auto& s = r["rows"];
+    const std::string at = fmt::format("{} at N = {}", cfg.name, N);
+    EXPECT_EQ(P, r["params"].get<int64_t>()) << at;
+    EXPECT_TRUE(near(dp::fp32_training_bytes(P).total(), s["DDP"][0])) << at;
+    EXPECT_TRUE(near(dp::ddp_bytes_per_step(P, N), s["DDP"][1])) << at;
+    EXPECT_TRUE(near(dp::zero1_expected_bytes(P, N).total(), s["ZeRO-1"][0])) << at;
+    EXPECT_TRUE(near(dp::zero1_bytes_per_step(P, N), s["ZeRO-1"][1])) << at;
+    EXPECT_TRUE(near(dp::zero1_expected_bytes(P, N).total(), s["ZeRO-1 (CS336 design)"][0])) << at;
+    EXPECT_TRUE(near(dp::cs336_bytes_per_step(P, N), s["ZeRO-1 (CS336 design)"][1])) << at;
+    EXPECT_TRUE(near(dp::fsdp_expected_bytes(P, N).total(), s["ZeRO-3 / FSDP"][0])) << at;
+    EXPECT_TRUE(near(dp::fsdp_bytes_per_step(P, N), s["ZeRO-3 / FSDP"][1])) << at;
+    EXPECT_TRUE(near(dp::fsdp_bytes_per_step(P, N, 2), s["ZeRO-3 / FSDP, bf16 gathers"][1])) << at;
+  }
+  // Closed forms at one point, so that a formula changed in both places at once is still caught.
+  EXPECT_EQ(dp::zero1_expected_bytes(1000, 4).total(), 4000 + 4000 + 2000);
+  EXPECT_EQ(dp::fsdp_expected_bytes(1000, 4).total(), 4000);
+  EXPECT_DOUBLE_EQ(dp::ddp_bytes_per_step(1000, 4), 2 * 0.75 * 4000);
+  EXPECT_DOUBLE_EQ(dp::cs336_bytes_per_step(1000, 4), 3 * 0.75 * 4000);
+  EXPECT_DOUBLE_EQ(dp::fsdp_bytes_per_step(1000, 4, 2), 0.75 * (4000 + 4000));
 }
 
 TEST(TransformerConfig, UnknownPresetThrowsUsageError) {

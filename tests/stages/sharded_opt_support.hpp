@@ -4,6 +4,7 @@
 
 #include "common/ddp_check.hpp"
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
 #include "stages/06_sharded_opt/bucketed_zero1.hpp"

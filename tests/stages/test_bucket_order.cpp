@@ -4,6 +4,7 @@
 // equals one process: GradSyncContract runs BucketedArrival too. Ranks are threads.
 #include "common/c10d_compat.hpp"
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "stages/05_bucketed/buckets.hpp"

@@ -4,6 +4,7 @@
 #include "tests/stages/sharded_opt_support.hpp"
 #include "tests/support/expect.hpp"
 #include "tests/support/files.hpp"
+#include "common/params.hpp"
 
 #include <gtest/gtest.h>
 

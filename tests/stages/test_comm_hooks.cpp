@@ -3,6 +3,7 @@
 // within a stated tolerance of fp32 training; which 16-bit types this backend sums; bad names. Ranks are
 // threads over a real Gloo group.
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "common/tolerance.hpp"
 #include "common/transformer.hpp"

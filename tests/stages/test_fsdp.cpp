@@ -5,6 +5,7 @@
 // One typed suite runs every body in the four modes (fp32/bf16 x reshard after forward or not); ranks
 // are threads (run_ranks).
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/transformer.hpp"
 #include "stages/04_overlap/accumulate_grad_hooks.hpp"
 #include "stages/07_fsdp/fsdp.hpp"

@@ -6,6 +6,7 @@
 #include "common/ddp_check.hpp"
 #include "common/grad_sync.hpp"
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/support/ranks.hpp"

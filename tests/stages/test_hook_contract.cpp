@@ -4,6 +4,7 @@
 // hooks when destroyed. Ranks are threads; the model is the toy MLP (fc1, fc2, fc3, weight and bias each).
 #include "common/c10d_compat.hpp"
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/support/fixtures.hpp"
 #include "tests/support/ranks.hpp"

@@ -4,6 +4,7 @@
 // tied models and on a small Transformer. Then what the guard does and refuses. Ranks are threads.
 #include "common/ddp_check.hpp"
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "common/tolerance.hpp"
 #include "common/transformer.hpp"

@@ -1,5 +1,7 @@
 // Stage 06: the sharded optimizer (ZeRO-1) must be indistinguishable from the optimizer it wraps, at any
 // world size, with any parameter groups. Ranks run as threads (run_ranks). Checkpoints: test_checkpoint.cpp.
+#include "common/accounting.hpp"
+#include "common/params.hpp"
 #include "common/transformer.hpp"
 #include "tests/stages/sharded_opt_support.hpp"
 #include "tests/support/expect.hpp"

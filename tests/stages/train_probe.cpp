@@ -3,6 +3,7 @@
 #include "common/checkpoint_file.hpp"
 #include "common/data.hpp"
 #include "common/models.hpp"
+#include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 

@@ -1,4 +1,5 @@
 #include "tests/support/fixtures.hpp"
+#include "common/params.hpp"
 
 #include "tests/support/ranks.hpp"
 

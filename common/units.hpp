@@ -1,0 +1,22 @@
+// Units: how a model that can be sharded tells a wrapper where each part of its forward begins and ends.
+// LibTorch's C++ modules have no forward hooks (Python's FSDP gathers a unit's weights in a pre-forward
+// hook), so a model that can be sharded runs each unit through a runner that the wrapper supplies.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace dp {
+
+/// How a wrapper that shards a model (FSDP) runs one unit of it. LibTorch's C++ modules have no forward
+/// hooks, so a model that can be sharded says where its units begin and end: it calls
+/// `run(unit, body)`, and `run` must call `body()` once and return its result. In between, the wrapper
+/// may gather the unit's weights first and free them afterwards. An empty runner calls body() directly.
+using UnitRunner = std::function<torch::Tensor(size_t unit, const std::function<torch::Tensor()>& body)>;
+/// The modules of each unit, in the order forward() runs the units.
+using ModuleUnits = std::vector<std::vector<std::shared_ptr<torch::nn::Module>>>;
+
+}  // namespace dp
