@@ -20,15 +20,20 @@ function(dp_add_stage dir)
   set_target_properties(${exe} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
 endfunction()
 
-# dp_add_test(<name> COMMAND <cmd...> LABELS <labels...> [TIMEOUT s] [RUN_SERIAL])
-#   A ctest test with a mandatory timeout: a hang is a failure, never a wait.
+# dp_add_test(<name> COMMAND <cmd...> LABELS <labels...> [TIMEOUT s] [COST s] [RUN_SERIAL])
+#   A ctest test with a mandatory timeout: a hang is a failure, never a wait. COST: the seconds it took
+#   on 2 cores, so that `ctest -j` starts the longest tests first instead of leaving one of them alone at
+#   the end (ctest uses it until a run of its own has recorded times).
 function(dp_add_test name)
-  cmake_parse_arguments(T "RUN_SERIAL" "TIMEOUT" "COMMAND;LABELS" ${ARGN})
+  cmake_parse_arguments(T "RUN_SERIAL" "TIMEOUT;COST" "COMMAND;LABELS" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 120)
   endif()
   add_test(NAME ${name} COMMAND ${T_COMMAND})
   set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
+  if(T_COST)
+    set_tests_properties(${name} PROPERTIES COST ${T_COST})
+  endif()
   if(T_RUN_SERIAL)
     set_tests_properties(${name} PROPERTIES RUN_SERIAL TRUE)
   endif()

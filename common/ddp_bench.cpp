@@ -47,20 +47,22 @@ void validate_bench_config(BenchConfig& cfg, int world) {
 
 namespace {
 
-// One model in training: its own parameters, gradient sync and AdamW state.
+// One model in training: its own parameters, and its strategy with its AdamW state.
 struct Trainee {
   std::string name;
   TransformerLM model{nullptr};
-  std::unique_ptr<GradSync> sync;  // nullptr: the no-communication baseline
-  std::unique_ptr<torch::optim::AdamW> opt;
+  bool communicates = false;  // false: the no-communication baseline
+  std::unique_ptr<Strategy> strategy;
   std::vector<double> step_s, sync_s, fwd_s, bwd_s, opt_s;
 
-  Trainee(ProcessGroup& pg, const TransformerConfig& mcfg, const Variant& v) : name(v.name) {
+  Trainee(ProcessGroup& pg, const TransformerConfig& mcfg, const Variant& v) : name(v.name), communicates(v.make != nullptr) {
     torch::manual_seed(0);  // every variant trains the same model
     model = TransformerLM(mcfg);
     model->to(pg.device());
-    if (v.make) sync = v.make(pg, model.ptr());
-    opt = std::make_unique<torch::optim::AdamW>(model->parameters(), torch::optim::AdamWOptions(1e-4));
+    const MakeOptimizer adamw = [](std::vector<torch::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+      return std::make_unique<torch::optim::AdamW>(std::move(p), torch::optim::AdamWOptions(1e-4));
+    };
+    strategy = (communicates ? v.make : no_communication())(pg, model.ptr(), adamw);
   }
 
   // [step]
@@ -68,8 +70,7 @@ struct Trainee {
     trace::set_recording(timed);
     trace::Span whole("step", {{"variant", name}, {"round", round}});
     Timer step(device), phase(device);
-    if (sync) sync->on_train_batch_start();
-    opt->zero_grad();
+    strategy->zero_grad();
     torch::Tensor loss;
     { trace::Span s("forward"); loss = lm_loss(model->forward(x), y); }
     const double f = phase.seconds();
@@ -77,10 +78,10 @@ struct Trainee {
     { trace::Span s("backward"); loss.backward(); }  // gradient hooks launch their all-reduces from in here
     const double b = phase.seconds();
     phase.start();
-    if (sync) { trace::Span s("sync"); sync->after_backward(); }  // 02/03 communicate; 04/05 wait
+    if (communicates) { trace::Span s("sync"); strategy->after_backward(); }  // 02/03 communicate; 04/05 wait
     const double c = phase.seconds();
     phase.start();
-    if (!sync || !sync->steps_optimizer()) { trace::Span s("optimizer"); opt->step(); }  // else: inside sync
+    { trace::Span s("optimizer"); strategy->step(); }  // nothing left to do where after_backward() stepped
     const double o = phase.seconds();
     if (timed) step_s.push_back(step.seconds()), sync_s.push_back(c), fwd_s.push_back(f), bwd_s.push_back(b),
                opt_s.push_back(o);
@@ -182,7 +183,7 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
       row.variant = ts[k]->name;
       row.baseline = base_name;
       row.group = static_cast<int>(group);
-      row.calls = ts[k]->sync ? ts[k]->sync->calls_per_step() : 0;
+      row.calls = ts[k]->strategy->calls_per_step();
       row.step_s = slowest[k];
       row.baseline_s = slowest[0];
       row.step = summarize(slowest[k]);

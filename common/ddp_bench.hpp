@@ -4,6 +4,7 @@
 
 #include "common/grad_sync.hpp"
 #include "common/results.hpp"
+#include "common/strategy.hpp"
 #include "common/timing.hpp"
 
 #include <string>
@@ -31,10 +32,15 @@ struct BenchConfig {
   double bytes_per_param = 50;
 };
 
-/// One way of synchronizing gradients to benchmark. `make` is nullptr for the no-communication baseline.
+/// One way of training to benchmark, given AdamW (lr 1e-4) to build. `make` is nullptr for the
+/// no-communication baseline.
 struct Variant {
   std::string name;
-  MakeGradSync make;
+  MakeStrategy make;
+  Variant(std::string n, MakeStrategy m) : name(std::move(n)), make(std::move(m)) {}
+  /// A DDP stage's GradSync, then one AdamW over all parameters (dp::ddp_strategy()).
+  Variant(std::string n, MakeGradSync m) : name(std::move(n)), make(m ? ddp_strategy(std::move(m)) : nullptr) {}
+  Variant(std::string n, std::nullptr_t) : name(std::move(n)) {}
 };
 
 /// One variant's measurements. Every per-round sample is the slowest rank's (the next step cannot start
@@ -43,7 +49,7 @@ struct BenchRow {
   std::string variant;
   std::string baseline;                ///< the no-communication row its ratios use
   int group = 0;                       ///< which group of interleaved variants it was measured in
-  int64_t calls = 0;                   ///< collectives per step, from GradSync::calls_per_step()
+  int64_t calls = 0;                   ///< collectives per step, from Strategy::calls_per_step()
   std::vector<double> step_s;          ///< whole step per round: forward, backward, sync, optimizer
   std::vector<double> baseline_s;      ///< the baseline's step in the same rounds
   Stats step, sync, forward, backward, optimizer;  ///< medians etc. ("sync": inside after_backward)

@@ -62,28 +62,26 @@ double ddp_bound(const Setup& s, int W, int layers, int steps, double G, double 
   return sgd_weight_bound(s.lr, 0.0, steps, roundings * unit_roundoff(torch::kFloat32) * G, max_weight);
 }
 
-// Trains `baseline` on the whole batch and `ddp_model` (wrapped by `sync`) on this rank's rows, with
-// the same SGD, and compares every parameter after every step against ddp_bound() of that step. Returns
+// Trains `baseline` on the whole batch and `ddp_model` (trained by `strategy`, built with SGD at s.lr) on
+// this rank's rows, with the same SGD, and compares every parameter after every step against ddp_bound() of that step. Returns
 // the largest difference of any step with the bound after the last step (the worst over ranks): after
 // one step two runs may already sit one ulp apart, exactly what the bound's first ulp allows, so a
 // ratio taken step by step would say only that rounding is discrete.
 Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_ptr<ToyBase>& ddp_model,
-                         GradSync& sync, Setup s, bool verbose) {
+                         Strategy& strategy, Setup s, bool verbose) {
   auto base_params = unique_named_parameters(baseline);
   auto ddp_params = unique_named_parameters(*ddp_model);
   std::vector<torch::Tensor> frozen_before;
   for (auto& [name, p] : ddp_params) frozen_before.push_back(p.detach().clone());
   torch::optim::SGD base_opt(unique_parameters(baseline), torch::optim::SGDOptions(s.lr));
-  torch::optim::SGD ddp_opt(unique_parameters(*ddp_model), torch::optim::SGDOptions(s.lr));
   const int64_t local = s.x.size(0) / pg.world_size();
   const int layers = static_cast<int>(baseline.children().size());
   double G = 0, max_weight = 0;
   Margin worst;
 
   for (int step = 0; step < s.steps; ++step) {
-    sync.on_train_batch_start();
+    strategy.zero_grad();
     base_opt.zero_grad();
-    ddp_opt.zero_grad();
     // Reference: one process, every row.
     torch::mse_loss(baseline.forward(s.x), s.y).backward();
     G = std::max(G, max_abs_grad(unique_parameters(baseline)));
@@ -92,8 +90,8 @@ Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_
     // DDP: this rank's rows only; mean-MSE over W equal shards averages to the full-batch mean.
     auto x = s.x.narrow(0, pg.rank() * local, local), y = s.y.narrow(0, pg.rank() * local, local);
     torch::mse_loss(ddp_model->forward(x), y).backward();
-    sync.after_backward();
-    if (!sync.steps_optimizer()) ddp_opt.step();  // else after_backward() stepped (an SGD at s.lr of its own)
+    strategy.after_backward();
+    strategy.step();
 
     const double bound = ddp_bound(s, pg.world_size(), layers, step + 1, G, max_weight);
     std::string problem;
@@ -133,6 +131,13 @@ Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_
   return worst;
 }
 
+// The SGD every check trains with, for the Strategy to build over the parameters it chooses.
+MakeOptimizer sgd(double lr) {
+  return [lr](std::vector<torch::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
+    return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(lr));
+  };
+}
+
 }  // namespace
 
 void check_cs336_world_size(int world_size) {
@@ -141,7 +146,7 @@ void check_cs336_world_size(int world_size) {
                                  "Use 1, 2, 4, 5, 10 or 20 ranks", world_size));
 }
 
-Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const MakeGradSync& make, int steps,
+Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const MakeStrategy& make, int steps,
                             bool verbose, uint64_t seed) {
   const int W = pg.world_size();
   check_cs336_world_size(W);
@@ -159,7 +164,8 @@ Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, con
     for (size_t i = 0; i < first.size(); ++i) seed_independent.push_back(torch::equal(first[i], second[i]));
     copy_parameters(*ddp_model, *baseline);
   }
-  auto sync = make(pg, ddp_model);
+  constexpr double lr = 0.1;
+  auto strategy = make(pg, ddp_model, sgd(lr));
   // The wrapper must have replaced this rank's weights with rank 0's (frozen ones included).
   // Every rank votes, so all ranks fail together instead of leaving peers waiting in a collective.
   auto mine = unique_named_parameters(*baseline);
@@ -177,7 +183,12 @@ Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, con
   copy_parameters(*baseline, *ddp_model);  // the reference starts where DDP starts: rank 0's weights
 
   auto [x, y] = regression_batch(20, kToyIn, kToyOut, 2025 + seed);  // same fixed batch on every rank
-  return train_and_compare(pg, *baseline, ddp_model, *sync, {x, y, 0.1, steps, true, seed}, verbose);
+  return train_and_compare(pg, *baseline, ddp_model, *strategy, {x, y, lr, steps, true, seed}, verbose);
+}
+
+Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const MakeGradSync& make, int steps,
+                            bool verbose, uint64_t seed) {
+  return check_cs336_scenario(pg, model_name, ddp_strategy(make), steps, verbose, seed);
 }
 
 Margin check_toy_mlp_experiment(ProcessGroup& pg, const MakeGradSync& make, bool verbose, uint64_t seed) {
@@ -192,10 +203,11 @@ Margin check_toy_mlp_experiment(ProcessGroup& pg, const MakeGradSync& make, bool
     baseline = make_toy_model("mlp");
     ddp_model = make_toy_model("mlp");
   }
-  auto sync = make(pg, ddp_model);
+  constexpr double lr = 0.01;
+  auto strategy = ddp_strategy(make)(pg, ddp_model, sgd(lr));
   copy_parameters(*baseline, *ddp_model);
   auto [x, y] = regression_batch(100, kToyIn, kToyOut, 7 + seed);
-  const Margin m = train_and_compare(pg, *baseline, ddp_model, *sync, {x, y, 0.01, 10, false, seed}, verbose);
+  const Margin m = train_and_compare(pg, *baseline, ddp_model, *strategy, {x, y, lr, 10, false, seed}, verbose);
   // The experiment's own criterion, a difference under 1e-5, is looser than the derived bound; both hold.
   if (m.diff >= 1e-5) throw CheckFailed(fmt::format("DDP weights differ from one process by {:.3g} >= 1e-5", m.diff));
   return m;

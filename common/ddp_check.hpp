@@ -5,6 +5,7 @@
 
 #include "common/dist.hpp"
 #include "common/grad_sync.hpp"
+#include "common/strategy.hpp"
 #include "common/tolerance.hpp"
 
 #include <torch/torch.h>
@@ -27,14 +28,17 @@ void check_cs336_world_size(int world_size);
 /// construction every rank other than 0 must hold rank 0's values instead of its own (frozen parameters
 /// too; a parameter initialised to a constant, the same under every seed, cannot show it and is not
 /// asked to). Then 20x10 inputs and 20x5 targets, 10 rows per rank at W = 2 (20/W in general), MSE,
-/// SGD lr 0.1, `steps` steps with a fresh shuffle each step (a GradSync that steps_optimizer() must step
-/// such an SGD itself). After every step the DDP model must equal single-process training on all rows
+/// SGD lr 0.1 (`make` is given the SGD and builds it over the parameters it chooses), `steps` steps with a
+/// fresh shuffle each step. After every step the DDP model must equal single-process training on all rows
 /// within the rounding bound lr x steps x (rows + W + 2 (layers + 1)) x u(fp32) x max|g| (see
 /// ddp_check.cpp: sums in another grouping; tighter than CS336's rtol 1e-5 on these models), frozen
 /// parameters must stay bit for bit, and all ranks must agree. Throws dp::CheckFailed naming the step
 /// and parameter; returns the largest difference of any step with the bound after the last step (the
 /// worst ratio over ranks).
 /// `seed` 0 keeps CS336's weights, data and shuffles; others shift them all (for the margin test).
+Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const MakeStrategy& make,
+                            int steps = 5, bool verbose = false, uint64_t seed = 0);
+/// The same for a DDP stage: its GradSync, then one SGD over all parameters (dp::ddp_strategy()).
 Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const MakeGradSync& make,
                             int steps = 5, bool verbose = false, uint64_t seed = 0);
 

@@ -26,7 +26,9 @@ namespace dp {
 /// - issue the same collectives in the same order on every rank.
 ///
 /// dp::check_cs336_scenario() and dp::check_toy_mlp_experiment() check this; the typed test suite
-/// tests/stages/test_grad_sync_contract.cpp runs them on every implementation.
+/// tests/stages/test_grad_sync_contract.cpp runs them on every implementation. A GradSync with an
+/// optimizer is a dp::Strategy (common/strategy.hpp: dp::ddp_strategy()), what the checks and the
+/// benchmark run.
 class GradSync {
  public:
   virtual ~GradSync() = default;
@@ -38,10 +40,6 @@ class GradSync {
   virtual void after_backward() = 0;
   /// Collectives this variant issues per training step (for benchmark tables).
   virtual int64_t calls_per_step() const = 0;
-  /// True when after_backward() also applies the optimizer (stage 05's overlap_optimizer(): each bucket's
-  /// parameters are stepped as soon as that bucket arrived). The training loop must then not call
-  /// opt.step() itself; zero_grad() stays its job.
-  virtual bool steps_optimizer() const { return false; }
 };
 
 /// Builds a stage's GradSync for `model` on every rank. The result must make every rank start from

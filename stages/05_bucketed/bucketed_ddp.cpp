@@ -122,7 +122,7 @@ void BucketedDdp::register_comm_hook(CommHook hook, std::string name) {
   hook_name_ = std::move(name);
 }
 
-void BucketedDdp::overlap_optimizer(ParamOptimizerFactory make) {
+void BucketedDdp::overlap_optimizer(MakeOptimizer make) {
   if (!make) throw std::logic_error("BucketedDdp::overlap_optimizer: empty factory");
   std::lock_guard<std::mutex> lock(mu_);
   if (in_step_)
@@ -259,6 +259,18 @@ void BucketedDdp::finish_gradient_synchronization() {
   in_step_ = false;
   accumulated_locally_ = false;
   if (order_ == BucketOrder::arrival && !rebuilt_) rebuild_in_arrival_order();
+}
+
+OverlappedOptimizerDdp::OverlappedOptimizerDdp(std::unique_ptr<BucketedDdp> ddp, const MakeOptimizer& make)
+    : ddp_(std::move(ddp)) {
+  if (!ddp_) throw std::invalid_argument("OverlappedOptimizerDdp: no BucketedDdp");
+  ddp_->overlap_optimizer(make);
+}
+
+void OverlappedOptimizerDdp::zero_grad() {
+  ddp_->on_train_batch_start();
+  for (auto& opt : ddp_->overlapped_optimizers())
+    if (opt) opt->zero_grad();
 }
 
 }  // namespace dp

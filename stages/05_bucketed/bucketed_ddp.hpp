@@ -7,6 +7,7 @@
 
 #include "common/dist.hpp"
 #include "common/grad_sync.hpp"
+#include "common/strategy.hpp"
 #include "stages/04_overlap/accumulate_grad_hooks.hpp"  // AccumulateGradHooks, LaunchRecord
 #include "stages/05_bucketed/buckets.hpp"
 #include "stages/05_bucketed/comm_hooks.hpp"
@@ -32,10 +33,6 @@ enum class BucketOrder {
   arrival,
 };
 
-/// Builds the optimizer of one parameter, for BucketedDdp::overlap_optimizer(); called once per trainable
-/// parameter with a one-element vector.
-using ParamOptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
-
 /// Data parallelism with gradient buckets launched from autograd hooks, in bucket order.
 ///
 /// Usage, on every rank (the same loop as OverlapDdp):
@@ -56,7 +53,8 @@ using ParamOptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimi
 /// The optimizer overlapped with communication (PyTorch 2.x's "optimizer in backward"):
 ///   ddp.overlap_optimizer([](std::vector<torch::Tensor> p) { return std::make_unique<torch::optim::AdamW>(p); });
 ///   loop: ddp.on_train_batch_start(); model->zero_grad(); loss.backward(); ddp.finish_gradient_synchronization();
-/// and no opt.step(): finish steps each bucket's parameters as soon as that bucket arrived.
+/// and no opt.step(): finish steps each bucket's parameters as soon as that bucket arrived
+/// (OverlappedOptimizerDdp below is this loop as a dp::Strategy).
 class BucketedDdp : public GradSync {
  public:
   /// While a NoSyncGuard lives, backward only accumulates into .grad() (plain autograd): the hooks
@@ -128,10 +126,11 @@ class BucketedDdp : public GradSync {
   /// after finish, for any torch::optim optimizer whose update of a parameter reads only that parameter,
   /// its gradient and its own state (SGD, Adam, AdamW, RMSprop, Adagrad: all of LibTorch's except LBFGS).
   /// Nothing steps under no_sync(). Replaces earlier optimizers (their state is dropped); throws
-  /// std::logic_error in the middle of a step.
-  void overlap_optimizer(ParamOptimizerFactory make);
+  /// std::logic_error in the middle of a step. `make` is called once per trainable parameter, with a
+  /// one-element vector.
+  void overlap_optimizer(MakeOptimizer make);
   /// True once overlap_optimizer() was called: the training loop must not call opt.step().
-  bool steps_optimizer() const override { return !optimizers_.empty(); }
+  bool overlaps_optimizer() const { return !optimizers_.empty(); }
   /// The per-parameter optimizers, indexed like parameters() (nullptr for frozen parameters): to change a
   /// learning rate, change it in each.
   const std::vector<std::unique_ptr<torch::optim::Optimizer>>& overlapped_optimizers() const { return optimizers_; }
@@ -205,6 +204,23 @@ class BucketedDdp : public GradSync {
   std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers_;  // per parameter; empty: not overlapped
 
   std::unique_ptr<AccumulateGradHooks> hooks_;  // last member: destroyed first
+};
+
+/// BucketedDdp with the optimizer overlapped with communication, as a dp::Strategy: after_backward()
+/// steps each bucket's parameters as soon as that bucket arrived, with one optimizer per parameter built
+/// by `make`, and step() has nothing left to do.
+class OverlappedOptimizerDdp : public Strategy {
+ public:
+  OverlappedOptimizerDdp(std::unique_ptr<BucketedDdp> ddp, const MakeOptimizer& make);
+  /// on_train_batch_start(), then every per-parameter optimizer's zero_grad().
+  void zero_grad() override;
+  void after_backward() override { ddp_->finish_gradient_synchronization(); }
+  void step() override {}
+  int64_t calls_per_step() const override { return ddp_->calls_per_step(); }
+  BucketedDdp& ddp() { return *ddp_; }
+
+ private:
+  std::unique_ptr<BucketedDdp> ddp_;
 };
 
 }  // namespace dp

@@ -112,17 +112,21 @@ static std::vector<Variant> bucketed_variants(const std::vector<double>& caps, c
       for (const auto& order_name : orders)
         for (bool overlapped : in_sync) {
           const auto order = order_name == "arrival" ? BucketOrder::arrival : BucketOrder::reverse_registration;
-          out.push_back({fmt::format("bucketed {:g} MB{}{}{} (stage 05)", cap, hook == "allreduce" ? "" : ", " + hook + " hook",
-                                     order_name == "arrival" ? ", arrival order" : "", overlapped ? ", optimizer overlapped" : ""),
-                         [=](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod) -> std::unique_ptr<GradSync> {
-                           auto ddp = std::make_unique<BucketedDdp>(g, std::move(mod), cap, order);
-                           ddp->register_comm_hook(make_comm_hook(hook, g), hook);
-                           if (overlapped)  // the benchmark's AdamW (lr 1e-4), one per parameter, stepped bucket by bucket
-                             ddp->overlap_optimizer([](std::vector<torch::Tensor> p) {
-                               return std::make_unique<torch::optim::AdamW>(std::move(p), torch::optim::AdamWOptions(1e-4));
-                             });
-                           return ddp;
-                         }});
+          const auto name = fmt::format("bucketed {:g} MB{}{}{} (stage 05)", cap, hook == "allreduce" ? "" : ", " + hook + " hook",
+                                        order_name == "arrival" ? ", arrival order" : "", overlapped ? ", optimizer overlapped" : "");
+          auto make_ddp = [=](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod) {
+            auto ddp = std::make_unique<BucketedDdp>(g, std::move(mod), cap, order);
+            ddp->register_comm_hook(make_comm_hook(hook, g), hook);
+            return ddp;
+          };
+          if (overlapped)  // the benchmark's AdamW, one per parameter, stepped bucket by bucket
+            out.emplace_back(name, MakeStrategy([=](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod,
+                                                    const MakeOptimizer& opt) -> std::unique_ptr<Strategy> {
+              return std::make_unique<OverlappedOptimizerDdp>(make_ddp(g, std::move(mod)), opt);
+            }));
+          else
+            out.emplace_back(name, MakeGradSync([=](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod)
+                                                    -> std::unique_ptr<GradSync> { return make_ddp(g, std::move(mod)); }));
         }
   return out;
 }

@@ -84,8 +84,8 @@ void overlapped_equals_step_after_finish(ProcessGroup& pg, Problem p, const std:
   auto after = Variant::make(pg, p.after), inside = Variant::make(pg, p.inside);
   auto opt = make_optimizer(kind, dp::unique_parameters(*p.after, true));
   inside->overlap_optimizer([&](std::vector<torch::Tensor> ps) { return make_optimizer(kind, std::move(ps)); });
-  ASSERT_TRUE(inside->steps_optimizer());
-  ASSERT_FALSE(after->steps_optimizer());
+  ASSERT_TRUE(inside->overlaps_optimizer());
+  ASSERT_FALSE(after->overlaps_optimizer());
   for (int s = 0; s < 3; ++s) {
     auto [gx, gy] = p.batch(s);
     const int64_t B = gx.size(0) / (K * W);
@@ -144,17 +144,36 @@ TYPED_TEST(OverlapOptimizerContract, TransformerBitIdentical) {
     }
 }
 
-// The GradSync contract's own check (CS336: SGD lr 0.1 against one process) accepts a variant that steps.
+// As a dp::Strategy (the check gives it its SGD, lr 0.1, to build per parameter), the overlapped optimizer
+// trains like one process on the CS336 scenario. Its mutant, the same DDP also stepped once more after
+// finish as a plain DDP loop would, is refused: two SGD steps per step are not one.
+dp::MakeStrategy overlapped(double cap_mb) {
+  return [cap_mb](ProcessGroup& g, std::shared_ptr<torch::nn::Module> m, const dp::MakeOptimizer& opt)
+             -> std::unique_ptr<dp::Strategy> {
+    return std::make_unique<dp::OverlappedOptimizerDdp>(std::make_unique<BucketedDdp>(g, std::move(m), cap_mb), opt);
+  };
+}
+struct SteppedTwice : dp::Strategy {
+  SteppedTwice(std::unique_ptr<dp::Strategy> inner, std::unique_ptr<torch::optim::Optimizer> extra)
+      : inner(std::move(inner)), extra(std::move(extra)) {}
+  void zero_grad() override { inner->zero_grad(); }
+  void after_backward() override { inner->after_backward(); }
+  void step() override { inner->step(); extra->step(); }
+  int64_t calls_per_step() const override { return inner->calls_per_step(); }
+  std::unique_ptr<dp::Strategy> inner;
+  std::unique_ptr<torch::optim::Optimizer> extra;
+};
+
 TEST(OverlapOptimizer, Cs336ScenarioEqualsOneProcess) {
-  run_ranks(2, [](ProcessGroup& pg) {
-    dp::check_cs336_scenario(pg, "tied", [](ProcessGroup& g, std::shared_ptr<torch::nn::Module> m) {
-      auto ddp = std::make_unique<BucketedDdp>(g, std::move(m), 0.0001);
-      ddp->overlap_optimizer([](std::vector<torch::Tensor> ps) {
-        return std::make_unique<torch::optim::SGD>(std::move(ps), torch::optim::SGDOptions(0.1));
-      });
-      return std::unique_ptr<dp::GradSync>(std::move(ddp));
-    });
-  });
+  run_ranks(2, [](ProcessGroup& pg) { dp::check_cs336_scenario(pg, "tied", overlapped(0.0001)); });
+  EXPECT_THROW(run_ranks(2, [](ProcessGroup& pg) {
+                 dp::check_cs336_scenario(pg, "tied", [](ProcessGroup& g, std::shared_ptr<torch::nn::Module> m,
+                                                         const dp::MakeOptimizer& opt) -> std::unique_ptr<dp::Strategy> {
+                   auto inner = overlapped(0.0001)(g, m, opt);
+                   return std::make_unique<SteppedTwice>(std::move(inner), opt(dp::unique_parameters(*m)));
+                 });
+               }),
+               dp::CheckFailed);
 }
 
 // An SGD that writes "step <parameter>" into a shared log.
@@ -210,7 +229,7 @@ TEST(OverlapOptimizer, MisuseIsRefused) {
     BucketedDdp ddp(pg, model, 0.0001);
     auto sgd = [](std::vector<torch::Tensor> ps) { return std::make_unique<torch::optim::SGD>(ps, torch::optim::SGDOptions(0.1)); };
     EXPECT_THROW(ddp.overlap_optimizer(nullptr), std::logic_error);
-    EXPECT_FALSE(ddp.steps_optimizer());
+    EXPECT_FALSE(ddp.overlaps_optimizer());
     model->forward(x).pow(2).mean().backward();  // buckets on the wire now
     try {
       ddp.overlap_optimizer(sgd);
@@ -220,7 +239,7 @@ TEST(OverlapOptimizer, MisuseIsRefused) {
     }
     ddp.finish_gradient_synchronization();
     ddp.overlap_optimizer(sgd);  // between steps: fine
-    EXPECT_TRUE(ddp.steps_optimizer());
+    EXPECT_TRUE(ddp.overlaps_optimizer());
     for (auto& o : ddp.overlapped_optimizers()) EXPECT_NE(o, nullptr);
   });
 }
