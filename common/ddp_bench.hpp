@@ -39,7 +39,7 @@ struct Variant {
   MakeStrategy make;
   Variant(std::string n, MakeStrategy m) : name(std::move(n)), make(std::move(m)) {}
   /// A DDP stage's GradSync, then one AdamW over all parameters (dp::ddp_strategy()).
-  Variant(std::string n, MakeGradSync m) : name(std::move(n)), make(m ? ddp_strategy(std::move(m)) : nullptr) {}
+  Variant(std::string n, MakeGradSync m) : name(n), make(m ? ddp_strategy(std::move(m), n) : nullptr) {}
   Variant(std::string n, std::nullptr_t) : name(std::move(n)) {}
 };
 

@@ -191,6 +191,107 @@ Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, con
   return check_cs336_scenario(pg, model_name, ddp_strategy(make), steps, verbose, seed);
 }
 
+// [check_strategy]
+Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uint64_t seed, int accumulate) {
+  const int W = pg.world_size(), r = pg.rank();
+  constexpr int64_t kRows = 4, kT = 8, kVocab = 100;  // per rank: 4 sequences of 8 tokens
+  if (accumulate < 1 || kRows % accumulate != 0)
+    throw std::invalid_argument(fmt::format("check_strategy: accumulate {} does not divide {} rows", accumulate, kRows));
+  static constexpr double lr = 0.01, momentum = 0.9;  // static: the optimizer lambda reads them
+  ToyFSDPModel ref{nullptr}, model{nullptr};
+  {
+    std::lock_guard<std::mutex> lock(model_init_mutex());
+    torch::manual_seed(1000 + 100 * seed);  // rank 0's weights: the reference, built alike on every rank
+    ref = ToyFSDPModel();
+    torch::manual_seed(1000 + 100 * seed + r);  // this rank's own weights (rank 0's: the reference's)
+    model = ToyFSDPModel();
+  }
+  ref->to(pg.device()), model->to(pg.device());
+  const auto sgd_momentum = [](std::vector<torch::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
+    return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(lr).momentum(momentum));
+  };
+  auto strategy = make(pg, model.ptr(), sgd_momentum);
+  auto ref_params = unique_named_parameters(*ref, /*trainable_only=*/true);
+  torch::optim::SGD ref_opt(unique_parameters(*ref, true), torch::optim::SGDOptions(lr).momentum(momentum));
+
+  // Compares full_parameters() with the reference: within `bound` (0: bit for bit), and the same on every
+  // rank (rank 0's values broadcast and compared). Every rank votes, so all fail together.
+  Margin worst;
+  auto compare = [&](const std::string& when, double bound, const std::string& derivation) {
+    auto full = strategy->full_parameters();
+    std::string problem;
+    if (full.size() != ref_params.size())
+      problem = fmt::format("{}: full_parameters() gave {} tensors for {} trainable parameters", when, full.size(),
+                            ref_params.size());
+    for (size_t i = 0; i < full.size() && problem.empty(); ++i)
+      if (full[i].first != ref_params[i].first || !full[i].second.sizes().equals(ref_params[i].second.sizes()))
+        problem = fmt::format("{}: full_parameters()[{}] is {} {}, expected {} {}", when, i, full[i].first,
+                              shape_text(full[i].second.sizes()), ref_params[i].first,
+                              shape_text(ref_params[i].second.sizes()));
+    fail_together(pg, problem);  // the same structure everywhere before any collective over it
+    for (size_t i = 0; i < full.size(); ++i) {
+      const auto& [name, p] = full[i];
+      const Margin m{(p.to(torch::kFloat32) - ref_params[i].second.detach()).abs().max().item<double>(), bound};
+      if (bound > 0 && m.ratio() >= worst.ratio()) worst = m;
+      if (!m.ok() && problem.empty())
+        problem = bound == 0 ? fmt::format("{}: parameter {} is not rank 0's (max |diff| {:.3g}): rank 0's weights "
+                                           "were not broadcast", when, name, m.diff)
+                             : fmt::format("{}: parameter {} differs from single-process training by {:.3g}, over the "
+                                           "rounding bound {:.3g} ({})", when, name, m.diff, bound, derivation);
+      auto zero = p.detach().clone();
+      pg.broadcast(zero, 0);  // every rank, every tensor: the same collectives whatever was found
+      if (problem.empty() && !torch::equal(zero, p))
+        problem = fmt::format("{}: parameter {} differs between rank 0 and rank {}", when, name, r);
+    }
+    fail_together(pg, problem);
+  };
+  compare("after construction", 0.0, "");
+
+  const auto last_token_loss = [](const torch::Tensor& logits, const torch::Tensor& labels) {
+    return torch::nn::functional::cross_entropy(logits.select(1, -1).to(torch::kFloat32), labels);
+  };
+  // The bound (common/tolerance.hpp's model, fp32): a weight gradient sums rows x W last-token terms in
+  // another grouping, then the W ranks' partials: gamma_{rows W + W} u(fp32); the loss's scale 1/rows
+  // instead of 1/(rows W) lets each of the 7 ops between a weight and the loss (embedding, 2 norms, fc1,
+  // fc2, lm_head, cross-entropy) round differently, forward and backward: 14 u more; K accumulated
+  // micro-batches add their K partial gradients: K u more. Relative to the largest gradient entry G; SGD
+  // with momentum carries each difference on (sgd_weight_bound).
+  const double rel = (double(kRows * W) + W + accumulate + 14) * unit_roundoff(torch::kFloat32);
+  double G = 0;
+  for (int step = 1; step <= steps; ++step) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(7000 + 1000 * seed + step);  // the same draw on every rank
+    auto tokens = torch::randint(0, kVocab, {kRows * W, kT}, gen).to(pg.device());
+    auto labels = torch::randint(0, kVocab, {kRows * W}, gen).to(pg.device());
+    ref_opt.zero_grad();
+    last_token_loss(ref->forward(tokens), labels).backward();
+    G = std::max(G, max_abs_grad(unique_parameters(*ref, true)));
+    ref_opt.step();
+
+    // This rank's rows, in K micro-batches of rows / K: each mean loss / K, so that they add up to the
+    // mean over the rank's rows; only the last backward must synchronize.
+    strategy->zero_grad();
+    const int64_t micro = kRows / accumulate;
+    for (int k = 0; k < accumulate; ++k) {
+      auto mine = [&](const torch::Tensor& t) { return t.narrow(0, r * kRows + k * micro, micro); };
+      strategy->set_requires_gradient_sync(k + 1 == accumulate);
+      (last_token_loss(model->forward_units(mine(tokens), strategy->runner()), mine(labels)) / accumulate).backward();
+      strategy->after_backward();
+    }
+    strategy->step();
+
+    const double w = max_abs(unique_parameters(*ref, true));
+    const double bound = sgd_weight_bound(lr, momentum, step, rel * G, w);
+    compare(fmt::format("step {}", step), bound,
+            fmt::format("lr {} with momentum {} x {} steps x {:.0f} roundings x u(fp32) x max|g| {:.3g}, plus {} ulps "
+                        "of max|w| {:.3g}", lr, momentum, step, rel / unit_roundoff(torch::kFloat32), G, step, w));
+  }
+  const auto diffs = pg.all_gather(worst.diff), bounds = pg.all_gather(worst.bound);
+  for (size_t i = 0; i < diffs.size(); ++i)
+    if (Margin m{diffs[i], bounds[i]}; m.ratio() > worst.ratio()) worst = m;
+  return worst;
+}
+// [check_strategy]
+
 Margin check_toy_mlp_experiment(ProcessGroup& pg, const MakeGradSync& make, bool verbose, uint64_t seed) {
   const int W = pg.world_size();
   if (100 % W != 0)

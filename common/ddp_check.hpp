@@ -42,6 +42,19 @@ Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, con
 Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const MakeGradSync& make,
                             int steps = 5, bool verbose = false, uint64_t seed = 0);
 
+/// The training-strategy check, for any Strategy (DDP, a sharded optimizer, FSDP): CS336 2026's
+/// ToyFSDPModel (a model with units, so that every scheme can run it), every rank seeded differently,
+/// so after construction full_parameters() must be rank 0's on every rank. Then `steps` steps, each on
+/// fresh data (4 rows of 8 tokens per rank, the same draw on every rank; each rank trains on its rows),
+/// last-token cross-entropy, SGD lr 0.01 with momentum 0.9 (`make` is given it: momentum is optimizer
+/// state to shard). After every step full_parameters() must equal single-process training on all rows
+/// within the rounding bound lr x (1 + 0.9 + ...) x ((rows + W) + 14) x u(fp32) x max|g| plus an ulp of
+/// max|w| per step (see ddp_check.cpp), and be the same on every rank. Throws dp::CheckFailed naming the
+/// step and parameter (every rank throws together); returns the worst margin over ranks. With
+/// `accumulate` K > 1 (1, 2 or 4), each rank's rows go backward as K micro-batches of one step
+/// (Strategy::set_requires_gradient_sync()), and the bound counts K more roundings.
+Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps = 3, uint64_t seed = 0, int accumulate = 1);
+
 /// The toy-MLP experiment: batch 100 split across ranks, SGD lr 0.01, MSE, 10 epochs (one step
 /// each). DDP weights must equal single-process full-batch weights within the same rounding bound (and
 /// under 1e-5, the experiment's own criterion), printed per tensor when `verbose`. Throws

@@ -97,11 +97,11 @@ TORCH_MODULE(ToyModelWithTiedWeights);
 /// Linear 64->128 -> ReLU -> RMSNorm(128) -> Linear 128->64 -> lm_head 64->100, bias-free Linears
 /// initialised like the TransformerLM's. 29,376 parameters; tokens [B, T] in [0, 100) -> logits [B, T, 100].
 /// Units (forward_units): 0 embedding, 1 norm1 + fc1, 2 norm2 + fc2, 3 lm_head.
-struct ToyFSDPModelImpl : torch::nn::Module {
+struct ToyFSDPModelImpl : torch::nn::Module, UnitModel {
   ToyFSDPModelImpl();
   torch::Tensor forward(const torch::Tensor& tokens) { return forward_units(tokens, {}); }
-  torch::Tensor forward_units(const torch::Tensor& tokens, const UnitRunner& run);
-  ModuleUnits units();
+  torch::Tensor forward_units(const torch::Tensor& tokens, const UnitRunner& run) override;
+  ModuleUnits units() override;
   torch::nn::Embedding embedding{nullptr};
   RMSNorm norm1{nullptr}, norm2{nullptr};
   torch::nn::Linear fc1{nullptr}, fc2{nullptr}, lm_head{nullptr};

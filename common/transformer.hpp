@@ -102,16 +102,16 @@ TORCH_MODULE(TransformerBlock);
 /// Linear weights truncated normal, std sqrt(2 / (d_in + d_out)), cut at 3 std; embedding truncated
 /// normal std 1, cut at 3; RMSNorm gains ones. Parameter order: token_embeddings, then per layer
 /// q/k/v/output_proj, w1/w2/w3, ln1, ln2, then ln_final, lm_head.
-struct TransformerLMImpl : torch::nn::Module {
+struct TransformerLMImpl : torch::nn::Module, UnitModel {
   explicit TransformerLMImpl(const TransformerConfig& cfg);
   /// tokens: [B, T] int64 with T <= context_length and values in [0, V) -> logits [B, T, V].
   torch::Tensor forward(const torch::Tensor& tokens);
   /// forward(), the same operations in the same order, with each unit's computation handed to `run`:
   /// unit 0 is the token embedding, units 1..L the blocks, unit L+1 ln_final and lm_head. (Not an
   /// overload of forward: a ModuleHolder's operator() needs a single forward.)
-  torch::Tensor forward_units(const torch::Tensor& tokens, const UnitRunner& run);
+  torch::Tensor forward_units(const torch::Tensor& tokens, const UnitRunner& run) override;
   /// The modules of units 0..L+1 (see forward_units).
-  ModuleUnits units();
+  ModuleUnits units() override;
   TransformerConfig cfg;
   torch::nn::Embedding token_embeddings{nullptr};
   torch::nn::ModuleList layers{nullptr};

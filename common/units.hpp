@@ -19,4 +19,18 @@ using UnitRunner = std::function<torch::Tensor(size_t unit, const std::function<
 /// The modules of each unit, in the order forward() runs the units.
 using ModuleUnits = std::vector<std::vector<std::shared_ptr<torch::nn::Module>>>;
 
+/// A model whose forward runs in units (the Transformer, ToyFSDPModel): what a wrapper that gathers
+/// weights per unit needs, seen through a torch::nn::Module pointer (dynamic_cast).
+class UnitModel {
+ public:
+  virtual ~UnitModel() = default;
+  /// forward(), each unit run through `run` (an empty runner: plain forward()).
+  virtual torch::Tensor forward_units(const torch::Tensor& x, const UnitRunner& run) = 0;
+  /// The modules of units 0, 1, ... in the order forward_units() runs them.
+  virtual ModuleUnits units() = 0;
+};
+
+/// `m` as a UnitModel, or nullptr when it has no units.
+inline UnitModel* as_unit_model(torch::nn::Module& m) { return dynamic_cast<UnitModel*>(&m); }
+
 }  // namespace dp

@@ -1,5 +1,7 @@
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 
+#include "common/full_state.hpp"
+#include "common/memory.hpp"
 #include "common/models.hpp"
 #include "common/params.hpp"
 #include "common/trace.hpp"
@@ -7,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <stdexcept>
+#include <unordered_map>
 
 namespace dp {
 
@@ -271,6 +274,78 @@ void OverlappedOptimizerDdp::zero_grad() {
   ddp_->on_train_batch_start();
   for (auto& opt : ddp_->overlapped_optimizers())
     if (opt) opt->zero_grad();
+}
+
+TrainingBytes OverlappedOptimizerDdp::bytes() const {
+  TrainingBytes b;
+  for (const auto& p : unique_parameters(*ddp_->module)) {  // as count_training_bytes(): frozen ones too
+    b.params += p.nbytes();
+    if (p.grad().defined()) b.grads += p.grad().nbytes();
+  }
+  for (const auto& opt : ddp_->overlapped_optimizers())
+    if (opt) b.state += optimizer_state_bytes(*opt);
+  return b;
+}
+
+double OverlappedOptimizerDdp::sent_bytes_per_step() const {
+  return ddp_bytes_per_step(count_elements(unique_parameters(*ddp_->module, true)), ddp_->world_size());
+}
+
+std::string OverlappedOptimizerDdp::describe() const {
+  return fmt::format("DDP in {} buckets of at most {} MB, each bucket's parameters stepped as it arrives",
+                     ddp_->bucket_count(), ddp_->bucket_cap_mb());
+}
+
+void OverlappedOptimizerDdp::set_requires_gradient_sync(bool sync) {
+  if (sync) local_.reset();
+  else if (!local_) local_.emplace(ddp_->no_sync());
+}
+
+std::vector<torch::optim::Optimizer*> OverlappedOptimizerDdp::optimizer_of_each() const {
+  std::unordered_map<const void*, torch::optim::Optimizer*> by_param;
+  const auto& params = ddp_->parameters();
+  for (size_t i = 0; i < params.size(); ++i)
+    if (ddp_->overlapped_optimizers()[i]) by_param[params[i].unsafeGetTensorImpl()] = ddp_->overlapped_optimizers()[i].get();
+  std::vector<torch::optim::Optimizer*> out;
+  for (const auto& p : unique_parameters(*ddp_->module, /*trainable_only=*/true)) out.push_back(by_param.at(p.unsafeGetTensorImpl()));
+  return out;
+}
+
+FullState OverlappedOptimizerDdp::full_state() {
+  FullState s;
+  s.params = whole_parameters(*ddp_->module);
+  for (auto& [name, p] : s.params) p = p.clone();
+  const auto params = unique_parameters(*ddp_->module, /*trainable_only=*/true);
+  const auto opts = optimizer_of_each();
+  for (size_t i = 0; i < params.size(); ++i) s.optimizer.push_back(local_states(*opts[i], {params[i]}).at(0));
+  return s;
+}
+
+void OverlappedOptimizerDdp::load_full_state(const FullState& s) {
+  const auto params = load_parameters(*ddp_->module, s);
+  const auto opts = optimizer_of_each();
+  for (size_t i = 0; i < params.size(); ++i) set_local_states(*opts[i], {params[i]}, {s.optimizer[i]});
+}
+
+std::vector<torch::optim::Optimizer*> OverlappedOptimizerDdp::optimizers() { return optimizer_of_each(); }
+
+BucketedDdpStrategy::BucketedDdpStrategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
+                                         std::unique_ptr<BucketedDdp> ddp, std::unique_ptr<torch::optim::Optimizer> opt)
+    : DdpStrategy(pg, std::move(model), std::move(ddp), std::move(opt), "bucketed DDP"),
+      ddp_(static_cast<BucketedDdp*>(sync())) {}
+
+void BucketedDdpStrategy::set_requires_gradient_sync(bool sync) {
+  if (sync) local_.reset();
+  else if (!local_) local_.emplace(ddp_->no_sync());
+}
+
+MakeStrategy bucketed_ddp_strategy(double bucket_cap_mb, BucketOrder order) {
+  return [bucket_cap_mb, order](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
+                                const MakeOptimizer& make) -> std::unique_ptr<Strategy> {
+    auto ddp = std::make_unique<BucketedDdp>(pg, model, bucket_cap_mb, order);  // broadcasts rank 0's weights
+    auto opt = make(unique_parameters(*model));
+    return std::make_unique<BucketedDdpStrategy>(pg, model, std::move(ddp), std::move(opt));
+  };
 }
 
 }  // namespace dp

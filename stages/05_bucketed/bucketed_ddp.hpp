@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -151,6 +152,7 @@ class BucketedDdp : public GradSync {
   /// Size of bucket b's flat buffer in bytes.
   int64_t bucket_bytes(size_t b) const;
   double bucket_cap_mb() const { return cap_mb_; }
+  int world_size() const { return pg_.world_size(); }
   /// One line per bucket: "bucket 0: 1000 B = fc3.weight" (for printing).
   std::string describe_buckets() const;
   /// Bucket all-reduces launched since construction. Lock-free: may be read from another autograd hook.
@@ -217,10 +219,42 @@ class OverlappedOptimizerDdp : public Strategy {
   void after_backward() override { ddp_->finish_gradient_synchronization(); }
   void step() override {}
   int64_t calls_per_step() const override { return ddp_->calls_per_step(); }
+  /// Parameters and gradients of the model, the state of every per-parameter optimizer.
+  TrainingBytes bytes() const override;
+  double sent_bytes_per_step() const override;
+  std::string describe() const override;
+  std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override {
+    return whole_parameters(*ddp_->module);
+  }
+  /// false: no_sync() until true (nothing steps in between).
+  void set_requires_gradient_sync(bool sync) override;
+  FullState full_state() override;
+  void load_full_state(const FullState& s) override;
+  std::vector<torch::optim::Optimizer*> optimizers() override;
   BucketedDdp& ddp() { return *ddp_; }
 
  private:
+  // The per-parameter optimizers of the model's trainable parameters, in unique_parameters() order.
+  std::vector<torch::optim::Optimizer*> optimizer_of_each() const;
+
   std::unique_ptr<BucketedDdp> ddp_;
+  std::optional<BucketedDdp::NoSyncGuard> local_;  // destroyed before ddp_
 };
+
+/// BucketedDdp as a dp::Strategy (DdpStrategy: one optimizer over every parameter after finish) whose
+/// set_requires_gradient_sync(false) is no_sync(): micro-batches accumulate with no communication.
+class BucketedDdpStrategy : public DdpStrategy {
+ public:
+  BucketedDdpStrategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, std::unique_ptr<BucketedDdp> ddp,
+                      std::unique_ptr<torch::optim::Optimizer> opt);
+  void set_requires_gradient_sync(bool sync) override;
+
+ private:
+  BucketedDdp* ddp_;
+  std::optional<BucketedDdp::NoSyncGuard> local_;
+};
+
+/// The MakeStrategy of BucketedDdpStrategy with `bucket_cap_mb` MB buckets.
+MakeStrategy bucketed_ddp_strategy(double bucket_cap_mb, BucketOrder order = BucketOrder::reverse_registration);
 
 }  // namespace dp

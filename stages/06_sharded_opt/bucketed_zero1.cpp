@@ -107,7 +107,8 @@ void BucketedZero1::before_accumulate(size_t i) {
 }
 
 void BucketedZero1::after_accumulate(size_t i) {
-  adopt_gradient(i);  // .grad() now holds this backward's gradient, in the bucket
+  adopt_gradient(i);  // .grad() now holds this backward's gradient (plus what accumulated), in the bucket
+  if (!sync_) return;  // accumulating locally: nothing is ready to leave
   ready_[i] = 1;
   ++buckets_[bucket_of_[i]].ready;
   launch_complete_buckets(/*during_backward=*/true);

@@ -36,8 +36,9 @@ namespace dp {
 ///   auto run = zero.runner(model->units());
 ///   loop: zero.zero_grad(); loss(model->forward_units(x, run)).backward(); zero.step(false);
 ///   and zero.wait_parameters() before reading the weights any other way (evaluation, checkpoints).
-/// One backward per step: gradient accumulation over micro-batches is Zero1Optimizer's (a second backward
-/// before step() throws std::logic_error). The arithmetic is Zero1Optimizer's: each element's gradient is
+/// One synchronized backward per step: to accumulate micro-batches, set_requires_gradient_sync(false)
+/// before all but the last backward (they only add into the buffers); a second synchronized backward
+/// before step() throws std::logic_error. The arithmetic is Zero1Optimizer's: each element's gradient is
 /// the sum over ranks in rank order, divided by N; only where the buffers are cut differs.
 class BucketedZero1 {
  public:
@@ -73,6 +74,9 @@ class BucketedZero1 {
   /// Launches the all-gathers step(false) left, waits for every one in flight: the model's weights are this
   /// step's afterwards. A collective after step(false).
   void wait_parameters();
+  /// false: the hooks only keep each gradient in its bucket (local accumulation, no reduce-scatter);
+  /// true (the default): the next backward launches the buckets with everything accumulated.
+  void set_requires_gradient_sync(bool sync) { sync_ = sync; }
   /// A UnitRunner for forward_units(): launches the all-gathers step(false) left (at unit 0), and before
   /// unit u runs waits for those of the buckets holding its parameters. `units` are the model's (model->units()); the runner refers to this object.
   UnitRunner runner(const ModuleUnits& units);
@@ -121,6 +125,7 @@ class BucketedZero1 {
   std::vector<torch::Tensor> params_;
   std::vector<size_t> bucket_of_, offset_of_;  // per parameter: its bucket, its offset in that bucket
   std::vector<char> ready_;
+  bool sync_ = true;  // set_requires_gradient_sync()
   std::vector<Bucket> buckets_;
   size_t next_to_launch_ = 0, launched_in_backward_ = 0;
   bool gathers_due_ = false;  // step(false) stepped the chunks; their all-gathers wait for the next forward

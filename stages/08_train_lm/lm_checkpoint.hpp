@@ -1,14 +1,14 @@
 // The capstone's checkpoints: everything needed to continue a run exactly, in one file that is
 // replaced atomically (common/checkpoint_file.hpp: header, checksum, temporary file, fsync, rename).
 //
-// The state inside is world-size-free (FullState: every parameter and its AdamW moments in full), so a
+// The state inside is world-size-free (common/full_state.hpp: every parameter and its AdamW moments in full), so a
 // run saved with 2 ranks resumes with 1 or 4, and with another --sync. Metadata (JSON, readable with
 // `head -c 4000 FILE`): the step to continue from, the run's configuration, and the loss curve so far.
 // Payload: a torch::serialize archive with p<i>, m<i> (exp_avg) and v<i> (exp_avg_sq).
 #pragma once
 
 #include "common/dist.hpp"
-#include "stages/08_train_lm/trainer.hpp"
+#include "common/full_state.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -31,10 +31,10 @@ void save_lm_checkpoint(const std::string& path, ProcessGroup& pg, const LmCheck
 
 /// Reads `path` on every rank and checks it: the file container (magic, version, length, checksum), then
 /// that its configuration equals `config` in every field but the world size and the synchronization,
-/// then each tensor's shape against `like` (the current model's trainable parameters, in order; only
-/// their shapes are read, so FSDP's, which hold no memory between steps, do). Throws dp::UsageError
-/// naming the first problem. Not a collective.
+/// then each tensor's shape against `like` (the current model's trainable parameters, named, in order;
+/// only their shapes are read, so FSDP's, which hold no memory between steps, do). Throws
+/// dp::UsageError naming the first problem. Not a collective.
 std::pair<LmCheckpointMeta, FullState> load_lm_checkpoint(const std::string& path, const nlohmann::json& config,
-                                                          const std::vector<torch::Tensor>& like);
+                                                          const std::vector<std::pair<std::string, torch::Tensor>>& like);
 
 }  // namespace dp

@@ -106,7 +106,7 @@ static double median(const std::vector<double>& v) { return summarize(v).median;
 // [loop]
 json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, DistributedSampler& sampler) {
   TransformerLM model = make_byte_lm(o.preset, o.context, o.seed);
-  auto trainer = make_trainer(pg, model, o.trainer);
+  auto trainer = std::make_unique<LmTrainer>(pg, model, o.trainer);
   print0("{}; {}\n{}; global batch {} x {} bytes, {} micro-batch(es) of {} per rank; AdamW lr {:g} (warm-up {} steps)",
          describe(model->cfg), trainer->describe(), o.trainer.sync, o.batch, o.context, o.accumulate,
          o.batch / pg.world_size() / o.accumulate, o.lr, o.warmup);
@@ -114,7 +114,7 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
   int64_t start = 0;
   if (o.resume) {
     // The shapes to check come from the model itself: full_state() would gather (ZeRO-1, FSDP).
-    auto [meta, state] = load_lm_checkpoint(o.checkpoint, o.config(), unique_parameters(*model, true));
+    auto [meta, state] = load_lm_checkpoint(o.checkpoint, o.config(), unique_named_parameters(*model, true));
     trainer->load_full_state(state);
     start = meta.step, curve = meta.curve;
     print0("resumed from {} at step {} (saved by {} rank(s), --sync {})", o.checkpoint, start,

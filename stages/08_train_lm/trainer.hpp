@@ -1,10 +1,12 @@
-// The capstone's training step, with the synchronization picked on the command line: stage 05's
-// bucketed DDP (optionally accumulating K micro-batches under no_sync()), stage 06's true ZeRO-1 or
-// stage 07's FSDP. The training loop in main.cpp sees one interface; each class below is the loop of
-// its stage, unchanged.
+// The capstone's training step, with the synchronization picked on the command line: any dp::Strategy
+// (common/strategy.hpp) trains the model, so --sync is a lookup of a name into stage 05's bucketed DDP
+// (accumulating K micro-batches under no_sync()), stage 06's true ZeRO-1 or stage 07's FSDP, and one
+// loop, one check and one checkpoint path serve all three.
 #pragma once
 
 #include "common/dist.hpp"
+#include "common/full_state.hpp"
+#include "common/strategy.hpp"
 #include "common/transformer.hpp"
 
 #include <torch/torch.h>
@@ -23,31 +25,6 @@ struct StepTimes {
   double forward = 0, backward = 0, sync = 0, optimizer = 0;
 };
 
-/// Everything a checkpoint needs to continue training, world-size-free: every parameter in full and
-/// AdamW's two moments for each, in the model's parameter order. The same on every rank.
-struct FullState {
-  std::vector<torch::Tensor> params, exp_avg, exp_avg_sq;
-  int64_t adam_step = 0;  ///< AdamW's step count (0: no state yet)
-};
-
-/// One synchronization scheme around one TransformerLM and AdamW.
-class LmTrainer {
- public:
-  virtual ~LmTrainer() = default;
-  /// One optimizer step over `micro` (K micro-batches of this rank's share, K >= 1) at learning rate
-  /// `lr`: each micro-batch's mean loss / K goes backward, then gradients are averaged over ranks and
-  /// AdamW steps. Returns this rank's mean loss over its micro-batches.
-  virtual double step(const std::vector<Batch>& micro, double lr, StepTimes& t) = 0;
-  /// Mean cross-entropy of `b` without gradients (every rank must call it: FSDP gathers).
-  virtual double eval_loss(const Batch& b) = 0;
-  /// The state in full on every rank (a collective: ZeRO-1 and FSDP gather their shards).
-  virtual FullState full_state() = 0;
-  /// Installs `s` (every rank passes the same; shapes were checked by the caller).
-  virtual void load_full_state(const FullState& s) = 0;
-  /// One line for the log: the scheme and its settings.
-  virtual std::string describe() const = 0;
-};
-
 /// Training options every scheme shares.
 struct TrainerOptions {
   std::string sync = "ddp";       ///< ddp | zero1 | fsdp
@@ -55,14 +32,37 @@ struct TrainerOptions {
   double weight_decay = 0.1;      ///< AdamW's
 };
 
-/// The scheme named by `o.sync` around `model` (already initialised identically on every rank: each
-/// scheme also broadcasts rank 0's weights). Throws dp::UsageError on an unknown name.
-std::unique_ptr<LmTrainer> make_trainer(ProcessGroup& pg, TransformerLM model, const TrainerOptions& o);
+/// One TransformerLM trained with AdamW by the Strategy `o.sync` names.
+class LmTrainer {
+ public:
+  /// `model` is already initialised identically on every rank (each scheme also broadcasts rank 0's
+  /// weights). Throws dp::UsageError on an unknown o.sync.
+  LmTrainer(ProcessGroup& pg, TransformerLM model, const TrainerOptions& o);
+  /// One optimizer step over `micro` (K micro-batches of this rank's share, K >= 1) at learning rate
+  /// `lr`: each micro-batch's mean loss / K goes backward, then gradients are averaged over ranks and
+  /// AdamW steps. Returns this rank's mean loss over its micro-batches.
+  double step(const std::vector<Batch>& micro, double lr, StepTimes& t);
+  /// Mean cross-entropy of `b` without gradients (every rank must call it: FSDP gathers).
+  double eval_loss(const Batch& b);
+  /// Every parameter and its AdamW moments in full, on every rank (a collective: ZeRO-1 and FSDP gather).
+  FullState full_state() { return strategy_->full_state(); }
+  /// Installs `s` (every rank passes the same; names and shapes are checked).
+  void load_full_state(const FullState& s) { strategy_->load_full_state(s); }
+  /// One line for the log: the scheme and its settings.
+  std::string describe() const { return strategy_->describe(); }
+
+ private:
+  TransformerLM model_;
+  std::unique_ptr<Strategy> strategy_;
+};
+
+/// The Strategy that `o.sync` names. Throws dp::UsageError on an unknown name.
+MakeStrategy strategy_for(const TrainerOptions& o);
 
 /// The AdamW every scheme uses (betas 0.9 / 0.95, o.weight_decay; the learning rate is set each step).
 torch::optim::AdamWOptions lm_adamw(const TrainerOptions& o);
 
-/// The sync names make_trainer() knows.
+/// The sync names strategy_for() knows.
 std::vector<std::string> sync_names();
 
 }  // namespace dp

@@ -12,6 +12,7 @@
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/support/fixtures.hpp"
 #include "tests/support/ranks.hpp"
+#include "tests/support/wrapped_strategy.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -153,14 +154,10 @@ dp::MakeStrategy overlapped(double cap_mb) {
     return std::make_unique<dp::OverlappedOptimizerDdp>(std::make_unique<BucketedDdp>(g, std::move(m), cap_mb), opt);
   };
 }
-struct SteppedTwice : dp::Strategy {
+struct SteppedTwice : dp::testing::WrappedStrategy {
   SteppedTwice(std::unique_ptr<dp::Strategy> inner, std::unique_ptr<torch::optim::Optimizer> extra)
-      : inner(std::move(inner)), extra(std::move(extra)) {}
-  void zero_grad() override { inner->zero_grad(); }
-  void after_backward() override { inner->after_backward(); }
-  void step() override { inner->step(); extra->step(); }
-  int64_t calls_per_step() const override { return inner->calls_per_step(); }
-  std::unique_ptr<dp::Strategy> inner;
+      : WrappedStrategy(std::move(inner)), extra(std::move(extra)) {}
+  void step() override { inner_->step(); extra->step(); }
   std::unique_ptr<torch::optim::Optimizer> extra;
 };
 

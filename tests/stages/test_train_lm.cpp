@@ -81,20 +81,25 @@ TEST(LmCheckpoint, RoundTripAndRefusals) {
   run_ranks(1, [](dp::ProcessGroup& pg) {
     const std::string path = temp_path("lm.ckpt");
     dp::FullState s;
-    s.params = {torch::randn({3, 2}), torch::randn({4})};
-    s.exp_avg = {torch::randn({3, 2}), torch::randn({4})};
-    s.exp_avg_sq = {torch::rand({3, 2}), torch::rand({4})};
-    s.adam_step = 7;
+    s.params = {{"w", torch::randn({3, 2})}, {"b", torch::randn({4})}};
+    for (const auto& [name, p] : s.params) {
+      dp::ParamState st;
+      st.present = true, st.step = 7;
+      st.tensors = {{"exp_avg", torch::randn(p.sizes())}, {"exp_avg_sq", torch::rand(p.sizes())}};
+      s.optimizer.push_back(st);
+    }
     nlohmann::json cfg = {{"preset", "tiny"}, {"batch", 16}, {"world_size", 2}, {"sync", "ddp"}};
     dp::save_lm_checkpoint(path, pg, {20, cfg, {{"train", {{0, 5.5, 0.1}}}}}, s);
     auto other = cfg;
     other["world_size"] = 4, other["sync"] = "fsdp";
     auto [meta, got] = dp::load_lm_checkpoint(path, other, s.params);
     EXPECT_EQ(meta.step, 20);
-    EXPECT_EQ(got.adam_step, 7);
     for (size_t i = 0; i < 2; ++i) {
-      EXPECT_TRUE(torch::equal(got.params[i], s.params[i]));
-      EXPECT_TRUE(torch::equal(got.exp_avg_sq[i], s.exp_avg_sq[i]));
+      EXPECT_EQ(got.params[i].first, s.params[i].first);
+      EXPECT_TRUE(torch::equal(got.params[i].second, s.params[i].second));
+      EXPECT_EQ(got.optimizer[i].step, 7);
+      EXPECT_TRUE(torch::equal(got.optimizer[i].tensors.at("exp_avg"), s.optimizer[i].tensors.at("exp_avg")));
+      EXPECT_TRUE(torch::equal(got.optimizer[i].tensors.at("exp_avg_sq"), s.optimizer[i].tensors.at("exp_avg_sq")));
     }
     other["batch"] = 32;
     try {
@@ -104,7 +109,7 @@ TEST(LmCheckpoint, RoundTripAndRefusals) {
       EXPECT_NE(std::string(e.what()).find("batch = 16, this run has 32"), std::string::npos) << e.what();
     }
     dp::FullState bigger = s;
-    bigger.params[1] = torch::zeros({5});
+    bigger.params[1].second = torch::zeros({5});
     EXPECT_THROW(dp::load_lm_checkpoint(path, cfg, bigger.params), dp::UsageError);  // another model shape
     std::filesystem::remove(path);
   });

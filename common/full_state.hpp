@@ -1,0 +1,59 @@
+// A training state in full, world-size-free, and the collectives that assemble it from shards.
+// A checkpoint that any world size and any way of training can resume from stores every parameter whole
+// with its optimizer state whole. A scheme that keeps everything on every rank (DDP) just copies it; one
+// that shards the state (ZeRO-1) or the parameters too (FSDP) gathers its pieces here on save, and cuts
+// this world's pieces out on load.
+#pragma once
+
+#include "common/dist.hpp"
+#include "common/optim_state.hpp"
+#include "common/shard_comm.hpp"
+
+#include <torch/torch.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dp {
+
+/// Everything a step needs to continue exactly: every trainable parameter in full (tied ones once, in
+/// named_parameters() order, fp32) and its optimizer state in full, index for index. The same on every
+/// rank, and the same whatever the world size or the scheme that produced it.
+struct FullState {
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  /// One per parameter; present == false before the optimizer's first step.
+  std::vector<ParamState> optimizer;
+};
+
+/// Each of `params`' state in `opt` (copies), for a scheme in which this rank holds all of it.
+std::vector<ParamState> local_states(const torch::optim::Optimizer& opt, const std::vector<torch::Tensor>& params);
+
+/// Installs `states[i]` as the state of `params[i]` in `opt` (copies). Throws std::invalid_argument when
+/// the counts or a state tensor's shape differ from the parameter's.
+void set_local_states(torch::optim::Optimizer& opt, const std::vector<torch::Tensor>& params,
+                      const std::vector<ParamState>& states);
+
+/// The state of `p` as rank `owner` holds it (`mine` there; ignored elsewhere), on every rank: the names
+/// of its tensors, its step and each tensor (shaped like `p`) broadcast from the owner. A collective.
+ParamState broadcast_param_state(ProcessGroup& pg, int owner, const ParamState& mine, const torch::Tensor& p);
+
+/// A flat buffer laid out by `L` holds `params` back to back; this rank's chunk of it is `chunk`, the one
+/// parameter of `opt`. Returns each of `params`' state: every rank's chunk of each state tensor
+/// all-gathered, the padding cut, cut per parameter and reshaped. A collective.
+std::vector<ParamState> gather_chunk_state(ProcessGroup& pg, const torch::optim::Optimizer& opt,
+                                           const torch::Tensor& chunk, const FlatLayout& L,
+                                           const std::vector<torch::Tensor>& params);
+
+/// The reverse of gather_chunk_state() on this rank alone: concatenates `states` (one per parameter of
+/// the buffer, in its order), pads as `L` says and installs rank `rank`'s chunk as `chunk`'s state in `opt`.
+void set_chunk_state(torch::optim::Optimizer& opt, const torch::Tensor& chunk, const FlatLayout& L, int rank,
+                     const std::vector<ParamState>& states);
+
+/// `states`, one per tensor of `held` (a scheme's own order), in the order of `wanted` (the model's):
+/// tensors are matched by identity (the same tensor, not an equal one). Throws std::invalid_argument
+/// when one of `wanted` is not in `held`. permute_states(wanted, held, s) goes back.
+std::vector<ParamState> permute_states(const std::vector<torch::Tensor>& held, const std::vector<torch::Tensor>& wanted,
+                                       const std::vector<ParamState>& states);
+
+}  // namespace dp

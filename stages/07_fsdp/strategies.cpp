@@ -1,0 +1,115 @@
+#include "stages/07_fsdp/strategies.hpp"
+
+#include "common/format.hpp"
+#include "common/full_state.hpp"
+#include "common/params.hpp"
+#include "common/memory.hpp"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+namespace dp {
+
+namespace {
+
+UnitModel& units_of(torch::nn::Module& model) {
+  UnitModel* m = as_unit_model(model);
+  if (!m) throw std::invalid_argument("fsdp_strategy: the model has no units (it is not a dp::UnitModel)");
+  return *m;
+}
+
+class FsdpStrategy : public Strategy {
+ public:
+  FsdpStrategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const MakeOptimizer& make, FsdpOptions opts)
+      : pg_(pg), model_(model), fsdp_(pg, model, units_of(*model).units(), opts), opt_(make(fsdp_.parameters())) {
+    if (!opt_) throw std::invalid_argument("fsdp_strategy: the MakeOptimizer returned no optimizer");
+  }
+  void zero_grad() override {
+    opt_->zero_grad();
+    calls_at_start_ = collectives(), sent_at_start_ = fsdp_.sent_bytes();
+  }
+  UnitRunner runner() override { return fsdp_.runner(); }
+  void after_backward() override { fsdp_.finish_gradient_synchronization(); }
+  void step() override {
+    opt_->step();
+    calls_ = collectives() - calls_at_start_ + (replicated_all_reduce() ? 1 : 0);
+    sent_ = fsdp_.sent_bytes() - sent_at_start_;
+  }
+  int64_t calls_per_step() const override { return calls_; }
+  TrainingBytes bytes() const override {  // the shards (and replicated tensors), their gradients, the state
+    TrainingBytes b;
+    b.params = fsdp_.resident_parameter_bytes();
+    for (const auto& p : fsdp_.parameters()) b.grads += tensor_bytes({p.grad()});
+    b.state = optimizer_state_bytes(*opt_);
+    return b;
+  }
+  double sent_bytes_per_step() const override { return sent_; }
+  std::string describe() const override { return first_line(fsdp_.describe()); }
+  std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override { return fsdp_.gather_full_parameters(); }
+  // Parameters and their state live in pieces (a shard of each unit, the replicated gains whole): each
+  // state tensor is gathered like the parameters, and cut into this world's pieces on load.
+  FullState full_state() override {
+    FullState s;
+    s.params = full_parameters();
+    const auto pieces = fsdp_.parameters();
+    const auto states = local_states(*opt_, pieces);
+    s.optimizer.resize(s.params.size());
+    for (auto& st : s.optimizer) st.present = !states.empty() && states[0].present, st.step = states.empty() ? 0 : states[0].step;
+    if (states.empty() || !states[0].present) return s;
+    for (const auto& [name, t0] : states[0].tensors) {
+      std::vector<torch::Tensor> mine;
+      for (const auto& st : states) mine.push_back(st.tensors.at(name));
+      const auto full = fsdp_.gather_full(mine);
+      for (size_t i = 0; i < full.size(); ++i) s.optimizer[i].tensors[name] = full[i];
+    }
+    return s;
+  }
+  void load_full_state(const FullState& s) override {
+    check_full_state(*model_, s);  // the model's sharded parameters keep their shapes
+    std::vector<torch::Tensor> values;
+    for (const auto& [name, p] : s.params) values.push_back(p);
+    auto pieces = fsdp_.parameters();
+    const auto mine = fsdp_.shard_full(values);
+    std::vector<ParamState> states(pieces.size());
+    for (auto& st : states) st.present = !s.optimizer.empty() && s.optimizer[0].present, st.step = s.optimizer.empty() ? 0 : s.optimizer[0].step;
+    if (!s.optimizer.empty() && s.optimizer[0].present)
+      for (const auto& [name, t0] : s.optimizer[0].tensors) {
+        std::vector<torch::Tensor> full;
+        for (const auto& st : s.optimizer) full.push_back(st.tensors.at(name));
+        const auto cut = fsdp_.shard_full(full);
+        for (size_t i = 0; i < cut.size(); ++i) states[i].tensors[name] = cut[i];
+      }
+    {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < pieces.size(); ++i) pieces[i].copy_(mine[i]);  // a shard (gathered before each use) or a gain
+    }
+    set_local_states(*opt_, pieces, states);
+  }
+  std::vector<torch::optim::Optimizer*> optimizers() override { return {opt_.get()}; }
+
+ private:
+  int64_t collectives() const { return fsdp_.all_gathers() + fsdp_.reduce_scatters(); }
+  // The replicated gradients (the norms) leave in one all-reduce per step, counted here.
+  bool replicated_all_reduce() const {
+    return fsdp_.num_parameters() > fsdp_.sharded_parameters() && pg_.world_size() > 1;
+  }
+
+  ProcessGroup& pg_;
+  std::shared_ptr<torch::nn::Module> model_;
+  Fsdp fsdp_;
+  std::unique_ptr<torch::optim::Optimizer> opt_;
+  int64_t calls_at_start_ = 0, calls_ = 0;
+  double sent_at_start_ = 0, sent_ = 0;
+};
+
+}  // namespace
+
+MakeStrategy fsdp_strategy(FsdpOptions opts) {
+  return [opts](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
+                const MakeOptimizer& make) -> std::unique_ptr<Strategy> {
+    return std::make_unique<FsdpStrategy>(pg, std::move(model), make, opts);
+  };
+}
+
+}  // namespace dp

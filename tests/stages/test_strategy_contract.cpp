@@ -1,0 +1,362 @@
+// The training-strategy contract (common/strategy.hpp), one test body for every way of training data
+// parallel: DDP in each stage's form (02-05), the optimizer overlapped with communication (05), each
+// ZeRO-1 design (06) and FSDP (07). On CS336 2026's ToyFSDPModel (dp::check_strategy): after
+// construction every rank holds rank 0's weights, after every step full_parameters() equals
+// single-process training within the derived fp32 bound on every rank, at 1 to 4 ranks; and what a
+// strategy says of itself (calls, bytes held and sent, a description) agrees with the accounting. Last,
+// mutants (a skipped synchronisation, gradients summed and not averaged, a wrong shard, weights not
+// broadcast) must each be caught.
+#include "common/accounting.hpp"
+#include "common/ddp_check.hpp"
+#include "common/grad_sync.hpp"
+#include "common/models.hpp"
+#include "common/params.hpp"
+#include "common/runtime.hpp"
+#include "common/strategy.hpp"
+#include "stages/06_sharded_opt/strategies.hpp"
+#include "stages/07_fsdp/strategies.hpp"
+#include "tests/stages/ddp_variants.hpp"
+#include "tests/support/ranks.hpp"
+#include "tests/support/wrapped_strategy.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+// The strategies as types, in the global namespace so that GoogleTest names the tests plainly
+// ("StrategyContract.TrainsLikeOneProcess<Zero1>"; tests/stages/CMakeLists.txt labels each by stage).
+using dp::MakeStrategy;
+using dp::ProcessGroup;
+
+// Each type: `make()` its dp::MakeStrategy; `shards_state`, `shards_params`: whether the optimizer
+// state, and the parameters with their gradients, are split over the ranks (what bytes() must show).
+template <typename V>
+struct Ddp {  // a DDP variant of stages 02-05 (ddp_variants.hpp), its GradSync and one optimizer
+  static MakeStrategy make() { return dp::ddp_strategy(V::make); }
+  static constexpr bool shards_state = false, shards_params = false;
+};
+struct BucketedNoSync {  // stage 05's BucketedDdpStrategy: accumulation under no_sync()
+  static MakeStrategy make() { return dp::bucketed_ddp_strategy(0.01); }
+  static constexpr bool shards_state = false, shards_params = false;
+};
+struct OverlappedOptimizer {  // stage 05: each bucket's parameters stepped as the bucket arrives
+  static MakeStrategy make() {
+    return [](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m, const dp::MakeOptimizer& opt) {
+      return std::unique_ptr<dp::Strategy>(
+          std::make_unique<dp::OverlappedOptimizerDdp>(std::make_unique<dp::BucketedDdp>(pg, std::move(m), 0.01), opt));
+    };
+  }
+  static constexpr bool shards_state = false, shards_params = false;
+};
+// Stage 06 at a 10 kB bucket cap (ToyFSDPModel's 117 kB in 5 buckets: several collectives per step).
+struct Cs336 {
+  static MakeStrategy make() { return dp::cs336_strategy(0.01); }
+  static constexpr bool shards_state = true, shards_params = false;
+};
+struct Zero1 {
+  static MakeStrategy make() { return dp::zero1_strategy(); }
+  static constexpr bool shards_state = true, shards_params = false;
+};
+struct Zero1Buckets {
+  static MakeStrategy make() { return dp::bucketed_zero1_strategy(0.01); }
+  static constexpr bool shards_state = true, shards_params = false;
+};
+struct Zero1BucketsOverlap {  // the all-gathers wait for the next forward's units
+  static MakeStrategy make() { return dp::bucketed_zero1_strategy(0.01, /*overlap_gathers=*/true); }
+  static constexpr bool shards_state = true, shards_params = false;
+};
+template <bool kReshard>
+struct Fsdp {  // stage 07, freeing each unit after its forward (ZeRO-3) or keeping it until backward
+  static MakeStrategy make() {
+    dp::FsdpOptions o;
+    o.reshard_after_forward = kReshard;
+    return dp::fsdp_strategy(o);
+  }
+  static constexpr bool shards_state = true, shards_params = true;
+};
+
+namespace {
+
+using dp::testing::run_ranks;
+
+template <typename S>
+class StrategyContract : public ::testing::Test {};
+using Strategies = ::testing::Types<Ddp<Naive>, Ddp<Flat>, Ddp<Overlap>, Ddp<Bucketed<10000>>, BucketedNoSync, OverlappedOptimizer,
+                                    Cs336, Zero1, Zero1Buckets, Zero1BucketsOverlap, Fsdp<true>, Fsdp<false>>;
+TYPED_TEST_SUITE(StrategyContract, Strategies);
+
+// The same batch split over 1 to 4 ranks (4 rows each): equal to one process after each of 3 steps; at
+// 3 ranks a second seed (other weights and data) and 5 steps: the bound follows, the contract holds.
+TYPED_TEST(StrategyContract, TrainsLikeOneProcess) {
+  for (int world = 1; world <= 4; ++world) {
+    SCOPED_TRACE(::testing::Message() << world << " ranks");
+    run_ranks(world, [](ProcessGroup& pg) {
+      const bool other = pg.world_size() == 3;
+      const dp::Margin m = dp::check_strategy(pg, TypeParam::make(), /*steps=*/other ? 5 : 3, /*seed=*/other ? 1 : 0);
+      EXPECT_LE(m.ratio(), 0.5) << "within the bound, but with less than a factor 2 of margin";
+    });
+  }
+}
+
+// Two micro-batches per step (set_requires_gradient_sync(false) for the first): still one process's step.
+TYPED_TEST(StrategyContract, AccumulatesLikeOneProcess) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    const dp::Margin m = dp::check_strategy(pg, TypeParam::make(), /*steps=*/2, /*seed=*/2, /*accumulate=*/2);
+    EXPECT_LE(m.ratio(), 0.5) << "within the bound, but with less than a factor 2 of margin";
+  });
+}
+
+// ---- the full state: what a checkpoint stores -----------------------------------------------------
+
+dp::ToyFSDPModel seeded_model(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(dp::testing::rng_mutex());
+  torch::manual_seed(seed);
+  return dp::ToyFSDPModel();
+}
+
+std::unique_ptr<dp::Strategy> build(ProcessGroup& pg, const MakeStrategy& make, dp::ToyFSDPModel& model) {
+  return make(pg, model.ptr(), [](std::vector<torch::Tensor> p) {
+    return std::unique_ptr<torch::optim::Optimizer>(
+        std::make_unique<torch::optim::SGD>(std::move(p), torch::optim::SGDOptions(0.01).momentum(0.9)));
+  });
+}
+
+// Steps [from, to) of one fixed run: 2 rows of 8 tokens per rank, drawn per step alike on every rank.
+void train(ProcessGroup& pg, dp::ToyFSDPModel& model, dp::Strategy& s, int from, int to) {
+  const int W = pg.world_size();
+  for (int step = from; step < to; ++step) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(500 + step);
+    auto tokens = torch::randint(0, 100, {2 * W, 8}, gen).narrow(0, 2 * pg.rank(), 2);
+    auto labels = torch::randint(0, 100, {2 * W}, gen).narrow(0, 2 * pg.rank(), 2);
+    s.zero_grad();
+    torch::nn::functional::cross_entropy(model->forward_units(tokens, s.runner()).select(1, -1), labels).backward();
+    s.after_backward();
+    s.step();
+  }
+}
+
+// "" when a and b hold the same names, shapes, values and optimizer state, bit for bit; else the first difference.
+std::string difference(const dp::FullState& a, const dp::FullState& b) {
+  if (a.params.size() != b.params.size() || a.optimizer.size() != b.optimizer.size()) return "sizes differ";
+  for (size_t i = 0; i < a.params.size(); ++i) {
+    const auto& name = a.params[i].first;
+    if (name != b.params[i].first) return "names differ at " + std::to_string(i);
+    if (!torch::equal(a.params[i].second, b.params[i].second)) return "values of " + name;
+    const auto &x = a.optimizer[i], &y = b.optimizer[i];
+    if (x.present != y.present || x.step != y.step || x.tensors.size() != y.tensors.size()) return "state of " + name;
+    for (const auto& [k, t] : x.tensors)
+      if (!y.tensors.count(k) || !torch::equal(t, y.tensors.at(k))) return "state " + k + " of " + name;
+  }
+  return "";
+}
+
+// Resuming from full_state() is the same as never stopping: 3 steps straight, or 2 steps, the state
+// loaded into a fresh strategy around other weights, and the 3rd step: equal bit for bit.
+// Returns "" or what differs (every rank runs it: the strategies' calls are collectives).
+std::string resume_difference(ProcessGroup& pg, const MakeStrategy& make) {
+  auto straight = seeded_model(11), first = seeded_model(11), resumed = seeded_model(12);
+  auto a = build(pg, make, straight);
+  train(pg, straight, *a, 0, 3);
+  auto b = build(pg, make, first);
+  train(pg, first, *b, 0, 2);
+  const dp::FullState saved = b->full_state();
+  auto c = build(pg, make, resumed);
+  c->load_full_state(saved);
+  if (auto d = difference(c->full_state(), saved); !d.empty()) return "load_full_state(s), then full_state(): " + d;
+  train(pg, resumed, *c, 2, 3);
+  if (auto d = difference(c->full_state(), a->full_state()); !d.empty()) return "step 3, resumed and straight: " + d;
+  return "";
+}
+
+// The full state, three ways: resuming from it is the run that never stopped (bit for bit); it is
+// world-size-free (saved at 2 ranks, loaded at 3, with other shards and padding, and at 1, then saved
+// again: the same tensors, bit for bit); a state of another model is refused before anything changes.
+TYPED_TEST(StrategyContract, FullStateResumesAnywhere) {
+  run_ranks(2, [](ProcessGroup& pg) { EXPECT_EQ(resume_difference(pg, TypeParam::make()), ""); });
+  dp::FullState saved;
+  run_ranks(2, [&](ProcessGroup& pg) {
+    auto model = seeded_model(21);
+    auto s = build(pg, TypeParam::make(), model);
+    train(pg, model, *s, 0, 2);
+    auto state = s->full_state();
+    if (pg.rank() == 0) saved = state;
+  });
+  for (int world : {3, 1}) {
+    SCOPED_TRACE(::testing::Message() << world << " ranks");
+    run_ranks(world, [&](ProcessGroup& pg) {
+      auto model = seeded_model(22);
+      auto s = build(pg, TypeParam::make(), model);
+      s->load_full_state(saved);
+      EXPECT_EQ(difference(s->full_state(), saved), "") << s->describe();
+      dp::FullState wrong = saved;
+      wrong.params.back().second = torch::zeros({3});
+      EXPECT_THROW(s->load_full_state(wrong), std::invalid_argument);
+      EXPECT_EQ(difference(s->full_state(), saved), "") << "a refused state changed the model";
+    });
+  }
+}
+
+// What the strategy says of itself, at 2 ranks after one step of SGD with momentum (state: one buffer
+// per parameter, 4P bytes unsharded): parameters, gradients and state held, each whole (4P) or a 1/N
+// share (2P at N = 2) plus padding and the tensors that stay replicated (FSDP's norms: 192 of P =
+// 29,376 elements, under 1%, hence the 2% allowance); bytes sent between DDP's two passes over the
+// gradients and three (CS336's broadcast, FSDP's second gather); a description of one line.
+TYPED_TEST(StrategyContract, AccountsForItself) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    dp::ToyFSDPModel model{nullptr};
+    {
+      std::lock_guard<std::mutex> lock(dp::testing::rng_mutex());
+      torch::manual_seed(5);
+      model = dp::ToyFSDPModel();
+    }
+    auto s = TypeParam::make()(pg, model.ptr(), [](std::vector<torch::Tensor> p) {
+      return std::unique_ptr<torch::optim::Optimizer>(
+          std::make_unique<torch::optim::SGD>(std::move(p), torch::optim::SGDOptions(0.01).momentum(0.9)));
+    });
+    auto tokens = torch::randint(0, 100, {4, 8});
+    s->zero_grad();
+    model->forward_units(tokens, s->runner()).sum().backward();
+    s->after_backward();
+    s->step();
+    const auto full = s->full_parameters();
+    int64_t P = 0;
+    for (const auto& [name, p] : full) P += p.numel();
+    ASSERT_EQ(P, 29376) << "ToyFSDPModel's parameter count";
+    const auto b = s->bytes();
+    auto expect_share = [&](int64_t got, bool sharded, const char* what) {
+      const double want = 4.0 * P / (sharded ? pg.world_size() : 1);
+      EXPECT_NEAR(got, want, 0.02 * want) << what << ": " << s->describe();
+    };
+    expect_share(b.params, TypeParam::shards_params, "parameters");
+    expect_share(b.grads, TypeParam::shards_params, "gradients");
+    expect_share(b.state, TypeParam::shards_state, "optimizer state (momentum)");
+    const double ddp = dp::ddp_bytes_per_step(P, pg.world_size());
+    EXPECT_GE(s->sent_bytes_per_step(), 0.98 * ddp) << s->describe();
+    EXPECT_LE(s->sent_bytes_per_step(), 1.52 * ddp) << s->describe();
+    EXPECT_GT(s->calls_per_step(), 0) << s->describe();
+    const auto d = s->describe();
+    EXPECT_FALSE(d.empty());
+    EXPECT_EQ(d.find('\n'), std::string::npos) << d;
+  });
+}
+
+// ---- the contract can fail: mutants ------------------------------------------------------------------
+
+// Each mutant wraps a real strategy and breaks one thing.
+using Mutant = dp::testing::WrappedStrategy;
+
+template <typename M>
+MakeStrategy mutant_of(MakeStrategy real) {
+  return [real](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m, const dp::MakeOptimizer& opt) {
+    return std::unique_ptr<dp::Strategy>(std::make_unique<M>(real(pg, m, opt), pg, m));
+  };
+}
+
+// DDP's averaging forgotten: the gradients summed over ranks (N times too large).
+struct SummedNotAveraged : Mutant {
+  SummedNotAveraged(std::unique_ptr<dp::Strategy> s, ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m)
+      : Mutant(std::move(s)), pg_(pg), m_(std::move(m)) {}
+  void after_backward() override {
+    inner_->after_backward();
+    for (auto& p : dp::unique_parameters(*m_, true)) p.mutable_grad().mul_(pg_.world_size());
+  }
+  ProcessGroup& pg_;
+  std::shared_ptr<torch::nn::Module> m_;
+};
+
+// A wrong shard: each rank keeps only its own 1/N of the flat parameters stepped, the rest as before
+// the step (a ZeRO-1 whose all-gather never arrived).
+struct OwnShardOnly : Mutant {
+  OwnShardOnly(std::unique_ptr<dp::Strategy> s, ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m)
+      : Mutant(std::move(s)), pg_(pg), m_(std::move(m)) {}
+  void step() override {
+    auto params = dp::unique_parameters(*m_, true);
+    std::vector<torch::Tensor> before;
+    for (auto& p : params) before.push_back(p.detach().clone());
+    inner_->step();
+    torch::NoGradGuard no_grad;
+    const int64_t total = dp::count_elements(params), chunk = (total + pg_.world_size() - 1) / pg_.world_size();
+    const int64_t lo = pg_.rank() * chunk, hi = lo + chunk;  // this rank's share of the flat parameters
+    int64_t off = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto flat = params[i].view(-1), old = before[i].view(-1);
+      const int64_t n = flat.numel(), a = std::clamp(lo - off, int64_t{0}, n), b = std::clamp(hi - off, int64_t{0}, n);
+      flat.narrow(0, 0, a).copy_(old.narrow(0, 0, a));      // before the share: as before the step
+      flat.narrow(0, b, n - b).copy_(old.narrow(0, b, n - b));  // after it: the same
+      off += n;
+    }
+  }
+  ProcessGroup& pg_;
+  std::shared_ptr<torch::nn::Module> m_;
+};
+
+// A checkpoint without the optimizer's state: full_state() says "no state yet" (momentum lost on resume).
+struct StateForgotten : Mutant {
+  StateForgotten(std::unique_ptr<dp::Strategy> s, ProcessGroup&, std::shared_ptr<torch::nn::Module>)
+      : Mutant(std::move(s)) {}
+  dp::FullState full_state() override {
+    auto s = inner_->full_state();
+    for (auto& st : s.optimizer) st = dp::ParamState{};
+    return s;
+  }
+};
+
+// Rank 0's weights not broadcast: ranks other than 0 keep a perturbed copy.
+struct NotBroadcast : Mutant {
+  NotBroadcast(std::unique_ptr<dp::Strategy> s, ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m)
+      : Mutant(std::move(s)) {
+    torch::NoGradGuard no_grad;
+    if (pg.rank() != 0) dp::unique_parameters(*m, true).back().add_(1e-3);
+  }
+};
+
+// Every rank trains on its own rows alone: no synchronisation at all (weights broadcast, so only the
+// step's synchronisation is missing).
+MakeStrategy skipped_sync() {
+  return [](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m, const dp::MakeOptimizer& opt) {
+    dp::broadcast_parameters(pg, *m);
+    return std::unique_ptr<dp::Strategy>(
+        std::make_unique<dp::DdpStrategy>(pg, m, nullptr, opt(dp::unique_parameters(*m))));
+  };
+}
+
+// Every rank throws dp::CheckFailed (they fail together); the one that found the fault names it.
+void expect_caught(const MakeStrategy& mutant, const std::string& words) {
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](ProcessGroup& pg) {
+    try {
+      dp::check_strategy(pg, mutant);
+      ADD_FAILURE() << "the mutant passed on rank " << pg.rank();
+    } catch (const dp::CheckFailed& e) {
+      messages[pg.rank()] = e.what();
+    }
+  });
+  const bool named = messages[0].find(words) != std::string::npos || messages[1].find(words) != std::string::npos;
+  EXPECT_TRUE(named) << "no rank said \"" << words << "\": " << messages[0] << " | " << messages[1];
+}
+
+TEST(StrategyContractCanFail, SkippedSynchronisation) {
+  expect_caught(skipped_sync(), "differs from single-process training");
+}
+TEST(StrategyContractCanFail, SummedNotAveraged) {
+  expect_caught(mutant_of<SummedNotAveraged>(dp::ddp_strategy(Naive::make)), "differs from single-process training");
+}
+TEST(StrategyContractCanFail, WrongShard) {
+  expect_caught(mutant_of<OwnShardOnly>(dp::zero1_strategy()), "differs");
+}
+TEST(StrategyContractCanFail, NotBroadcast) {
+  expect_caught(mutant_of<NotBroadcast>(dp::zero1_strategy()), "were not broadcast");
+}
+TEST(StrategyContractCanFail, StateForgotten) {
+  for (const auto& make : {dp::zero1_strategy(), dp::fsdp_strategy({})}) {
+    std::vector<std::string> found(2);
+    run_ranks(2, [&](ProcessGroup& pg) { found[pg.rank()] = resume_difference(pg, mutant_of<StateForgotten>(make)); });
+    for (const auto& f : found) EXPECT_NE(f.find("step 3, resumed and straight"), std::string::npos) << f;
+  }
+}
+
+}  // namespace
