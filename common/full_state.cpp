@@ -1,6 +1,10 @@
 #include "common/full_state.hpp"
 
+#include "common/checkpoint_file.hpp"
+#include "common/errors.hpp"
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <stdexcept>
 #include <unordered_map>
@@ -121,6 +125,101 @@ std::vector<ParamState> permute_states(const std::vector<torch::Tensor>& held, c
     auto it = index.find(w.unsafeGetTensorImpl());
     if (it == index.end()) throw std::invalid_argument("permute_states: a parameter the scheme does not hold");
     out.push_back(states.at(it->second));
+  }
+  return out;
+}
+
+static const FileFormat kStateFormat{"DPSTATE1", kStateFileVersion};
+
+// [save_state_file]
+void save_state_file(const std::string& path, ProcessGroup& pg, const nlohmann::json& meta, const FullState& state) {
+  std::string error;
+  if (pg.rank() == 0) {
+    try {
+      if (state.optimizer.size() != state.params.size())
+        throw UsageError(fmt::format("cannot write checkpoint {}: {} parameters but {} optimizer states", path,
+                                     state.params.size(), state.optimizer.size()));
+      torch::serialize::OutputArchive archive;
+      nlohmann::json params = nlohmann::json::array();
+      for (size_t i = 0; i < state.params.size(); ++i) {
+        const auto& [name, p] = state.params[i];
+        const ParamState& st = state.optimizer[i];
+        archive.write(fmt::format("p{}", i), p.detach().cpu());
+        nlohmann::json tensors = nlohmann::json::array();
+        for (const auto& [key, t] : st.tensors) {
+          archive.write(fmt::format("s{}.{}", i, key), t.detach().cpu());
+          tensors.push_back(key);
+        }
+        params.push_back({{"name", name}, {"shape", p.sizes().vec()},
+                          {"state", {{"present", st.present}, {"step", st.step}, {"tensors", tensors}}}});
+      }
+      std::string payload;
+      archive.save_to([&](const void* data, size_t size) {
+        payload.append(static_cast<const char*>(data), size);
+        return size;
+      });
+      // JSON keys sort: "format", the caller's "meta", then "params": `head -c 4000 FILE` shows the meta.
+      const nlohmann::json m = {{"meta", meta}, {"format", "dp training state"}, {"params", params}};
+      write_checkpoint_file(path, kStateFormat, m.dump(), payload);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  error = broadcast_text(pg, error, 0);  // all ranks stop together, or none does
+  if (!error.empty()) throw UsageError(error);
+}
+// [save_state_file]
+
+StateFile load_state_file(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& like,
+                          const std::function<void(const nlohmann::json& meta)>& check_meta) {
+  const CheckpointFile file = read_checkpoint_file(path, kStateFormat);  // "cannot read" / "damaged"
+  StateFile out;
+  out.bytes = file.bytes.size();
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(file.meta());
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(fmt::format("checkpoint {} is damaged: its metadata is not JSON ({})", path, e.what()));
+  }
+  try {
+    out.meta = m.at("meta");
+    if (check_meta) check_meta(out.meta);  // what the run was (its configuration) before its shapes
+    const auto& params = m.at("params");
+    if (params.size() != like.size())
+      throw UsageError(fmt::format("checkpoint {} holds {} parameters, the model has {}", path, params.size(), like.size()));
+    torch::serialize::InputArchive archive;
+    archive.load_from(file.payload(), file.payload_size);
+    for (size_t i = 0; i < like.size(); ++i) {
+      const auto& [name, model_p] = like[i];
+      const auto& entry = params[i];
+      const auto saved_name = entry.at("name").get<std::string>();
+      const auto shape = entry.at("shape").get<std::vector<int64_t>>();
+      if (saved_name != name || shape != model_p.sizes().vec())
+        throw UsageError(fmt::format("checkpoint {}: parameter {} is {} [{}], the model's is {} [{}]: it was written "
+                                     "for another model", path, i, saved_name, fmt::join(shape, "x"), name,
+                                     fmt::join(model_p.sizes(), "x")));
+      torch::Tensor p;
+      archive.read(fmt::format("p{}", i), p);
+      ParamState st;
+      st.present = entry.at("state").at("present").get<bool>();
+      st.step = entry.at("state").at("step").get<int64_t>();
+      for (const auto& key : entry.at("state").at("tensors")) {
+        torch::Tensor t;
+        archive.read(fmt::format("s{}.{}", i, key.get<std::string>()), t);
+        if (t.sizes().vec() != shape)
+          throw UsageError(fmt::format("checkpoint {} is damaged: state {} of {} has shape [{}]", path,
+                                       key.get<std::string>(), name, fmt::join(t.sizes(), "x")));
+        st.tensors[key.get<std::string>()] = t.clone();  // a copy of its own: the archive's buffer goes away
+      }
+      if (!p.sizes().equals(model_p.sizes()))
+        throw UsageError(fmt::format("checkpoint {} is damaged: tensor p{} has shape [{}]", path, i, fmt::join(p.sizes(), "x")));
+      out.state.params.emplace_back(name, p.clone());
+      out.state.optimizer.push_back(std::move(st));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(fmt::format("checkpoint {} is damaged: {}", path, e.what()));
+  } catch (const c10::Error& e) {
+    throw UsageError(fmt::format("checkpoint {} is damaged: unreadable tensors ({})", path, e.what_without_backtrace()));
   }
   return out;
 }

@@ -9,8 +9,11 @@
 #include "common/optim_state.hpp"
 #include "common/shard_comm.hpp"
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,5 +58,31 @@ void set_chunk_state(torch::optim::Optimizer& opt, const torch::Tensor& chunk, c
 /// when one of `wanted` is not in `held`. permute_states(wanted, held, s) goes back.
 std::vector<ParamState> permute_states(const std::vector<torch::Tensor>& held, const std::vector<torch::Tensor>& wanted,
                                        const std::vector<ParamState>& states);
+
+/// The file format of save_state_file(): common/checkpoint_file.hpp's container, magic "DPSTATE1".
+/// Metadata (JSON, readable with `head -c 4000 FILE`): per parameter its name, shape and optimizer state
+/// (present, step, the names of its tensors), and the caller's `meta`. Payload: a torch::serialize
+/// archive with p<i> (the parameter) and s<i>.<name> (each state tensor).
+constexpr uint32_t kStateFileVersion = 1;
+
+/// Writes `state` and `meta` to `path` from rank 0, atomically (a temporary file, fsync, rename: a crash
+/// mid-write leaves the previous file intact). A collective: every rank learns whether it worked, and
+/// throws dp::UsageError when rank 0 could not write.
+void save_state_file(const std::string& path, ProcessGroup& pg, const nlohmann::json& meta, const FullState& state);
+
+/// What a state file holds.
+struct StateFile {
+  nlohmann::json meta;  ///< the caller's, as saved
+  FullState state;
+  size_t bytes = 0;     ///< the file's size
+};
+
+/// Reads `path` and checks it: the container (magic, version, length, checksum: else "damaged"), then
+/// the caller's metadata (`check_meta`, if given, throws to refuse it), then one parameter for each of
+/// `like` (the model's trainable parameters, named, in order; only names and shapes are read) with the
+/// same name and shape, and state tensors of that shape. Throws dp::UsageError naming the file and the
+/// first problem. Not a collective: every rank reads.
+StateFile load_state_file(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& like,
+                          const std::function<void(const nlohmann::json& meta)>& check_meta = {});
 
 }  // namespace dp

@@ -4,6 +4,7 @@
 #include "common/params.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <stdexcept>
 

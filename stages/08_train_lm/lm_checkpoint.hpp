@@ -1,10 +1,10 @@
 // The capstone's checkpoints: everything needed to continue a run exactly, in one file that is
 // replaced atomically (common/checkpoint_file.hpp: header, checksum, temporary file, fsync, rename).
 //
-// The state inside is world-size-free (common/full_state.hpp: every parameter and its AdamW moments in full), so a
-// run saved with 2 ranks resumes with 1 or 4, and with another --sync. Metadata (JSON, readable with
-// `head -c 4000 FILE`): the step to continue from, the run's configuration, and the loss curve so far.
-// Payload: a torch::serialize archive with p<i>, m<i> (exp_avg) and v<i> (exp_avg_sq).
+// The state inside is the training contract's full state (common/full_state.hpp: every parameter and its
+// AdamW moments in full), world-size-free, so a run saved with 2 ranks resumes with 1 or 4, and with
+// another --sync. Its metadata (JSON, readable with `head -c 4000 FILE`) adds the step to continue from,
+// the run's configuration and the loss curve so far.
 #pragma once
 
 #include "common/dist.hpp"

@@ -16,12 +16,15 @@
 #include "stages/06_sharded_opt/strategies.hpp"
 #include "stages/07_fsdp/strategies.hpp"
 #include "tests/stages/ddp_variants.hpp"
+#include "tests/support/expect.hpp"
+#include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
 #include "tests/support/wrapped_strategy.hpp"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -198,6 +201,49 @@ TYPED_TEST(StrategyContract, FullStateResumesAnywhere) {
       EXPECT_EQ(difference(s->full_state(), saved), "") << "a refused state changed the model";
     });
   }
+}
+
+// The full state in a file (common/full_state.hpp: what stage 08's checkpoints are): saved by ZeRO-1 at
+// 2 ranks, loaded by FSDP at 3, the same state bit for bit; a damaged file, another model and a failed
+// save are refused by name, and a failed save leaves the previous file intact.
+TEST(StateFile, AnySchemeAnyWorldSizeAndRefusals) {
+  dp::testing::TempDir dir("state_file");
+  const std::string path = dir.file("state.ckpt");
+  dp::FullState saved;
+  run_ranks(2, [&](ProcessGroup& pg) {
+    auto model = seeded_model(41);
+    auto s = build(pg, dp::zero1_strategy(), model);
+    train(pg, model, *s, 0, 2);
+    auto state = s->full_state();
+    dp::save_state_file(path, pg, {{"step", 2}}, state);
+    if (pg.rank() == 0) saved = state;
+  });
+  const auto like = dp::unique_named_parameters(*seeded_model(0), true);
+  run_ranks(3, [&](ProcessGroup& pg) {
+    auto model = seeded_model(42);
+    auto s = build(pg, dp::fsdp_strategy({}), model);
+    const auto f = dp::load_state_file(path, like);
+    EXPECT_EQ(f.meta.at("step"), 2);
+    s->load_full_state(f.state);
+    EXPECT_EQ(difference(s->full_state(), saved), "");
+  });
+  const std::string bytes = dp::testing::read_file(path), bad = dir.file("bad.ckpt");
+  std::string flipped = bytes;
+  flipped[flipped.size() - 100] ^= 0x01;  // one bit inside the tensors
+  dp::testing::write_file(bad, flipped);
+  dp::testing::expect_usage_error([&] { dp::load_state_file(bad, like); }, {"damaged", "checksum"});
+  auto other = like;
+  other.back().second = torch::zeros({3});
+  dp::testing::expect_usage_error([&] { dp::load_state_file(path, other); }, {"another model", other.back().first});
+  dp::testing::expect_usage_error([&] { dp::load_state_file(path, like, [](const nlohmann::json&) {
+                                    throw dp::UsageError("refused by its metadata");
+                                  }); },
+                                  {"refused by its metadata"});
+  std::filesystem::create_directories(path + ".tmp");  // the temporary file cannot be created
+  run_ranks(2, [&](ProcessGroup& pg) {
+    dp::testing::expect_usage_error([&] { dp::save_state_file(path, pg, {}, saved); }, {"cannot write checkpoint"});
+  });
+  EXPECT_EQ(dp::testing::read_file(path), bytes);
 }
 
 // What the strategy says of itself, at 2 ranks after one step of SGD with momentum (state: one buffer
