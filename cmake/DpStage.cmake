@@ -41,9 +41,11 @@ endfunction()
 
 # dp_add_gtest(<target> SOURCES <files> LINK <libs> LABELS <labels> [LABELS_BY_NAME <regex>=<label>...]
 #              [TIMEOUT s])
-#   One GoogleTest executable; each TEST() becomes its own ctest test with the labels and timeout.
-#   LABELS_BY_NAME adds <label> to the tests whose ctest name matches <regex> (a typed test's name ends
-#   with its type: "Suite.Test<Type>").
+#   One GoogleTest executable; each test suite becomes one ctest test, its tests run in one process
+#   ("Suite.*"; a typed suite gives one per type, "Suite.*<Type>"; see cmake/DpGtestSuites.cmake), with
+#   the labels and a timeout of TIMEOUT plus 30 s per test. LABELS_BY_NAME adds <label> to the suites whose
+#   ctest name matches <regex>. Run one test alone with the executable: build/tests/<target>
+#   --gtest_filter='Suite.Test'.
 function(dp_add_gtest target)
   cmake_parse_arguments(G "" "TIMEOUT" "SOURCES;LINK;LABELS;LABELS_BY_NAME" ${ARGN})
   if(NOT G_TIMEOUT)
@@ -55,22 +57,16 @@ function(dp_add_gtest target)
     target_precompile_headers(${target} REUSE_FROM dp_common)
   endif()
   set_target_properties(${target} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
-  gtest_discover_tests(${target}
-    PROPERTIES TIMEOUT ${G_TIMEOUT}
-    TEST_LIST ${target}_TESTS
-    DISCOVERY_TIMEOUT 60)
-  # gtest_discover_tests splits list-valued PROPERTIES, so the labels are set by a script that ctest
-  # runs after the discovered tests are defined.
-  set(labels_script ${CMAKE_CURRENT_BINARY_DIR}/${target}_labels.cmake)
-  set(script "foreach(t IN LISTS ${target}_TESTS)\n  set(labels \"${G_LABELS}\")\n")
-  foreach(rule IN LISTS G_LABELS_BY_NAME)
-    string(FIND "${rule}" "=" eq REVERSE)
-    string(SUBSTRING "${rule}" 0 ${eq} regex)
-    math(EXPR after "${eq} + 1")
-    string(SUBSTRING "${rule}" ${after} -1 label)
-    string(APPEND script "  if(t MATCHES [=[${regex}]=])\n    list(APPEND labels ${label})\n  endif()\n")
-  endforeach()
-  string(APPEND script "  set_tests_properties(\"\${t}\" PROPERTIES LABELS \"\${labels}\")\nendforeach()\n")
-  file(WRITE ${labels_script} "${script}")
-  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${labels_script})
+  set(config ${CMAKE_CURRENT_BINARY_DIR}/${target}_suites_config.cmake)
+  set(out ${CMAKE_CURRENT_BINARY_DIR}/${target}_suites.cmake)
+  file(WRITE ${config} "set(EXE [=[${PROJECT_BINARY_DIR}/tests/${target}]=])\nset(OUT [=[${out}]=])\n"
+                       "set(WORKDIR [=[${CMAKE_CURRENT_BINARY_DIR}]=])\nset(TIMEOUT ${G_TIMEOUT})\nset(PER_TEST 30)\n"
+                       "set(LABELS [=[${G_LABELS}]=])\nset(RULES [=[${G_LABELS_BY_NAME}]=])\n")
+  add_custom_command(TARGET ${target} POST_BUILD
+    COMMAND ${CMAKE_COMMAND} -D CONFIG=${config} -P ${PROJECT_SOURCE_DIR}/cmake/DpGtestSuites.cmake
+    COMMENT "Listing the test suites of ${target}" VERBATIM)
+  set(include_file ${CMAKE_CURRENT_BINARY_DIR}/${target}_include.cmake)
+  file(WRITE ${include_file} "if(EXISTS [=[${out}]=])\n  include([=[${out}]=])\nelse()\n"
+                             "  add_test(${target}_NOT_BUILT ${target}_NOT_BUILT)\nendif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${include_file})
 endfunction()
