@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <sstream>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -40,8 +41,8 @@ void set_local_states(optim::Optimizer& opt, const std::vector<torch::Tensor>& p
   }
 }
 
-// The owner sends a header [present, step, number of tensors, characters of their names], the names
-// ('\n'-separated, one int32 per character: every backend broadcasts int32), then each tensor.
+// The owner sends a header [present, step], the names of its state tensors ('\n'-separated, with
+// broadcast_text()), then each tensor.
 ParamState broadcast_param_state(ProcessGroup& pg, int owner, const ParamState& mine, const torch::Tensor& p) {
   const bool me = pg.rank() == owner;
   std::string names;
@@ -51,30 +52,14 @@ ParamState broadcast_param_state(ProcessGroup& pg, int owner, const ParamState& 
         throw std::invalid_argument(fmt::format("optimizer state {} is not shaped like its parameter", name));
       names += name + "\n";
     }
-  auto header = torch::tensor({me && mine.present ? int64_t{1} : 0, me ? mine.step : 0,
-                               me ? static_cast<int64_t>(mine.tensors.size()) : 0, static_cast<int64_t>(names.size())},
-                              torch::kInt64)
-                    .to(pg.device());
+  auto header = torch::tensor({me && mine.present ? int64_t{1} : 0, me ? mine.step : 0}, torch::kInt64).to(pg.device());
   pg.broadcast(header, owner);
   header = header.cpu();
   ParamState out;
   out.present = header[0].item<int64_t>() != 0;
   out.step = header[1].item<int64_t>();
-  const int64_t count = header[2].item<int64_t>(), chars = header[3].item<int64_t>();
-  if (count == 0) return out;
-  auto codes = torch::zeros({chars}, torch::kInt32);
-  if (me)
-    for (int64_t i = 0; i < chars; ++i) codes[i] = static_cast<int32_t>(names[static_cast<size_t>(i)]);
-  codes = codes.to(pg.device());
-  pg.broadcast(codes, owner);
-  codes = codes.cpu();
-  std::vector<std::string> keys(1);
-  for (int64_t i = 0; i < chars; ++i) {
-    const char c = static_cast<char>(codes[i].item<int32_t>());
-    if (c == '\n') keys.emplace_back(); else keys.back() += c;
-  }
-  keys.pop_back();  // the empty name after the last '\n'
-  for (const auto& k : keys) {
+  std::istringstream keys(broadcast_text(pg, names, owner));
+  for (std::string k; std::getline(keys, k);) {
     torch::Tensor t = me ? mine.tensors.at(k).detach().clone().contiguous() : torch::empty_like(p.detach());
     pg.broadcast(t, owner);
     out.tensors[k] = t;

@@ -40,9 +40,9 @@ std::string DdpStrategy::describe() const {
 
 std::vector<std::pair<std::string, torch::Tensor>> DdpStrategy::full_parameters() { return whole_parameters(*model_); }
 
-std::vector<std::pair<std::string, torch::Tensor>> whole_parameters(torch::nn::Module& model) {
+std::vector<std::pair<std::string, torch::Tensor>> whole_parameters(torch::nn::Module& model, bool copy) {
   auto named = unique_named_parameters(model, /*trainable_only=*/true);
-  for (auto& [name, p] : named) p = p.detach();
+  for (auto& [name, p] : named) p = copy ? p.detach().clone() : p.detach();
   return named;
 }
 
@@ -57,8 +57,7 @@ void set_learning_rate(Strategy& s, double lr) {
 
 FullState whole_state(torch::nn::Module& model, const torch::optim::Optimizer& opt) {
   FullState s;
-  s.params = whole_parameters(model);
-  for (auto& [name, p] : s.params) p = p.clone();
+  s.params = whole_parameters(model, /*copy=*/true);
   s.optimizer = local_states(opt, unique_parameters(model, /*trainable_only=*/true));
   return s;
 }

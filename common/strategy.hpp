@@ -137,9 +137,9 @@ class DdpStrategy : public Strategy {
   std::string name_;
 };
 
-/// The model's trainable parameters, tied ones once, named and detached: what full_parameters() gives
-/// for a scheme in which every rank holds whole parameters.
-std::vector<std::pair<std::string, torch::Tensor>> whole_parameters(torch::nn::Module& model);
+/// The model's trainable parameters, tied ones once, named and detached (copied with `copy`): what
+/// full_parameters() (full_state()) gives for a scheme in which every rank holds whole parameters.
+std::vector<std::pair<std::string, torch::Tensor>> whole_parameters(torch::nn::Module& model, bool copy = false);
 
 /// The MakeStrategy of a DDP stage: `make` builds its GradSync, then one optimizer over every unique
 /// parameter of the model (tied weights once).

@@ -94,13 +94,25 @@ std::vector<LaunchRecord> BucketedDdp::launches() const {
 // [no_sync]
 BucketedDdp::NoSyncGuard BucketedDdp::no_sync() {
   std::lock_guard<std::mutex> lock(mu_);
+  enter_no_sync();
+  return NoSyncGuard(this);
+}
+
+void BucketedDdp::enter_no_sync() {
   // Buckets of an unfinished step may be on the wire, and finish would overwrite .grad() with their
   // average, dropping whatever was accumulated meanwhile.
   if (in_step_)
     throw std::logic_error("BucketedDdp: no_sync() while a synchronization is unfinished: call "
                            "finish_gradient_synchronization() after the backward outside the guard first");
   ++no_sync_depth_;
-  return NoSyncGuard(this);
+}
+
+void BucketedDdp::set_requires_gradient_sync(bool sync) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sync == !sync_off_) return;
+  if (sync) --no_sync_depth_;
+  else enter_no_sync();
+  sync_off_ = !sync;
 }
 
 BucketedDdp::NoSyncGuard::~NoSyncGuard() {
@@ -296,11 +308,6 @@ std::string OverlappedOptimizerDdp::describe() const {
                      ddp_->bucket_count(), ddp_->bucket_cap_mb());
 }
 
-void OverlappedOptimizerDdp::set_requires_gradient_sync(bool sync) {
-  if (sync) local_.reset();
-  else if (!local_) local_.emplace(ddp_->no_sync());
-}
-
 std::vector<torch::optim::Optimizer*> OverlappedOptimizerDdp::optimizer_of_each() const {
   std::unordered_map<const void*, torch::optim::Optimizer*> by_param;
   const auto& params = ddp_->parameters();
@@ -313,8 +320,7 @@ std::vector<torch::optim::Optimizer*> OverlappedOptimizerDdp::optimizer_of_each(
 
 FullState OverlappedOptimizerDdp::full_state() {
   FullState s;
-  s.params = whole_parameters(*ddp_->module);
-  for (auto& [name, p] : s.params) p = p.clone();
+  s.params = whole_parameters(*ddp_->module, /*copy=*/true);
   const auto params = unique_parameters(*ddp_->module, /*trainable_only=*/true);
   const auto opts = optimizer_of_each();
   for (size_t i = 0; i < params.size(); ++i) s.optimizer.push_back(local_states(*opts[i], {params[i]}).at(0));
@@ -333,11 +339,6 @@ BucketedDdpStrategy::BucketedDdpStrategy(ProcessGroup& pg, std::shared_ptr<torch
                                          std::unique_ptr<BucketedDdp> ddp, std::unique_ptr<torch::optim::Optimizer> opt)
     : DdpStrategy(pg, std::move(model), std::move(ddp), std::move(opt), "bucketed DDP"),
       ddp_(static_cast<BucketedDdp*>(sync())) {}
-
-void BucketedDdpStrategy::set_requires_gradient_sync(bool sync) {
-  if (sync) local_.reset();
-  else if (!local_) local_.emplace(ddp_->no_sync());
-}
 
 MakeStrategy bucketed_ddp_strategy(double bucket_cap_mb, BucketOrder order) {
   return [bucket_cap_mb, order](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,

@@ -18,7 +18,6 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -110,8 +109,11 @@ class BucketedDdp : public GradSync {
   /// std::logic_error when a synchronization is unfinished (a backward ran outside a guard and
   /// finish_gradient_synchronization() was not called yet): its buckets may be on the wire.
   [[nodiscard]] NoSyncGuard no_sync();
-  /// True while a guard from no_sync() lives.
+  /// True while a guard from no_sync() lives (or set_requires_gradient_sync(false) holds).
   bool in_no_sync() const;
+  /// no_sync() as a switch (FSDP2's name, what dp::Strategy asks for): false accumulates locally as a
+  /// live guard would, until true; a repeated value changes nothing. Throws as no_sync() does.
+  void set_requires_gradient_sync(bool sync);
 
   /// Replaces how a bucket is reduced (PyTorch's register_comm_hook); `name` is for printing. The
   /// default is allreduce_hook(). Every rank must register the same hook. Throws std::logic_error when
@@ -161,6 +163,7 @@ class BucketedDdp : public GradSync {
   std::vector<LaunchRecord> launches() const;
 
  private:
+  void enter_no_sync();                 // no_sync()'s check and count; mu_ held
   void check_not_ready(size_t param);   // pre-hook: already ready this step? a second backward
   void on_gradient_ready(size_t param); // post-hook: copy .grad() into its slot, launch what is complete
   void copy_into_slot(size_t param);
@@ -193,7 +196,8 @@ class BucketedDdp : public GradSync {
   std::vector<char> ready_;            // per parameter in params_, this step
   size_t next_to_launch_ = 0;          // buckets [0, next_to_launch_) are launched this step
   bool in_step_ = false;               // a backward outside no_sync() ran, finish not called yet
-  int no_sync_depth_ = 0;              // live NoSyncGuards
+  int no_sync_depth_ = 0;              // live NoSyncGuards, plus 1 while set_requires_gradient_sync(false) holds
+  bool sync_off_ = false;              // set_requires_gradient_sync(false) holds
   bool accumulated_locally_ = false;   // a gradient arrived under no_sync() since the last synchronization
   CommHook hook_;
   std::string hook_name_;
@@ -227,7 +231,7 @@ class OverlappedOptimizerDdp : public Strategy {
     return whole_parameters(*ddp_->module);
   }
   /// false: no_sync() until true (nothing steps in between).
-  void set_requires_gradient_sync(bool sync) override;
+  void set_requires_gradient_sync(bool sync) override { ddp_->set_requires_gradient_sync(sync); }
   FullState full_state() override;
   void load_full_state(const FullState& s) override;
   std::vector<torch::optim::Optimizer*> optimizers() override;
@@ -238,7 +242,6 @@ class OverlappedOptimizerDdp : public Strategy {
   std::vector<torch::optim::Optimizer*> optimizer_of_each() const;
 
   std::unique_ptr<BucketedDdp> ddp_;
-  std::optional<BucketedDdp::NoSyncGuard> local_;  // destroyed before ddp_
 };
 
 /// BucketedDdp as a dp::Strategy (DdpStrategy: one optimizer over every parameter after finish) whose
@@ -247,11 +250,10 @@ class BucketedDdpStrategy : public DdpStrategy {
  public:
   BucketedDdpStrategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, std::unique_ptr<BucketedDdp> ddp,
                       std::unique_ptr<torch::optim::Optimizer> opt);
-  void set_requires_gradient_sync(bool sync) override;
+  void set_requires_gradient_sync(bool sync) override { ddp_->set_requires_gradient_sync(sync); }
 
  private:
-  BucketedDdp* ddp_;
-  std::optional<BucketedDdp::NoSyncGuard> local_;
+  BucketedDdp* ddp_;  // the DdpStrategy's GradSync
 };
 
 /// The MakeStrategy of BucketedDdpStrategy with `bucket_cap_mb` MB buckets.

@@ -11,7 +11,6 @@
 
 #include <fmt/format.h>
 
-#include <optional>
 #include <stdexcept>
 
 namespace dp {
@@ -52,15 +51,11 @@ class Cs336Strategy : public Strategy {
     return fmt::format("CS336's design: DDP in {} buckets, then {}", ddp_->bucket_count(), first_line(opt_.describe()));
   }
   std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override { return whole_parameters(*model_); }
-  void set_requires_gradient_sync(bool sync) override {
-    if (sync) local_.reset();
-    else if (!local_) local_.emplace(ddp_->no_sync());
-  }
+  void set_requires_gradient_sync(bool sync) override { ddp_->set_requires_gradient_sync(sync); }
   // Each parameter's state lives on its owner: the owner broadcasts it.
   FullState full_state() override {
     FullState s;
-    s.params = whole_parameters(*model_);
-    for (auto& [name, p] : s.params) p = p.clone();
+    s.params = whole_parameters(*model_, /*copy=*/true);
     for (const auto& p : unique_parameters(*model_, /*trainable_only=*/true)) {
       const int owner = opt_.owner_of(p);
       s.optimizer.push_back(broadcast_param_state(pg_, owner, owner == pg_.rank() ? get_param_state(opt_.local(), p) : ParamState{}, p));
@@ -79,7 +74,6 @@ class Cs336Strategy : public Strategy {
   std::shared_ptr<torch::nn::Module> model_;
   std::unique_ptr<BucketedDdp> ddp_;
   ShardedOptimizer opt_;
-  std::optional<BucketedDdp::NoSyncGuard> local_;  // destroyed before ddp_
 };
 
 class Zero1Strategy : public Strategy {
@@ -100,8 +94,7 @@ class Zero1Strategy : public Strategy {
   // The state of one flat chunk per rank: gathered and cut per parameter; on load, this world's chunk.
   FullState full_state() override {
     FullState s;
-    s.params = whole_parameters(*model_);
-    for (auto& [name, p] : s.params) p = p.clone();
+    s.params = whole_parameters(*model_, /*copy=*/true);
     const auto held = gather_chunk_state(pg_, opt_->local(), opt_->shard(), opt_->layout(), opt_->parameters());
     s.optimizer = permute_states(opt_->parameters(), unique_parameters(*model_, true), held);
     return s;
@@ -130,6 +123,15 @@ class BucketedZero1Strategy : public Strategy {
     broadcast_parameters(pg, *model_);
     opt_ = std::make_unique<BucketedZero1>(pg, unique_parameters(*model_), local_factory(make), cap);
     if (overlap_) runner_ = opt_->runner(units->units());
+    // parameters() is bucket by bucket, each bucket's buffer holding layout(b).numel of them back to back.
+    size_t i = 0;
+    for (size_t b = 0; b < opt_->num_buckets(); ++b) {
+      bucket_params_.emplace_back();
+      for (int64_t left = opt_->layout(b).numel; left > 0; ++i) {
+        bucket_params_.back().push_back(opt_->parameters().at(i));
+        left -= opt_->parameters().at(i).numel();
+      }
+    }
   }
   void zero_grad() override { opt_->zero_grad(); }
   UnitRunner runner() override { return runner_; }
@@ -151,11 +153,11 @@ class BucketedZero1Strategy : public Strategy {
   // Zero1Strategy's, bucket by bucket: each bucket's flat buffer holds its parameters back to back.
   FullState full_state() override {
     FullState s;
-    s.params = full_parameters();
-    for (auto& [name, p] : s.params) p = p.clone();
+    if (overlap_) opt_->wait_parameters();  // the gathers step(false) left
+    s.params = whole_parameters(*model_, /*copy=*/true);
     std::vector<ParamState> held;
     for (size_t b = 0; b < opt_->num_buckets(); ++b) {
-      const auto part = gather_chunk_state(pg_, opt_->local(b), chunk(b), opt_->layout(b), bucket_params(b));
+      const auto part = gather_chunk_state(pg_, opt_->local(b), chunk(b), opt_->layout(b), bucket_params_[b]);
       held.insert(held.end(), part.begin(), part.end());
     }
     s.optimizer = permute_states(opt_->parameters(), unique_parameters(*model_, true), held);
@@ -167,7 +169,7 @@ class BucketedZero1Strategy : public Strategy {
     const auto held = permute_states(params, opt_->parameters(), s.optimizer);
     size_t first = 0;
     for (size_t b = 0; b < opt_->num_buckets(); ++b) {
-      const size_t n = bucket_params(b).size();
+      const size_t n = bucket_params_[b].size();
       set_chunk_state(opt_->local(b), chunk(b), opt_->layout(b), pg_.rank(),
                       std::vector<ParamState>(held.begin() + first, held.begin() + first + n));
       first += n;
@@ -182,26 +184,13 @@ class BucketedZero1Strategy : public Strategy {
  private:
   // Bucket b's optimizer steps one tensor: this rank's chunk of the bucket.
   torch::Tensor chunk(size_t b) { return opt_->local(b).param_groups().at(0).params().at(0); }
-  // The parameters of bucket b, in its buffer's order: parameters() is bucket by bucket.
-  std::vector<torch::Tensor> bucket_params(size_t b) const {
-    size_t first = 0;
-    for (size_t c = 0; c < b; ++c) first += params_in(c, first);
-    const size_t n = params_in(b, first);
-    return {opt_->parameters().begin() + first, opt_->parameters().begin() + first + n};
-  }
-  size_t params_in(size_t b, size_t first) const {
-    int64_t left = opt_->layout(b).numel;
-    size_t n = 0;
-    while (left > 0) left -= opt_->parameters().at(first + n++).numel();
-    return n;
-  }
 
- private:
   ProcessGroup& pg_;
   std::shared_ptr<torch::nn::Module> model_;
   bool overlap_;
   std::unique_ptr<BucketedZero1> opt_;
   UnitRunner runner_;
+  std::vector<std::vector<torch::Tensor>> bucket_params_;  // per bucket, in its buffer's order
 };
 
 }  // namespace

@@ -19,6 +19,24 @@ UnitModel& units_of(torch::nn::Module& model) {
   return *m;
 }
 
+// `in`'s state tensors, name by name, through `f` (one list of tensors in, `n_out` out): gather_full()
+// on save, shard_full() on load. Every parameter steps together, so the first one's step and names
+// are everyone's.
+template <typename F>
+std::vector<ParamState> map_states(const std::vector<ParamState>& in, size_t n_out, F&& f) {
+  const ParamState first = in.empty() ? ParamState{} : in[0];
+  std::vector<ParamState> out(n_out);
+  for (auto& st : out) st.present = first.present, st.step = first.step;
+  if (!first.present) return out;
+  for (const auto& [name, t0] : first.tensors) {
+    std::vector<torch::Tensor> v;
+    for (const auto& st : in) v.push_back(st.tensors.at(name));
+    const auto mapped = f(v);
+    for (size_t i = 0; i < n_out; ++i) out[i].tensors[name] = mapped.at(i);
+  }
+  return out;
+}
+
 class FsdpStrategy : public Strategy {
  public:
   FsdpStrategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const MakeOptimizer& make, FsdpOptions opts)
@@ -52,17 +70,8 @@ class FsdpStrategy : public Strategy {
   FullState full_state() override {
     FullState s;
     s.params = full_parameters();
-    const auto pieces = fsdp_.parameters();
-    const auto states = local_states(*opt_, pieces);
-    s.optimizer.resize(s.params.size());
-    for (auto& st : s.optimizer) st.present = !states.empty() && states[0].present, st.step = states.empty() ? 0 : states[0].step;
-    if (states.empty() || !states[0].present) return s;
-    for (const auto& [name, t0] : states[0].tensors) {
-      std::vector<torch::Tensor> mine;
-      for (const auto& st : states) mine.push_back(st.tensors.at(name));
-      const auto full = fsdp_.gather_full(mine);
-      for (size_t i = 0; i < full.size(); ++i) s.optimizer[i].tensors[name] = full[i];
-    }
+    s.optimizer = map_states(local_states(*opt_, fsdp_.parameters()), s.params.size(),
+                             [&](const std::vector<torch::Tensor>& v) { return fsdp_.gather_full(v); });
     return s;
   }
   void load_full_state(const FullState& s) override {
@@ -71,15 +80,8 @@ class FsdpStrategy : public Strategy {
     for (const auto& [name, p] : s.params) values.push_back(p);
     auto pieces = fsdp_.parameters();
     const auto mine = fsdp_.shard_full(values);
-    std::vector<ParamState> states(pieces.size());
-    for (auto& st : states) st.present = !s.optimizer.empty() && s.optimizer[0].present, st.step = s.optimizer.empty() ? 0 : s.optimizer[0].step;
-    if (!s.optimizer.empty() && s.optimizer[0].present)
-      for (const auto& [name, t0] : s.optimizer[0].tensors) {
-        std::vector<torch::Tensor> full;
-        for (const auto& st : s.optimizer) full.push_back(st.tensors.at(name));
-        const auto cut = fsdp_.shard_full(full);
-        for (size_t i = 0; i < cut.size(); ++i) states[i].tensors[name] = cut[i];
-      }
+    const auto states = map_states(s.optimizer, pieces.size(),
+                                   [&](const std::vector<torch::Tensor>& v) { return fsdp_.shard_full(v); });
     {
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < pieces.size(); ++i) pieces[i].copy_(mine[i]);  // a shard (gathered before each use) or a gain

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -175,19 +176,28 @@ std::string resume_difference(ProcessGroup& pg, const MakeStrategy& make) {
   return "";
 }
 
+// Rank 0's full state after 2 steps at 2 ranks of `make` around seeded_model(seed); `also` runs on
+// every rank with that state (a collective, such as saving it to a file).
+dp::FullState state_after_two_steps(const MakeStrategy& make, uint64_t seed,
+                                    const std::function<void(ProcessGroup&, const dp::FullState&)>& also = {}) {
+  dp::FullState saved;
+  run_ranks(2, [&](ProcessGroup& pg) {
+    auto model = seeded_model(seed);
+    auto s = build(pg, make, model);
+    train(pg, model, *s, 0, 2);
+    auto state = s->full_state();
+    if (also) also(pg, state);
+    if (pg.rank() == 0) saved = state;
+  });
+  return saved;
+}
+
 // The full state, three ways: resuming from it is the run that never stopped (bit for bit); it is
 // world-size-free (saved at 2 ranks, loaded at 3, with other shards and padding, and at 1, then saved
 // again: the same tensors, bit for bit); a state of another model is refused before anything changes.
 TYPED_TEST(StrategyContract, FullStateResumesAnywhere) {
   run_ranks(2, [](ProcessGroup& pg) { EXPECT_EQ(resume_difference(pg, TypeParam::make()), ""); });
-  dp::FullState saved;
-  run_ranks(2, [&](ProcessGroup& pg) {
-    auto model = seeded_model(21);
-    auto s = build(pg, TypeParam::make(), model);
-    train(pg, model, *s, 0, 2);
-    auto state = s->full_state();
-    if (pg.rank() == 0) saved = state;
-  });
+  const dp::FullState saved = state_after_two_steps(TypeParam::make(), 21);
   for (int world : {3, 1}) {
     SCOPED_TRACE(::testing::Message() << world << " ranks");
     run_ranks(world, [&](ProcessGroup& pg) {
@@ -209,14 +219,8 @@ TYPED_TEST(StrategyContract, FullStateResumesAnywhere) {
 TEST(StateFile, AnySchemeAnyWorldSizeAndRefusals) {
   dp::testing::TempDir dir("state_file");
   const std::string path = dir.file("state.ckpt");
-  dp::FullState saved;
-  run_ranks(2, [&](ProcessGroup& pg) {
-    auto model = seeded_model(41);
-    auto s = build(pg, dp::zero1_strategy(), model);
-    train(pg, model, *s, 0, 2);
-    auto state = s->full_state();
-    dp::save_state_file(path, pg, {{"step", 2}}, state);
-    if (pg.rank() == 0) saved = state;
+  const dp::FullState saved = state_after_two_steps(dp::zero1_strategy(), 41, [&](ProcessGroup& pg, const dp::FullState& s) {
+    dp::save_state_file(path, pg, {{"step", 2}}, s);
   });
   const auto like = dp::unique_named_parameters(*seeded_model(0), true);
   run_ranks(3, [&](ProcessGroup& pg) {
