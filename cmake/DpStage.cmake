@@ -20,6 +20,25 @@ function(dp_add_stage dir)
   set_target_properties(${exe} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
 endfunction()
 
+# dp_add_extension(<dir-name> [SOURCES <main.cpp>] [LIB_SOURCES <files>...] LINK <libs>...)
+#   An extension of a stage (extensions/NNx_name): LIB_SOURCES become library extNNx_lib, SOURCES the
+#   program bin/extNNx_name; both link LINK (the stage's library, and the extensions it builds on).
+function(dp_add_extension dir)
+  cmake_parse_arguments(E "" "" "SOURCES;LIB_SOURCES;LINK" ${ARGN})
+  string(REGEX MATCH "^[0-9]+[a-z]" id "${dir}")
+  if(E_LIB_SOURCES)
+    add_library(ext${id}_lib STATIC ${E_LIB_SOURCES})
+    target_link_libraries(ext${id}_lib PUBLIC dp_common ${E_LINK})
+    target_precompile_headers(ext${id}_lib REUSE_FROM dp_common)
+  endif()
+  if(E_SOURCES)
+    add_executable(ext${dir} ${E_SOURCES})
+    target_link_libraries(ext${dir} PRIVATE dp_common ${E_LINK} $<TARGET_NAME_IF_EXISTS:ext${id}_lib>)
+    target_precompile_headers(ext${dir} REUSE_FROM dp_common)
+    set_target_properties(ext${dir} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
+  endif()
+endfunction()
+
 # dp_add_test(<name> COMMAND <cmd...> LABELS <labels...> [TIMEOUT s] [COST s] [RUN_SERIAL])
 #   A ctest test with a mandatory timeout: a hang is a failure, never a wait. COST: the seconds it took
 #   on 2 cores, so that `ctest -j` starts the longest tests first instead of leaving one of them alone at

@@ -69,10 +69,10 @@ for part in $parts; do
       gzip -9f $R/stage05_tiny_1gbit.trace.json  # Perfetto opens .json.gz as it is
     fi ;;
   features)
-    echo "== stage 05's features on simulated 1 and 10 Gbit/s links: hook x bucket order x optimizer placement in one run"
+    echo "== stage 05's extensions on simulated 1 and 10 Gbit/s links: hook x bucket order x optimizer placement in one run"
     for rate in 1gbit 10gbit; do
       tr=(); [ $rate = 1gbit ] && tr=(--trace $R/stage05_features_1gbit.trace.json)
-      net $L --nproc 2 --net $rate -- $B/stage05_bucketed $T --variants bucketed --caps 1,25 \
+      net $L --nproc 2 --net $rate -- $B/ext05d_feature_bench $T --caps 1,25 \
           --comm-hook allreduce,fp16 --bucket-order reverse,arrival --overlap-optimizer both --accumulate 4 \
           --json $R/stage05_features_$rate.json "${tr[@]}"
     done
@@ -101,7 +101,7 @@ for part in $parts; do
       "${S[@]}" --json $R/torch_ddp_small_1gbit.json
       "${S[@]}" "--our-extra=--bucket-order arrival --overlap-optimizer true" --json $R/torch_ddp_small_1gbit_best.json
       # PyTorch 2.x on both sides: our build against the pip wheel (scripts/install_torch2.sh, cmake --preset torch2).
-      if [ -x build-venv/torch2/bin/python ] && [ -x build-torch2/bin/stage05_bucketed ]; then
+      if [ -x build-venv/torch2/bin/python ] && [ -x build-torch2/bin/ext05d_feature_bench ]; then
         "${C[@]}" --net 1gbit --fp16 "${X[@]}" --python build-venv/torch2/bin/python --our-bin build-torch2/bin \
             --json $R/torch_ddp_tiny_1gbit_torch2.json
       else
@@ -212,7 +212,7 @@ for part in $parts; do
 done
 
 for f in $R/*.json; do
-  case $f in *.trace.json|*/alltoall.json|*/torch_compare.json|*/torch_ddp_*.json|*/stage07_gather_in_time.json|*/lm_speed.json) continue ;; esac
+  case $f in *.trace.json|*/alltoall.json|*/torch_compare.json|*/torch_ddp_*.json|*/stage07_gather_in_time.json|*/lm_speed.json|*/margins.json) continue ;; esac
   $PY scripts/plot.py "$f"
 done
 $PY scripts/make_tables.py

@@ -1,19 +1,19 @@
 #!/usr/bin/env python3
-"""Stage 05's bucketed DDP (C++) against PyTorch's own DistributedDataParallel, on the same simulated network.
+"""Stage 05's bucketed DDP (C++, with its extensions) against PyTorch's own DistributedDataParallel, on the
+same simulated network.
 
 Each round launches our benchmark and PyTorch's, one after the other (ours first in odd rounds, PyTorch's
 first in even ones, so neither side always runs on a machine just warmed or just loaded by the other),
 with the same preset, global batch, context, warm-up and timed steps, ranks, link and launcher:
 
-    ours:   <our-bin>/ddp_launch --nproc W [--net NET] -- <our-bin>/stage05_bucketed --bench --preset P
-                [--variants bucketed] --caps 26.2144[,MORE] --batch B --context C --warmup 2 --steps S
+    ours:   <our-bin>/ddp_launch --nproc W [--net NET] -- <our-bin>/ext05d_feature_bench --bench --preset P
+                --caps 26.2144[,MORE] --batch B --context C --warmup 2 --steps S
                 [OUR-EXTRA] --json ours.json         (26.2144 MB = 25 MiB, PyTorch's unit; MORE, OUR-EXTRA: fp32 only)
     theirs: <our-bin>/ddp_launch --nproc W [--net NET] -- PYTHON scripts/torch_ddp.py --preset P
                 --batch B --context C --warmup 2 --steps S --bucket-cap-mb 25 --comm-hook none --json theirs.json
 
 and with --fp16 the same two again with ours' --comm-hook fp16 and PyTorch's fp16_compress_hook.
-(--variants, which keeps only the no-communication baseline and the stage 05 rows, is passed only when
-the binary has it; otherwise ours also times stages 02-04, and the rows are picked by name anyway.)
+(ext05d_feature_bench, extension 05d, times the no-communication baseline and the stage 05 rows only.)
 
     /usr/bin/python3 scripts/compare_torch_ddp.py --preset tiny --net 1gbit --rounds 5 --steps 10 --json /tmp/cmp.json
     /usr/bin/python3 scripts/compare_torch_ddp.py --preset tiny --net 1gbit --fp16 \\
@@ -64,6 +64,7 @@ except ImportError as e:  # another python3 first on PATH (a virtualenv, pyenv) 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER = os.path.join(ROOT, "scripts", "torch_ddp.py")
+OURS = "ext05d_feature_bench"  # extension 05d: stage 05 with every feature, our side of each launch
 PRESETS = ("tiny", "small", "medium", "large", "xl", "2.7b")  # common/transformer.cpp, kPresets
 NETS = ("none", "1gbit", "10gbit")
 PYTORCH_ROW = "PyTorch DDP"
@@ -230,9 +231,9 @@ def parse_args(argv):
                     help="the Python whose PyTorch runs the peer (default /usr/bin/python3, Debian's 1.13; "
                          "build-venv/torch2/bin/python for 2.x)")
     ap.add_argument("--our-bin", default=os.path.join(ROOT, "build", "bin"),
-                    help="folder with ddp_launch and stage05_bucketed (default build/bin; build-torch2/bin for 2.x)")
+                    help="folder with ddp_launch and ext05d_feature_bench (default build/bin; build-torch2/bin for 2.x)")
     ap.add_argument("--our-extra", default="",
-                    help="more options for stage05_bucketed, given with '=': --our-extra='--overlap-optimizer both'")
+                    help="more options for ext05d_feature_bench, given with '=': --our-extra='--overlap-optimizer both'")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds one launch may take (default 1800)")
     ap.add_argument("--json", metavar="OUT", help="write every sample and the summary rows here")
     ap.add_argument("--keep-tmp", action="store_true", help="keep each launch's JSON and log (kept anyway on failure)")
@@ -250,7 +251,7 @@ def parse_args(argv):
     if a.batch % a.world:
         ap.error(f"--batch {a.batch} cannot be split evenly over {a.world} ranks; use a multiple of {a.world}")
     a.our_bin = os.path.abspath(a.our_bin)
-    for prog in ("ddp_launch", "stage05_bucketed"):
+    for prog in ("ddp_launch", OURS):
         if not os.access(os.path.join(a.our_bin, prog), os.X_OK):
             ap.error(f"--our-bin {a.our_bin}: no executable {prog} there (build first, or point at a folder with it)")
     py = shutil.which(a.python) or (a.python if os.access(a.python, os.X_OK) else None)
@@ -269,15 +270,10 @@ def main(argv):
     command = " ".join(shlex.quote(c) for c in [sys.executable, os.path.relpath(__file__, ROOT)] + argv)
 
     # What each side is: ours' LibTorch comes with its JSON ("machine"), theirs' from the peer's Python.
-    help_text = probe([os.path.join(a.our_bin, "stage05_bucketed"), "--help"]) or ""
-    has_variants = "--variants" in help_text
     theirs_version = (probe([a.python, "-c", "import torch; print(torch.__version__)"]) or "").strip()
     if not theirs_version:
         print(f"error: --python {a.python} cannot import torch", file=sys.stderr)
         return 2
-    if not has_variants:
-        print("note: this stage05_bucketed has no --variants: it also times stages 02-04 each round (longer "
-              "rounds); the no-communication and stage 05 rows are picked by name", flush=True)
 
     tmp = tempfile.mkdtemp(prefix="compare_torch_ddp.")
     launch = [os.path.join(a.our_bin, "ddp_launch"), "--nproc", str(a.world)] + \
@@ -288,8 +284,7 @@ def main(argv):
     our_cap = a.cap * 2**20 / 1e6  # MiB -> MB: the same bucket bytes as PyTorch's bucket_cap_mb
 
     def ours_cmd(hook, out):
-        return launch + [os.path.join(a.our_bin, "stage05_bucketed"), "--bench"] + common + \
-               (["--variants", "bucketed"] if has_variants else []) + \
+        return launch + [os.path.join(a.our_bin, OURS), "--bench"] + common + \
                ["--caps", ",".join([f"{our_cap:g}"] + ([c for c in a.more_caps.split(",") if c] if hook == "allreduce" else []))] + \
                (["--comm-hook", hook] if hook != "allreduce" else []) + \
                (shlex.split(a.our_extra) if hook == "allreduce" else []) + ["--json", out]  # extras: fp32 launch only
@@ -303,7 +298,7 @@ def main(argv):
     if a.fp16:
         pairs.append((("ours", "fp16"), ("theirs", "fp16")))
 
-    print(f"comparing stage05_bucketed ({a.our_bin}) with PyTorch {theirs_version} DDP ({a.python}): "
+    print(f"comparing {OURS} ({a.our_bin}) with PyTorch {theirs_version} DDP ({a.python}): "
           f"{a.preset}, {a.world} ranks, {'loopback' if a.net == 'none' else a.net + ' link per rank'}, "
           f"batch {a.batch}, context {a.context}, {plural(a.rounds, 'round')} of {a.warmup} + {a.steps} steps, "
           f"cap {a.cap:g}{', fp16 hooks too' if a.fp16 else ''}; logs in {tmp}", flush=True)
@@ -431,8 +426,7 @@ def main(argv):
     if a.json:
         doc = {
             "benchmark": "compare_torch_ddp", "command": command, "machine": machine_info(),
-            "ours": {"bin": a.our_bin, "libtorch": ours_libtorch, "machine": ours_machine,
-                     "variants_option": has_variants},
+            "ours": {"bin": a.our_bin, "program": OURS, "libtorch": ours_libtorch, "machine": ours_machine},
             "theirs": {"python": a.python, "torch_version": theirs_version},
             "config": {"preset": a.preset, "world": a.world, "net": a.net, "rounds": a.rounds, "steps": a.steps,
                        "warmup": a.warmup, "global_batch": a.batch, "context": a.context, "cap": a.cap,

@@ -1,22 +1,16 @@
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 
-#include "common/full_state.hpp"
-#include "common/memory.hpp"
-#include "common/models.hpp"
 #include "common/params.hpp"
 #include "common/trace.hpp"
 
 #include <fmt/format.h>
 
 #include <stdexcept>
-#include <unordered_map>
 
 namespace dp {
 
-BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m, double bucket_cap_mb,
-                         BucketOrder order)
-    : module(std::move(m)), pg_(pg), cap_mb_(bucket_cap_mb), hook_(allreduce_hook()), hook_name_("allreduce"),
-      order_(order) {
+BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m, double bucket_cap_mb)
+    : module(std::move(m)), pg_(pg), cap_mb_(bucket_cap_mb), hook_(allreduce_hook()), hook_name_("allreduce") {
   if (!module) throw std::invalid_argument("BucketedDdp: module is null");
   // Check the cap before the broadcast: a bad option fails fast and identically on every rank.
   std::vector<int64_t> bytes;
@@ -137,14 +131,28 @@ void BucketedDdp::register_comm_hook(CommHook hook, std::string name) {
   hook_name_ = std::move(name);
 }
 
-void BucketedDdp::overlap_optimizer(MakeOptimizer make) {
-  if (!make) throw std::logic_error("BucketedDdp::overlap_optimizer: empty factory");
+void BucketedDdp::on_bucket_averaged(std::function<void(size_t)> f) {
   std::lock_guard<std::mutex> lock(mu_);
   if (in_step_)
-    throw std::logic_error("BucketedDdp::overlap_optimizer: buckets are in flight; call it between steps");
-  optimizers_.clear();
-  optimizers_.resize(params_.size());
-  for (size_t i : hooked_) optimizers_[i] = make({params_[i]});
+    throw std::logic_error("BucketedDdp::on_bucket_averaged: buckets are in flight; call it between steps");
+  bucket_averaged_ = std::move(f);
+}
+
+void BucketedDdp::reassign(std::vector<std::vector<size_t>> assignment) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_step_) throw std::logic_error("BucketedDdp::reassign: buckets are in flight; call it between steps");
+  std::vector<int> seen(params_.size(), 0);
+  for (const auto& bucket : assignment) {
+    if (bucket.empty()) throw std::logic_error("BucketedDdp::reassign: an empty bucket");
+    for (size_t i : bucket)
+      if (i >= params_.size() || !params_[i].requires_grad() || seen[i]++)
+        throw std::logic_error(fmt::format("BucketedDdp::reassign: parameter index {} is out of range, frozen or "
+                                           "listed twice", i));
+  }
+  for (size_t i : hooked_)
+    if (!seen[i]) throw std::logic_error("BucketedDdp::reassign: no bucket for " + names_[i]);
+  assignment_ = std::move(assignment);
+  build_buffers();
 }
 
 std::string BucketedDdp::comm_hook_name() const {
@@ -187,7 +195,7 @@ void BucketedDdp::on_gradient_ready(size_t i) {
     in_step_ = true;
     launches_.clear();
   }
-  if (order_ == BucketOrder::arrival && !rebuilt_) arrival_.push_back(i);
+  gradient_copied(i);
   // [ready]
   copy_into_slot(i);
   ready_[i] = 1;
@@ -220,9 +228,13 @@ void BucketedDdp::launch_complete_buckets_in_order(bool during_backward) {
 }
 
 void BucketedDdp::finish_gradient_synchronization() {
+  if (synchronize()) after_synchronization();  // outside the lock: a subclass may issue collectives there
+}
+
+bool BucketedDdp::synchronize() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (no_sync_depth_ > 0) return;  // accumulating locally: the backward after the guard synchronizes
-  if (!in_step_ && !accumulated_locally_) return;  // no backward since the last call: nothing to do
+  if (no_sync_depth_ > 0) return false;  // accumulating locally: the backward after the guard synchronizes
+  if (!in_step_ && !accumulated_locally_) return false;  // no backward since the last call: nothing to do
   if (!in_step_) {  // gradients accumulated under no_sync() and no backward since: send them from here
     in_step_ = true;
     launches_.clear();
@@ -233,7 +245,7 @@ void BucketedDdp::finish_gradient_synchronization() {
   // collectives. As in stage 04 this is only consistent if the same parameters are unused on all ranks.
   for (size_t i : hooked_)
     if (!ready_[i]) {
-      if (order_ == BucketOrder::arrival && !rebuilt_) arrival_.push_back(i);  // unused: last
+      gradient_copied(i);  // unused: last
       copy_into_slot(i);
       ready_[i] = 1;
       ++buckets_[slots_[i].bucket].ready;
@@ -251,16 +263,7 @@ void BucketedDdp::finish_gradient_synchronization() {
       else
         params_[i].mutable_grad() = averaged.clone();
     }
-    // [overlap optimizer]
-    // This bucket's gradients are final: step its parameters now, while the buckets after it are still
-    // on the wire (Gloo's threads move them; this thread computes). One step after the last bucket would
-    // add the whole optimizer time to the step; here only the last bucket's share stays after the wire.
-    if (!optimizers_.empty()) {
-      trace::Span span(fmt::format("optimizer bucket {}", bi));
-      torch::NoGradGuard no_grad;
-      for (size_t i : b.params) optimizers_[i]->step();
-    }
-    // [overlap optimizer]
+    if (bucket_averaged_) bucket_averaged_(bi);  // e.g. step this bucket's parameters (extension 05c)
   }
   // [finish]
   // Reset the per-step state here rather than only in on_train_batch_start(), so that a loop that never
@@ -273,77 +276,18 @@ void BucketedDdp::finish_gradient_synchronization() {
   next_to_launch_ = 0;
   in_step_ = false;
   accumulated_locally_ = false;
-  if (order_ == BucketOrder::arrival && !rebuilt_) rebuild_in_arrival_order();
+  return true;
 }
-
-OverlappedOptimizerDdp::OverlappedOptimizerDdp(std::unique_ptr<BucketedDdp> ddp, const MakeOptimizer& make)
-    : ddp_(std::move(ddp)) {
-  if (!ddp_) throw std::invalid_argument("OverlappedOptimizerDdp: no BucketedDdp");
-  ddp_->overlap_optimizer(make);
-}
-
-void OverlappedOptimizerDdp::zero_grad() {
-  ddp_->on_train_batch_start();
-  for (auto& opt : ddp_->overlapped_optimizers())
-    if (opt) opt->zero_grad();
-}
-
-TrainingBytes OverlappedOptimizerDdp::bytes() const {
-  TrainingBytes b;
-  for (const auto& p : unique_parameters(*ddp_->module)) {  // as count_training_bytes(): frozen ones too
-    b.params += p.nbytes();
-    if (p.grad().defined()) b.grads += p.grad().nbytes();
-  }
-  for (const auto& opt : ddp_->overlapped_optimizers())
-    if (opt) b.state += optimizer_state_bytes(*opt);
-  return b;
-}
-
-double OverlappedOptimizerDdp::sent_bytes_per_step() const {
-  return ddp_bytes_per_step(count_elements(unique_parameters(*ddp_->module, true)), ddp_->world_size());
-}
-
-std::string OverlappedOptimizerDdp::describe() const {
-  return fmt::format("DDP in {} buckets of at most {} MB, each bucket's parameters stepped as it arrives",
-                     ddp_->bucket_count(), ddp_->bucket_cap_mb());
-}
-
-std::vector<torch::optim::Optimizer*> OverlappedOptimizerDdp::optimizer_of_each() const {
-  std::unordered_map<const void*, torch::optim::Optimizer*> by_param;
-  const auto& params = ddp_->parameters();
-  for (size_t i = 0; i < params.size(); ++i)
-    if (ddp_->overlapped_optimizers()[i]) by_param[params[i].unsafeGetTensorImpl()] = ddp_->overlapped_optimizers()[i].get();
-  std::vector<torch::optim::Optimizer*> out;
-  for (const auto& p : unique_parameters(*ddp_->module, /*trainable_only=*/true)) out.push_back(by_param.at(p.unsafeGetTensorImpl()));
-  return out;
-}
-
-FullState OverlappedOptimizerDdp::full_state() {
-  FullState s;
-  s.params = whole_parameters(*ddp_->module, /*copy=*/true);
-  const auto params = unique_parameters(*ddp_->module, /*trainable_only=*/true);
-  const auto opts = optimizer_of_each();
-  for (size_t i = 0; i < params.size(); ++i) s.optimizer.push_back(local_states(*opts[i], {params[i]}).at(0));
-  return s;
-}
-
-void OverlappedOptimizerDdp::load_full_state(const FullState& s) {
-  const auto params = load_parameters(*ddp_->module, s);
-  const auto opts = optimizer_of_each();
-  for (size_t i = 0; i < params.size(); ++i) set_local_states(*opts[i], {params[i]}, {s.optimizer[i]});
-}
-
-std::vector<torch::optim::Optimizer*> OverlappedOptimizerDdp::optimizers() { return optimizer_of_each(); }
 
 BucketedDdpStrategy::BucketedDdpStrategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
                                          std::unique_ptr<BucketedDdp> ddp, std::unique_ptr<torch::optim::Optimizer> opt)
     : DdpStrategy(pg, std::move(model), std::move(ddp), std::move(opt), "bucketed DDP"),
       ddp_(static_cast<BucketedDdp*>(sync())) {}
 
-MakeStrategy bucketed_ddp_strategy(double bucket_cap_mb, BucketOrder order) {
-  return [bucket_cap_mb, order](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
+MakeStrategy bucketed_ddp_strategy(double bucket_cap_mb) {
+  return [bucket_cap_mb](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
                                 const MakeOptimizer& make) -> std::unique_ptr<Strategy> {
-    auto ddp = std::make_unique<BucketedDdp>(pg, model, bucket_cap_mb, order);  // broadcasts rank 0's weights
+    auto ddp = std::make_unique<BucketedDdp>(pg, model, bucket_cap_mb);  // broadcasts rank 0's weights
     auto opt = make(unique_parameters(*model));
     return std::make_unique<BucketedDdpStrategy>(pg, model, std::move(ddp), std::move(opt));
   };

@@ -23,16 +23,6 @@
 
 namespace dp {
 
-/// Which parameters share a bucket, and in which order buckets are launched.
-enum class BucketOrder {
-  /// assign_buckets(): last registered parameter first, for the whole run.
-  reverse_registration,
-  /// reverse_registration for the first synchronized step; at its end, rebuilt once in the order the
-  /// gradients became ready during it (rank 0's order, broadcast, so that every rank agrees), with the
-  /// first bucket capped at kFirstBucketCapBytes (1 MiB), as PyTorch's Reducer does.
-  arrival,
-};
-
 /// Data parallelism with gradient buckets launched from autograd hooks, in bucket order.
 ///
 /// Usage, on every rank (the same loop as OverlapDdp):
@@ -50,11 +40,9 @@ enum class BucketOrder {
 /// gradient the gradient of the mean over all K * B * world rows: the step of one process on the whole
 /// batch.
 ///
-/// The optimizer overlapped with communication (PyTorch 2.x's "optimizer in backward"):
-///   ddp.overlap_optimizer([](std::vector<torch::Tensor> p) { return std::make_unique<torch::optim::AdamW>(p); });
-///   loop: ddp.on_train_batch_start(); model->zero_grad(); loss.backward(); ddp.finish_gradient_synchronization();
-/// and no opt.step(): finish steps each bucket's parameters as soon as that bucket arrived
-/// (OverlappedOptimizerDdp below is this loop as a dp::Strategy).
+/// Extensions build on three seams (extensions/05*): register_comm_hook() (how a bucket is reduced),
+/// on_bucket_averaged() (work per bucket as soon as it arrived) and, for subclasses, gradient_copied(),
+/// after_synchronization() and reassign() (which parameters share a bucket).
 class BucketedDdp : public GradSync {
  public:
   /// While a NoSyncGuard lives, backward only accumulates into .grad() (plain autograd): the hooks
@@ -78,8 +66,7 @@ class BucketedDdp : public GradSync {
   /// Broadcasts rank 0's parameters and buffers, assigns buckets with assign_buckets() over the unique
   /// parameters, allocates one flat buffer per bucket and hooks every trainable parameter.
   /// Throws dp::UsageError when bucket_cap_mb is not positive and finite.
-  BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module, double bucket_cap_mb,
-              BucketOrder order = BucketOrder::reverse_registration);
+  BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module, double bucket_cap_mb);
   /// Removes the hooks. Does not wait for collectives still in flight (they keep their buffers alive).
   ~BucketedDdp() override;
   BucketedDdp(const BucketedDdp&) = delete;
@@ -121,22 +108,12 @@ class BucketedDdp : public GradSync {
   void register_comm_hook(CommHook hook, std::string name);
   /// Name given to the current hook ("allreduce" by default).
   std::string comm_hook_name() const;
-  /// Applies the optimizer inside finish_gradient_synchronization(), bucket by bucket: once bucket b's
-  /// average is back in its parameters' .grad(), their optimizers step while buckets b+1, b+2, ... are
-  /// still on the wire, instead of one optimizer step after the last bucket arrived. `make` builds one
-  /// optimizer per trainable parameter, so that a rebuild of the buckets (BucketOrder::arrival) keeps
-  /// every optimizer state. The result is bit-identical to stepping one optimizer over all parameters
-  /// after finish, for any torch::optim optimizer whose update of a parameter reads only that parameter,
-  /// its gradient and its own state (SGD, Adam, AdamW, RMSprop, Adagrad: all of LibTorch's except LBFGS).
-  /// Nothing steps under no_sync(). Replaces earlier optimizers (their state is dropped); throws
-  /// std::logic_error in the middle of a step. `make` is called once per trainable parameter, with a
-  /// one-element vector.
-  void overlap_optimizer(MakeOptimizer make);
-  /// True once overlap_optimizer() was called: the training loop must not call opt.step().
-  bool overlaps_optimizer() const { return !optimizers_.empty(); }
-  /// The per-parameter optimizers, indexed like parameters() (nullptr for frozen parameters): to change a
-  /// learning rate, change it in each.
-  const std::vector<std::unique_ptr<torch::optim::Optimizer>>& overlapped_optimizers() const { return optimizers_; }
+  /// Seam for work per bucket (PyTorch's comm-hook future's then()): `f(b)` runs inside
+  /// finish_gradient_synchronization() as soon as bucket b's average is back in its parameters' .grad(),
+  /// while buckets b+1, b+2, ... may still be on the wire; on the thread calling finish, with this
+  /// object's lock held (f must not call back into it). Empty f removes it. Throws std::logic_error in
+  /// the middle of a step.
+  void on_bucket_averaged(std::function<void(size_t bucket)> f);
 
   /// Bytes handed to collectives since construction, per rank (the hook's BucketWork::wire_bytes):
   /// with the fp16 hook, half of the default's.
@@ -145,9 +122,6 @@ class BucketedDdp : public GradSync {
   /// Unique parameters (frozen ones too, tied weights once) in registration order; buckets() indexes them.
   const std::vector<torch::Tensor>& parameters() const { return params_; }
   const std::vector<std::string>& parameter_names() const { return names_; }
-  /// True once the buckets were rebuilt in arrival order (BucketOrder::arrival, after the first
-  /// synchronized step); buckets(), bucket_count() and calls_per_step() then describe the new buckets.
-  bool buckets_rebuilt() const { return rebuilt_; }
   /// Indices into parameters() per bucket, bucket 0 (launched first) first.
   const std::vector<std::vector<size_t>>& buckets() const { return assignment_; }
   size_t bucket_count() const { return assignment_.size(); }
@@ -162,13 +136,29 @@ class BucketedDdp : public GradSync {
   /// Launches (index = bucket) of the step in progress or, between steps, of the last finished step.
   std::vector<LaunchRecord> launches() const;
 
+ protected:
+  /// Seam for subclasses: parameter `param` (index into parameters()) had its gradient copied into its
+  /// bucket in a synchronized step, by its hook during backward or, for a parameter without a gradient,
+  /// by finish. Called with the lock held, in readiness order, before any bucket it completes is launched.
+  virtual void gradient_copied(size_t /*param*/) {}
+  /// Seam for subclasses: a synchronization completed (every bucket averaged and copied back, nothing in
+  /// flight). Called at the end of finish_gradient_synchronization(), on every rank at the same step,
+  /// without the lock: it may issue collectives and call reassign().
+  virtual void after_synchronization() {}
+  /// Replaces which parameters share a bucket (indices into parameters(), bucket 0 launched first) and
+  /// reallocates the buffers. Every trainable parameter must appear exactly once, no frozen one, and
+  /// every rank must pass the same assignment. Throws std::logic_error in the middle of a step or for
+  /// an assignment that breaks those rules.
+  void reassign(std::vector<std::vector<size_t>> assignment);
+  ProcessGroup& process_group() const { return pg_; }
+
  private:
   void enter_no_sync();                 // no_sync()'s check and count; mu_ held
   void check_not_ready(size_t param);   // pre-hook: already ready this step? a second backward
   void on_gradient_ready(size_t param); // post-hook: copy .grad() into its slot, launch what is complete
   void copy_into_slot(size_t param);
+  bool synchronize();                   // finish's work, under the lock; false when there was nothing to do
   void build_buffers();             // buckets_ and slots_ from assignment_
-  void rebuild_in_arrival_order();  // BucketOrder::arrival, at the end of the first synchronization
   void launch_complete_buckets_in_order(bool during_backward);
 
   struct Bucket {
@@ -202,46 +192,11 @@ class BucketedDdp : public GradSync {
   CommHook hook_;
   std::string hook_name_;
   std::atomic<int64_t> wire_bytes_total_{0};
-  BucketOrder order_;
-  bool rebuilt_ = false;
-  std::vector<size_t> arrival_;        // parameters in the order their gradients were ready (first step)
   std::vector<LaunchRecord> launches_;
   std::atomic<int64_t> launched_total_{0};
-  std::vector<std::unique_ptr<torch::optim::Optimizer>> optimizers_;  // per parameter; empty: not overlapped
+  std::function<void(size_t)> bucket_averaged_;  // on_bucket_averaged()'s f, or empty
 
   std::unique_ptr<AccumulateGradHooks> hooks_;  // last member: destroyed first
-};
-
-/// BucketedDdp with the optimizer overlapped with communication, as a dp::Strategy: after_backward()
-/// steps each bucket's parameters as soon as that bucket arrived, with one optimizer per parameter built
-/// by `make`, and step() has nothing left to do.
-class OverlappedOptimizerDdp : public Strategy {
- public:
-  OverlappedOptimizerDdp(std::unique_ptr<BucketedDdp> ddp, const MakeOptimizer& make);
-  /// on_train_batch_start(), then every per-parameter optimizer's zero_grad().
-  void zero_grad() override;
-  void after_backward() override { ddp_->finish_gradient_synchronization(); }
-  void step() override {}
-  int64_t calls_per_step() const override { return ddp_->calls_per_step(); }
-  /// Parameters and gradients of the model, the state of every per-parameter optimizer.
-  TrainingBytes bytes() const override;
-  double sent_bytes_per_step() const override;
-  std::string describe() const override;
-  std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override {
-    return whole_parameters(*ddp_->module);
-  }
-  /// false: no_sync() until true (nothing steps in between).
-  void set_requires_gradient_sync(bool sync) override { ddp_->set_requires_gradient_sync(sync); }
-  FullState full_state() override;
-  void load_full_state(const FullState& s) override;
-  std::vector<torch::optim::Optimizer*> optimizers() override;
-  BucketedDdp& ddp() { return *ddp_; }
-
- private:
-  // The per-parameter optimizers of the model's trainable parameters, in unique_parameters() order.
-  std::vector<torch::optim::Optimizer*> optimizer_of_each() const;
-
-  std::unique_ptr<BucketedDdp> ddp_;
 };
 
 /// BucketedDdp as a dp::Strategy (DdpStrategy: one optimizer over every parameter after finish) whose
@@ -257,6 +212,6 @@ class BucketedDdpStrategy : public DdpStrategy {
 };
 
 /// The MakeStrategy of BucketedDdpStrategy with `bucket_cap_mb` MB buckets.
-MakeStrategy bucketed_ddp_strategy(double bucket_cap_mb, BucketOrder order = BucketOrder::reverse_registration);
+MakeStrategy bucketed_ddp_strategy(double bucket_cap_mb);
 
 }  // namespace dp

@@ -4,7 +4,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -37,37 +36,6 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<int64_t>& para
   }
   if (!current.empty()) buckets.push_back(std::move(current));
   // [assign]
-  return buckets;
-}
-
-std::vector<std::vector<size_t>> assign_buckets_in_order(const std::vector<size_t>& order,
-                                                         const std::vector<int64_t>& param_bytes,
-                                                         double bucket_cap_mb, int64_t first_bucket_cap_bytes) {
-  if (!std::isfinite(bucket_cap_mb) || bucket_cap_mb <= 0)
-    throw UsageError(fmt::format("bucket size must be a positive number of MB (1 MB = 10^6 bytes), got {}",
-                                 bucket_cap_mb));
-  const double cap_bytes = bucket_cap_mb * 1e6;
-  std::vector<char> seen(param_bytes.size(), 0);
-  // [assign_in_order]
-  std::vector<std::vector<size_t>> buckets;
-  std::vector<size_t> current;
-  double current_bytes = 0;
-  for (size_t k : order) {
-    if (k >= param_bytes.size() || seen[k]) throw std::invalid_argument("assign_buckets_in_order: bad or repeated index");
-    seen[k] = 1;
-    // A small first bucket: it is full, and on the wire, after the first few gradients of backward.
-    const double cap = buckets.empty() ? std::min(cap_bytes, static_cast<double>(first_bucket_cap_bytes)) : cap_bytes;
-    const double bytes = static_cast<double>(param_bytes[k]);
-    if (!current.empty() && current_bytes + bytes > cap) {
-      buckets.push_back(std::move(current));
-      current.clear();
-      current_bytes = 0;
-    }
-    current.push_back(k);
-    current_bytes += bytes;
-  }
-  if (!current.empty()) buckets.push_back(std::move(current));
-  // [assign_in_order]
   return buckets;
 }
 

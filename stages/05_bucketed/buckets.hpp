@@ -22,18 +22,4 @@ namespace dp {
 std::vector<std::vector<size_t>> assign_buckets(const std::vector<int64_t>& param_bytes,
                                                 const std::vector<bool>& trainable, double bucket_cap_mb);
 
-/// PyTorch's cap on the first bucket once buckets follow the order gradients arrive: 1 MiB (2^20 bytes).
-constexpr int64_t kFirstBucketCapBytes = int64_t{1} << 20;
-
-/// Groups the parameters listed in `order` (indices into `param_bytes`, in the order their gradients
-/// became ready) into buckets in that order: the same greedy rule as assign_buckets(), except that the
-/// first bucket is closed at min(first_bucket_cap_bytes, bucket_cap_mb * 10^6) bytes, so that the first
-/// all-reduce can start early in backward. Parameters not in `order` get no bucket.
-/// Throws dp::UsageError for a bad cap (as assign_buckets()), std::invalid_argument when an index is out
-/// of range or listed twice.
-std::vector<std::vector<size_t>> assign_buckets_in_order(const std::vector<size_t>& order,
-                                                         const std::vector<int64_t>& param_bytes,
-                                                         double bucket_cap_mb,
-                                                         int64_t first_bucket_cap_bytes = kFirstBucketCapBytes);
-
 }  // namespace dp

@@ -1,7 +1,6 @@
-// Stage 05: communication hooks, the shape of PyTorch's DistributedDataParallel.register_comm_hook. A hook
-// replaces "all-reduce the bucket, divide by the world size": the default hook does exactly that; the
-// fp16 hook sends the bucket as float16, half the bytes on the wire, at the cost of rounding every
-// gradient to 11 significant bits.
+// Stage 05: how one bucket is reduced, as a replaceable function: the shape of PyTorch's
+// DistributedDataParallel.register_comm_hook. The default hook all-reduces the bucket and divides by the
+// world size; extensions/05a_comm_hooks adds hooks that send fewer bytes (fp16, bf16).
 #pragma once
 
 #include "common/dist.hpp"
@@ -36,27 +35,5 @@ using CommHook = std::function<BucketWork(ProcessGroup& pg, torch::Tensor& bucke
 /// The default: all-reduce the bucket in place (sum) and divide by the world size once it arrived.
 /// Bit-identical to stage 05 without hooks.
 CommHook allreduce_hook();
-
-/// Compression to a 16-bit float type `dtype` (torch::kHalf or torch::kBFloat16): cast the bucket to
-/// `dtype` (a new [n] tensor, half the bytes), all-reduce it (the backend sums in `dtype`), cast the sum
-/// back into the fp32 bucket and divide there. The division is in fp32 after the cast, not in 16 bits
-/// before it: one rounding fewer, and exact for any world size a power of two. (PyTorch's
-/// fp16_compress_hook divides first, in fp16, to keep the sum below fp16's largest value 65504; a
-/// gradient sum that large overflows to inf here. Gradients of that size mean training is lost anyway.)
-/// Does not check that the backend can sum `dtype`: make_comm_hook() does.
-CommHook low_precision_hook(torch::ScalarType dtype);
-
-/// Names make_comm_hook() accepts: "allreduce", "fp16", "bf16".
-std::vector<std::string> comm_hook_names();
-
-/// True when `pg`'s backend sums tensors of `dtype`: all-reduces a one-element tensor of ones and checks
-/// the sum is the world size. Found out by running it, because the answer depends on the backend and the
-/// LibTorch release (Gloo sums fp16 in 1.13 and 2.x, bf16 only in 2.x; NCCL sums both). Collective.
-bool backend_sums(ProcessGroup& pg, torch::ScalarType dtype);
-
-/// The hook called `name` (see comm_hook_names()). Throws dp::UsageError naming the value and the
-/// choices for an unknown name, or naming the backend when it cannot sum the hook's dtype (bf16 on
-/// Gloo in LibTorch 1.13). Collective for "fp16" and "bf16" (it probes the backend): call it on every rank.
-CommHook make_comm_hook(const std::string& name, ProcessGroup& pg);
 
 }  // namespace dp

@@ -10,7 +10,7 @@ function(dp_bad_input name code regex)
 endfunction()
 
 foreach(prog stage01_allreduce stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt
-             stage07_fsdp stage08_train_lm)
+             stage07_fsdp stage08_train_lm ext05d_feature_bench)
   set(P $<TARGET_FILE:${prog}>)
   dp_bad_input(${prog}_unknown_option 2 "--no-such-option" ${P} --no-such-option)
   dp_bad_input(${prog}_missing_value 2 "--timeout" ${P} --timeout)
@@ -37,7 +37,8 @@ dp_bad_input(stage01_size_unit 2 "unknown unit 'xb'" ${S01} --sizes 1MB,10XB)
 dp_bad_input(stage01_zero_iters 2 "positive" ${S01} --iters 0)
 dp_bad_input(stage01_negative_warmup 2 "warmup" ${S01} --warmup -1)
 dp_bad_input(stage01_bad_budget 2 "budget" ${S01} --budget 5h)
-foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt stage07_fsdp)
+foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt stage07_fsdp
+             ext05d_feature_bench)
   set(P $<TARGET_FILE:${prog}>)
   dp_bad_input(${prog}_zero_steps 2 "steps" ${P} --bench --steps 0)
   dp_bad_input(${prog}_negative_batch 2 "batch" ${P} --bench --batch -4)
@@ -67,22 +68,8 @@ dp_bad_input(stage08_batch_checked_before_rendezvous 2 "\\[rank 1/2\\] error: --
 dp_bad_input(stage02_world_size_checked_before_rendezvous 2 "\\[rank 1/3\\] error: .*world size 3 does not divide 20"
   env RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=9 ${S02} --timeout 2s)
 dp_bad_input(stage05_zero_cap 2 "caps" $<TARGET_FILE:stage05_bucketed> --caps 0)
-# Gradient accumulation needs at least one micro-batch; a communication hook must exist and the backend
-# must sum its dtype (Gloo in LibTorch 1.13 has no bf16 collectives; 2.x has).
-dp_bad_input(stage05_accumulate_zero 2 "--accumulate: '0' must be a positive integer"
-  $<TARGET_FILE:stage05_bucketed> --accumulate 0)
-dp_bad_input(stage05_unknown_comm_hook 2 "unknown communication hook 'int8': use allreduce, fp16 or bf16"
-  $<TARGET_FILE:stage05_bucketed> --comm-hook int8)
-dp_bad_input(stage05_unknown_bucket_order 2 "--bucket-order: sideways not in .reverse,arrival."
-  $<TARGET_FILE:stage05_bucketed> --bucket-order sideways)
 dp_bad_input(stage05_unknown_variant 2 "--variants: zero1 not in .naive,flat,overlap,bucketed."
   $<TARGET_FILE:stage05_bucketed> --variants bucketed,zero1)
-dp_bad_input(stage05_overlap_optimizer_value 2 "--overlap-optimizer: maybe not in .false,true,both."
-  $<TARGET_FILE:stage05_bucketed> --overlap-optimizer maybe)
-if(DP_TORCH_VERSION_MAJOR LESS 2)
-  dp_bad_input(stage05_bf16_hook_on_gloo 2 "gloo backend of this LibTorch .* cannot all-reduce bf16 tensors.*use --comm-hook allreduce or fp16"
-    $<TARGET_FILE:stage05_bucketed> --comm-hook bf16)
-endif()
 dp_bad_input(stage06_unknown_design 2 "unknown design 'zero2': use cs336 .* zero1 .* zero1-buckets .* or all"
   $<TARGET_FILE:stage06_sharded_opt> --design zero2)
 # Whole replicas of the 970 M-parameter `large` preset (about 16 B per parameter on every rank, plus the

@@ -1,4 +1,4 @@
-// The DDP variants of stages 02-05 as types, for the typed test suites (GoogleTest TYPED_TEST, the
+// The DDP variants of stages 02-05 (and extension 05b) as types, for the typed test suites (GoogleTest TYPED_TEST, the
 // c10d style: one test body, every implementation). Each type has
 //   Sync                  the class under test,
 //   make(pg, model)       a std::unique_ptr<Sync> wrapping `model` (usable as a dp::MakeGradSync).
@@ -14,6 +14,7 @@
 #include "stages/03_flat/flat_ddp.hpp"
 #include "stages/04_overlap/overlap_ddp.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
+#include "extensions/05b_arrival_order/arrival_order_ddp.hpp"
 
 #include <torch/torch.h>
 
@@ -44,12 +45,12 @@ struct Bucketed {
   }
 };
 
-/// Stage 05 with buckets rebuilt in gradient-arrival order after the first step (BucketOrder::arrival).
+/// Extension 05b: stage 05 with buckets rebuilt in gradient-arrival order after the first step.
 template <int kCapBytes>
 struct BucketedArrival {
-  using Sync = dp::BucketedDdp;
+  using Sync = dp::ArrivalOrderDdp;
   static constexpr double kCapMb = kCapBytes / 1e6;
   static std::unique_ptr<Sync> make(dp::ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) {
-    return std::make_unique<Sync>(pg, std::move(m), kCapMb, dp::BucketOrder::arrival);
+    return std::make_unique<Sync>(pg, std::move(m), kCapMb);
   }
 };

@@ -15,6 +15,7 @@
 #include "common/strategy.hpp"
 #include "stages/06_sharded_opt/strategies.hpp"
 #include "stages/07_fsdp/strategies.hpp"
+#include "extensions/05c_optimizer_overlap/overlapped_optimizer.hpp"
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/support/expect.hpp"
 #include "tests/support/files.hpp"
@@ -47,7 +48,7 @@ struct BucketedNoSync {  // stage 05's BucketedDdpStrategy: accumulation under n
   static MakeStrategy make() { return dp::bucketed_ddp_strategy(0.01); }
   static constexpr bool shards_state = false, shards_params = false;
 };
-struct OverlappedOptimizer {  // stage 05: each bucket's parameters stepped as the bucket arrives
+struct OverlappedOptimizer {  // extension 05c: each bucket's parameters stepped as the bucket arrives
   static MakeStrategy make() {
     return [](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m, const dp::MakeOptimizer& opt) {
       return std::unique_ptr<dp::Strategy>(

@@ -1,4 +1,4 @@
-// Stage 05's optimizer overlapped with communication (BucketedDdp::overlap_optimizer()): each bucket's
+// Extension 05c, the optimizer overlapped with communication (OverlappedOptimizer): each bucket's
 // parameters are stepped inside finish_gradient_synchronization() as soon as that bucket arrived. It must
 // train bit for bit like one optimizer step after finish (SGD with momentum and AdamW, 2 and 4 ranks, CS336's
 // toy and tied models and a Transformer, fixed and arrival-order buckets, with and without no_sync()), step
@@ -9,6 +9,7 @@
 #include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
+#include "extensions/05c_optimizer_overlap/overlapped_optimizer.hpp"
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/support/fixtures.hpp"
 #include "tests/support/ranks.hpp"
@@ -84,9 +85,7 @@ void overlapped_equals_step_after_finish(ProcessGroup& pg, Problem p, const std:
   const int W = pg.world_size(), r = pg.rank();
   auto after = Variant::make(pg, p.after), inside = Variant::make(pg, p.inside);
   auto opt = make_optimizer(kind, dp::unique_parameters(*p.after, true));
-  inside->overlap_optimizer([&](std::vector<torch::Tensor> ps) { return make_optimizer(kind, std::move(ps)); });
-  ASSERT_TRUE(inside->overlaps_optimizer());
-  ASSERT_FALSE(after->overlaps_optimizer());
+  dp::OverlappedOptimizer overlapped(*inside, [&](std::vector<torch::Tensor> ps) { return make_optimizer(kind, std::move(ps)); });
   for (int s = 0; s < 3; ++s) {
     auto [gx, gy] = p.batch(s);
     const int64_t B = gx.size(0) / (K * W);
@@ -201,7 +200,7 @@ TEST(OverlapOptimizer, EachBucketStepsBeforeTheNextIsAwaited) {
       return w;
     }, "logging");
     size_t k = 0;
-    ddp.overlap_optimizer([&](std::vector<torch::Tensor> ps) {
+    dp::OverlappedOptimizer overlapped(ddp, [&](std::vector<torch::Tensor> ps) {
       std::string name;
       for (size_t i = 0; i < ddp.parameters().size(); ++i)
         if (ddp.parameters()[i].is_same(ps.front())) name = ddp.parameter_names()[i];
@@ -225,19 +224,18 @@ TEST(OverlapOptimizer, MisuseIsRefused) {
     auto [model, x] = make_local(pg.rank());
     BucketedDdp ddp(pg, model, 0.0001);
     auto sgd = [](std::vector<torch::Tensor> ps) { return std::make_unique<torch::optim::SGD>(ps, torch::optim::SGDOptions(0.1)); };
-    EXPECT_THROW(ddp.overlap_optimizer(nullptr), std::logic_error);
-    EXPECT_FALSE(ddp.overlaps_optimizer());
+    EXPECT_THROW(dp::OverlappedOptimizer(ddp, nullptr), std::logic_error);
     model->forward(x).pow(2).mean().backward();  // buckets on the wire now
     try {
-      ddp.overlap_optimizer(sgd);
-      ADD_FAILURE() << "overlap_optimizer() in the middle of a step was accepted";
+      dp::OverlappedOptimizer mid_step(ddp, sgd);
+      ADD_FAILURE() << "an OverlappedOptimizer attached in the middle of a step was accepted";
     } catch (const std::logic_error& e) {
       EXPECT_NE(std::string(e.what()).find("between steps"), std::string::npos) << e.what();
     }
     ddp.finish_gradient_synchronization();
-    ddp.overlap_optimizer(sgd);  // between steps: fine
-    EXPECT_TRUE(ddp.overlaps_optimizer());
-    for (auto& o : ddp.overlapped_optimizers()) EXPECT_NE(o, nullptr);
+    dp::OverlappedOptimizer overlapped(ddp, sgd);  // between steps: fine
+    for (size_t i = 0; i < ddp.parameters().size(); ++i)
+      EXPECT_EQ(overlapped.optimizers()[i] != nullptr, ddp.parameters()[i].requires_grad());
   });
 }
 

@@ -1,4 +1,4 @@
-// Stage 05 with BucketOrder::arrival: buckets rebuilt after the first step in the order gradients became
+// Extension 05b (ArrivalOrderDdp): buckets rebuilt after the first step in the order gradients became
 // ready, rank 0's order for every rank, the first bucket capped at 1 MiB. The pure function first (no
 // ranks), then BucketedDdp on models whose readiness order differs from registration order. Training still
 // equals one process: GradSyncContract runs BucketedArrival too. Ranks are threads.
@@ -6,8 +6,8 @@
 #include "common/models.hpp"
 #include "common/params.hpp"
 #include "common/runtime.hpp"
+#include "extensions/05b_arrival_order/arrival_order_ddp.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
-#include "stages/05_bucketed/buckets.hpp"
 #include "tests/support/fixtures.hpp"
 #include "tests/support/ranks.hpp"
 
@@ -28,7 +28,7 @@ namespace {
 using namespace dp::testing;  // run_ranks, make_seeded, same_on_all_ranks, OutOfOrderImpl
 using dp::assign_buckets_in_order;
 using dp::BucketedDdp;
-using dp::BucketOrder;
+using dp::ArrivalOrderDdp;
 using dp::ProcessGroup;
 using Buckets = std::vector<std::vector<size_t>>;
 
@@ -93,7 +93,7 @@ TEST(BucketOrderArrival, RebuiltAfterFirstStepSoTheFirstBucketLeavesFirst) {
     ReadyRecorder rec(*model, [&](const std::string& n) {
       if (n == "late") launched_when_late_ready = seen->launched_count() - before;
     });
-    BucketedDdp ddp(pg, model, 0.0001, BucketOrder::arrival);
+    ArrivalOrderDdp ddp(pg, model, 0.0001);
     seen = &ddp;
     EXPECT_EQ(bucket_names(ddp), (Names{{"late"}, {"early"}, {"unused"}}));
     auto x = torch::ones({2, dp::kToyIn}) * (pg.rank() + 1);
@@ -129,7 +129,7 @@ TEST(BucketOrderArrival, EveryRankTakesRankZerosOrder) {
     auto model = std::make_shared<OrderByRankImpl>(pg.rank() == 1);
     std::vector<std::string> order;
     ReadyRecorder rec(*model, [&](const std::string& n) { order.push_back(n); });
-    BucketedDdp ddp(pg, model, 0.0001, BucketOrder::arrival);  // 400 B each: one per bucket
+    ArrivalOrderDdp ddp(pg, model, 0.0001);  // 400 B each: one per bucket
     auto x = torch::ones({2, dp::kToyIn});
     for (int step = 0; step < 2; ++step) {
       order.clear();
@@ -156,7 +156,7 @@ TEST(BucketOrderArrival, TiedModelFollowsReadinessOrder) {
     }
     std::vector<std::string> order;
     ReadyRecorder rec(*model, [&](const std::string& n) { order.push_back(n); });
-    BucketedDdp ddp(pg, model, 0.0016, BucketOrder::arrival);
+    ArrivalOrderDdp ddp(pg, model, 0.0016);
     model->forward(torch::rand({4, dp::kToyIn})).pow(2).sum().backward();
     ddp.finish_gradient_synchronization();
     EXPECT_EQ(order, (std::vector<std::string>{"fc5.weight", "fc3.weight", "fc2.weight", "fc1.weight"}));
@@ -166,6 +166,37 @@ TEST(BucketOrderArrival, TiedModelFollowsReadinessOrder) {
       EXPECT_EQ(flat, order);
     }
     EXPECT_EQ(bucket_names(ddp).size(), 4u);  // 1000, 2000, 2000, 400 B at a 1600 B cap: one each
+  });
+}
+
+// ================================ stage 05's seam reassign() ========================================
+// What an extension may hand to reassign(): every trainable parameter once, between steps; anything else is
+// refused, and a valid assignment takes effect (one bucket: one collective, the same averages).
+struct Reassigning : dp::BucketedDdp {
+  using BucketedDdp::BucketedDdp;
+  using BucketedDdp::reassign;
+};
+
+TEST(StageFiveSeams, ReassignTakesOnlyACompleteAssignmentBetweenSteps) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto [model, x] = dp::testing::make_local(pg.rank());
+    Reassigning ddp(pg, model, 0.0001);
+    std::vector<size_t> all;
+    for (size_t i = 0; i < ddp.parameters().size(); ++i)
+      if (ddp.parameters()[i].requires_grad()) all.push_back(i);
+    ASSERT_GE(all.size(), 2u);
+    EXPECT_THROW(ddp.reassign({{all[0]}}), std::logic_error);                    // the others have no bucket
+    EXPECT_THROW(ddp.reassign({all, {all[0]}}), std::logic_error);               // listed twice
+    EXPECT_THROW(ddp.reassign({all, {ddp.parameters().size()}}), std::logic_error);  // out of range
+    EXPECT_THROW(ddp.reassign({all, {}}), std::logic_error);                     // an empty bucket
+    ddp.reassign({all});
+    EXPECT_EQ(ddp.bucket_count(), 1u);
+    model->forward(x).pow(2).mean().backward();
+    EXPECT_THROW(ddp.reassign({all}), std::logic_error);  // buckets in flight
+    EXPECT_THROW(ddp.on_bucket_averaged([](size_t) {}), std::logic_error);
+    ddp.finish_gradient_synchronization();
+    EXPECT_EQ(ddp.launched_count(), 1);
+    for (size_t i : all) EXPECT_TRUE(same_on_all_ranks(pg, ddp.parameters()[i].grad()));
   });
 }
 
