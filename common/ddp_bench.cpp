@@ -72,7 +72,11 @@ struct Trainee {
     Timer step(device), phase(device);
     strategy->zero_grad();
     torch::Tensor loss;
-    { trace::Span s("forward"); loss = lm_loss(model->forward(x), y); }
+    {  // through the strategy's runner where it has one (FSDP, ZeRO-1 gathering behind forward): unit by unit
+      trace::Span s("forward");
+      const UnitRunner run = strategy->runner();
+      loss = lm_loss(run ? model->forward_units(x, run) : model->forward(x), y);
+    }
     const double f = phase.seconds();
     phase.start();
     { trace::Span s("backward"); loss.backward(); }  // gradient hooks launch their all-reduces from in here

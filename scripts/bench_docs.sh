@@ -2,8 +2,8 @@
 # Regenerates the benchmark results behind docs/ on this machine, then the plots, timelines and tables.
 # Every result file records the exact command (launcher included) and the machine, row by row.
 #
-#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp features torch small zero fsdp lm (default: all),
-#                                             or fsdp-memory, fsdp-zero1, lm-speed (one table of those parts alone)
+#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp features torch small zero ext06a fsdp lm (default:
+#                                             all), or fsdp-memory, lm-speed (one table of those parts alone)
 #
 # The DDP runs use the tiny Transformer with 10 timed steps: once over loopback (where Gloo's
 # communication is CPU work that competes with backward for the two cores) and on a simulated cluster
@@ -12,7 +12,7 @@
 # runs are skipped with the reason. About 95 minutes on 2 cores (fsdp alone: about 15, torch about 35).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-parts=${*:-allreduce ddp features torch small zero fsdp lm}
+parts=${*:-allreduce ddp features torch small zero ext06a fsdp lm}
 R=docs/results
 mkdir -p $R
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -27,12 +27,15 @@ if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/nu
 fi
 net() { [ $net_ok = 1 ] && "$@" || echo "(skipped: $*)"; }
 
-# Stage 07's table of ZeRO-1 in buckets (stage 06's BucketedZero1) against DDP, at 1 and 10 Gbit/s (~8 min).
+# Extension 06a's table of ZeRO-1 in buckets against stage 05's DDP and stage 06's flat ZeRO-1, tiny at 1 and
+# 10 Gbit/s (all variants in one run, round by round), and small at 1 Gbit/s (one variant per group: small's
+# replicas do not fit together here). About 10 minutes.
 zero1_vs_ddp() {
   for rate in 1gbit 10gbit; do
-    net $L --nproc 2 --net $rate -- $B/stage07_fsdp --bench --preset small --context 128 --warmup 1 --steps 6 \
-        --variants ddp,zero1-buckets,zero1-overlap --json $R/stage07_zero1_$rate.json
+    net $L --nproc 2 --net $rate -- $B/ext06a_zero1_buckets $T --json $R/ext06a_tiny_$rate.json
   done
+  net $L --nproc 2 --net 1gbit -- $B/ext06a_zero1_buckets --bench --preset small --context 128 --warmup 1 --steps 6 \
+      --json $R/ext06a_small_1gbit.json
 }
 
 for part in $parts; do
@@ -154,7 +157,6 @@ for part in $parts; do
         --compute-dtype bf16 --json $R/stage07_small_1gbit_bf16.json
     net $L --nproc 2 --net 10gbit -- $B/stage07_fsdp --bench --preset small --context 128 --warmup 1 --steps 6 \
         --variants ddp,zero1,fsdp --json $R/stage07_small_10gbit.json --trace $R/stage07_small_10gbit.trace.json
-    zero1_vs_ddp
     # CS336 fsdp_accounting (b): did each gather finish before its unit's forward began? From the traces.
     files=()
     for rate in 1gbit 10gbit; do
@@ -169,7 +171,7 @@ for part in $parts; do
     # 970 M parameters: DDP would need ~31 GB for 2 ranks here, FSDP ~8 GB per rank.
     $L --nproc 2 -- $B/stage07_fsdp --bench --preset large --context 32 --batch 2 --warmup 0 --steps 2 \
         --variants fsdp --reshard-after-forward true --json $R/stage07_large.json ;;
-  fsdp-zero1) zero1_vs_ddp ;;
+  ext06a) echo "== extension 06a: ZeRO-1 in buckets against DDP"; zero1_vs_ddp ;;
   lm|lm-speed)
     echo "== stage 08: loss curves on real text at 1, 2 and 4 ranks (loopback, 500 steps), then speed per --sync and link"
     runs=build/lm_runs; mkdir -p $runs
@@ -207,7 +209,7 @@ for part in $parts; do
       files+=($runs/1gbit_ddp_2_2mb.json)
     fi
     $PY scripts/lm_results.py $R/lm_speed.json "${files[@]}" ;;
-  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, features, torch, small, zero, fsdp, fsdp-memory, lm, lm-speed)" >&2; exit 2 ;;
+  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, features, torch, small, zero, ext06a, fsdp, fsdp-memory, lm, lm-speed)" >&2; exit 2 ;;
   esac
 done
 

@@ -99,8 +99,19 @@ def ddp_table(doc):
             if c:
                 verdict = "faster" if c[2] < 1 else "slower" if c[1] > 1 else "no difference shown"
                 said.append(f"{other} / plain x{c[0]:.3f} [{c[1]:.3f}, {c[2]:.3f}], {verdict}")
+    # Extension 06a: each ZeRO-1 row against stage 05's DDP row of the same run.
+    ddp_row = next((r for r in rows if r["variant"].startswith("DDP, ")), None)
+    for r in rows:
+        if ddp_row and r["variant"].startswith("ZeRO-1"):
+            c = compare(r, ddp_row)
+            if c:
+                verdict = "faster" if c[2] < 1 else "slower" if c[1] > 1 else "no difference shown"
+                said.append(f"{r['variant']} / DDP x{c[0]:.3f} [{c[1]:.3f}, {c[2]:.3f}], {verdict}")
     if said:
         notes.append("Step against step, round by round (median and 95% CI): " + "; ".join(said) + ".")
+    for m in doc.get("memory", []):
+        notes.append(f"Bytes per rank, {m['variant']}: parameters {m['param_MB']:.1f} MB, gradients {m['grad_MB']:.1f}, "
+                     f"AdamW state {m['state_MB']:.1f}, total {m['total_MB']:.1f} (arithmetic {m['expected_MB']:.1f}).")
     for a in doc.get("accumulation", []):
         notes.append(f"Gradient accumulation, K = {a['accumulate']} (micro-batches per AdamW step) of {rows[0].get('global_batch', '?')} "
                      f"sequences each: step {a['step_s']:.3f} s, {1e3 * a['per_sequence_s']:.1f} ms per "

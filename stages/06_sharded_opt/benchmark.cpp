@@ -14,7 +14,6 @@
 #include "common/timing.hpp"
 #include "common/trace.hpp"
 #include "common/transformer.hpp"
-#include "stages/06_sharded_opt/bucketed_zero1.hpp"
 #include "stages/06_sharded_opt/checkpoint.hpp"
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
@@ -27,7 +26,7 @@ namespace optim = torch::optim;
 using Options = Stage06Options;
 
 std::vector<std::string> selected_designs(const std::string& design) {
-  if (design == "all") return {"cs336", "zero1", "zero1-buckets"};
+  if (design == "all") return {"cs336", "zero1"};
   return {design};
 }
 
@@ -43,8 +42,7 @@ static void average_gradients(ProcessGroup& pg, const std::vector<torch::Tensor>
   // [ddp]
 }
 
-// The Transformer with DDP and one of: plain AdamW ("adamw"), the CS336 design ("cs336"), ZeRO-1 ("zero1"),
-// ZeRO-1 in 25 MB buckets ("zero1-buckets").
+// The Transformer with DDP and one of: plain AdamW ("adamw"), the CS336 design ("cs336"), ZeRO-1 ("zero1").
 struct Trainee {
   ProcessGroup& pg;
   std::string design;
@@ -54,7 +52,6 @@ struct Trainee {
   std::unique_ptr<optim::AdamW> plain;
   std::unique_ptr<ShardedOptimizer> sharded;
   std::unique_ptr<Zero1Optimizer> zero1;
-  std::unique_ptr<BucketedZero1> zero1b;
 
   Trainee(ProcessGroup& g, const Options& o, const std::string& which, uint64_t seed)
       : pg(g), design(which), mcfg(TransformerConfig::preset(o.cfg.preset, o.cfg.context)), model(nullptr) {
@@ -66,15 +63,13 @@ struct Trainee {
     const auto opts = optim::AdamWOptions(1e-3).weight_decay(0.1);
     if (design == "cs336") sharded = std::make_unique<ShardedOptimizer>(ShardedOptimizer::make<optim::AdamW>(pg, params, opts));
     else if (design == "zero1") zero1 = Zero1Optimizer::make<optim::AdamW>(pg, params, opts);
-    else if (design == "zero1-buckets") zero1b = BucketedZero1::make<optim::AdamW>(pg, params, opts, 25.0);
     else plain = std::make_unique<optim::AdamW>(params, opts);
   }
   std::string name() const {
-    return sharded ? "sharded AdamW" : zero1 ? "ZeRO-1 AdamW" : zero1b ? "bucketed ZeRO-1 AdamW" : "AdamW";
+    return sharded ? "sharded AdamW" : zero1 ? "ZeRO-1 AdamW" : "AdamW";
   }
   // Tensor bytes: parameters and gradients of the model, the state of every optimizer this rank steps.
   TrainingBytes count() {
-    if (zero1b) return zero1b->training_bytes(*model);  // one AdamW per bucket
     return count_training_bytes(*model, sharded ? sharded->local() : zero1 ? zero1->local() : *plain);
   }
   // This rank's sequences for one step: each rank draws its own (seeded per rank by the caller).
@@ -88,19 +83,18 @@ struct Trainee {
   std::pair<double, double> step(const torch::Tensor& tokens, int round, const std::function<void()>& before_opt = {}) {
     trace::Span whole("step", {{"variant", name()}, {"round", round}});
     Timer t(pg.device());
-    sharded ? sharded->zero_grad() : zero1 ? zero1->zero_grad() : zero1b ? zero1b->zero_grad() : plain->zero_grad();
+    sharded ? sharded->zero_grad() : zero1 ? zero1->zero_grad() : plain->zero_grad();
     const int64_t T = tokens.size(1) - 1;
     torch::Tensor loss;
     { trace::Span f("forward"); loss = lm_loss(model->forward(tokens.narrow(1, 0, T)), tokens.narrow(1, 1, T)); }
     { trace::Span b("backward"); loss.backward(); }
-    if (!zero1 && !zero1b) { trace::Span s("sync"); average_gradients(pg, params); }  // ZeRO-1: in its step()
+    if (!zero1) { trace::Span s("sync"); average_gradients(pg, params); }  // ZeRO-1: in its step()
     if (before_opt) before_opt();
     Timer ts(pg.device());
     {
       trace::Span s("optimizer");
       if (sharded) sharded->step();        // + broadcasts
       else if (zero1) zero1->step();       // reduce-scatter, step the chunk, all-gather
-      else if (zero1b) zero1b->step();     // the reduce-scatters' ends (they left in backward), chunks, all-gathers
       else plain->step();
     }
     const double opt_s = ts.seconds();
@@ -176,9 +170,7 @@ static void bench_optimizer(ProcessGroup& pg, const Options& o, const std::strin
   const auto expect = zero1_expected_bytes(P, shard ? pg.world_size() : 1);
   const int N = pg.world_size();
   const double sent = design == "cs336" ? cs336_bytes_per_step(P, N) : zero1_bytes_per_step(P, N);  // DDP: zero1's
-  const double buffers = t.zero1    ? static_cast<double>(t.zero1->buffer_bytes())
-                         : t.zero1b ? static_cast<double>(t.zero1b->buffer_bytes())
-                                    : 0.0;
+  const double buffers = t.zero1 ? static_cast<double>(t.zero1->buffer_bytes()) : 0.0;
   results.add({{"optimizer", t.name()}, {"design", design}, {"world_size", N}, {"preset", o.cfg.preset},
                {"context", o.cfg.context}, {"params", P}, {"param_MB", mem.after.params / 1e6},
                {"grad_MB", mem.after.grads / 1e6}, {"state_MB_max_rank", max_all(mem.after.state) / 1e6},
@@ -194,9 +186,8 @@ static void bench_optimizer(ProcessGroup& pg, const Options& o, const std::strin
            max_all(mem.cuda_before) / 1e6, max_all(mem.cuda_after) / 1e6);
   if (t.sharded) print0("{}", t.sharded->describe());
   if (t.zero1) print0("{}", t.zero1->describe());
-  if (t.zero1b) print0("{}", t.zero1b->describe());
   if (t.sharded && !o.checkpoint_dir.empty()) check_resume(t, o);
-  if ((t.zero1 || t.zero1b) && !o.checkpoint_dir.empty()) print0("note: --checkpoint saves the CS336 design's state only");
+  if (t.zero1 && !o.checkpoint_dir.empty()) print0("note: --checkpoint saves the CS336 design's state only");
 }
 
 void run_benchmark(ProcessGroup& pg, const Options& o, Results& results) {

@@ -15,7 +15,7 @@ namespace dp {
 struct Stage06Options {
   BenchConfig cfg;
   std::string which = "both";   ///< --optimizer: adamw | sharded | both
-  std::string design = "all";   ///< --design: cs336 | zero1 | zero1-buckets | all (which sharded designs)
+  std::string design = "all";   ///< --design: cs336 | zero1 | all (which sharded designs)
   std::string checkpoint_dir;   ///< --checkpoint (CS336 design only)
 };
 

@@ -8,8 +8,8 @@
 // optimizer, then broadcasts it: 3 x (N-1)/N x 4P bytes per rank and step. True ZeRO-1 (Zero1Optimizer)
 // puts all parameters and gradients in flat buffers cut into N equal chunks: gradients are
 // reduce-scattered (all-to-all + local sum on Gloo), each rank steps its chunk, parameters are
-// all-gathered: 2 x (N-1)/N x 4P, plain DDP's bytes. BucketedZero1 cuts the same traffic into stage 05's
-// buckets and sends each bucket's reduce-scatter from backward's hooks, as DDP sends its all-reduces.
+// all-gathered: 2 x (N-1)/N x 4P, plain DDP's bytes. (extensions/06a_zero1_buckets cuts the same traffic
+// into stage 05's buckets and sends each bucket's reduce-scatter from backward's hooks, as DDP does.)
 // Checkpoints (CS336 design) load at any world size.
 //
 // Run it:
@@ -23,7 +23,7 @@
 // Correct output: per design, "PASS sharded AdamW == AdamW on toy" and "on tied" (bit-identical after
 // each of 10 steps); with --bench, per variant the bytes of parameters, gradients and state beside
 // 4P + 4P + 8P/N, peak RSS (the process's view: run one --optimizer/--design per process for the
-// cleanest peaks), bytes sent per step and step times (at 1 Gbit/s the bucketed ZeRO-1 row is the fastest);
+// cleanest peaks), bytes sent per step and step times;
 // with --checkpoint "PASS checkpoint ... resumed
 // step equals the uninterrupted one"; last, "PASS stage 06".
 //
@@ -41,8 +41,8 @@
 #include "common/trace.hpp"
 #include "common/trace_write.hpp"
 #include "common/transformer.hpp"
+#include "stages/06_sharded_opt/adamw_check.hpp"
 #include "stages/06_sharded_opt/benchmark.hpp"
-#include "stages/06_sharded_opt/bucketed_zero1.hpp"
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
@@ -51,55 +51,22 @@
 using namespace dp;
 namespace optim = torch::optim;
 
-// CS336's test: every rank seeds 42, so models and data agree without a broadcast; no DDP, every rank
-// computes full gradients. After every step the sharded model must equal plain AdamW's bit for bit.
-// ZeRO-1 sums the N equal gradients over the ranks and divides by N: exactly g for N <= 2; for N = 3, 4
-// the reference takes the same sum (N copies in rank order, / N), the one rounding ZeRO-1 may add.
-static bool cs336_check(ProcessGroup& pg, const std::string& model_name, const std::string& design) {
-  // [check]
-  torch::manual_seed(42);
-  auto ref = make_toy_model(model_name), shd = make_toy_model(model_name);
-  copy_parameters(*shd, *ref);
-  ref->to(pg.device());  // before the optimizers: they key their state by the tensors
-  shd->to(pg.device());
-  const auto opts = optim::AdamWOptions(0.1).weight_decay(0.1).betas(std::make_tuple(0.9, 0.999)).eps(1e-8);
-  optim::AdamW plain(unique_parameters(*ref), opts);
-  std::unique_ptr<ShardedOptimizer> sharded;  // the CS336 design
-  std::unique_ptr<Zero1Optimizer> zero1;      // true ZeRO-1
-  std::unique_ptr<BucketedZero1> zero1b;      // true ZeRO-1 in buckets of 400 bytes: 4 or 5 of them here
-  if (design == "zero1") zero1 = Zero1Optimizer::make<optim::AdamW>(pg, shd->parameters(), opts);
-  else if (design == "zero1-buckets") zero1b = BucketedZero1::make<optim::AdamW>(pg, shd->parameters(), opts, 0.0004);
-  else sharded = std::make_unique<ShardedOptimizer>(ShardedOptimizer::make<optim::AdamW>(pg, shd->parameters(), opts));
-  print0("{}: {}", model_name, zero1 ? zero1->describe() : zero1b ? zero1b->describe() : sharded->describe());
-  for (int step = 1; step <= 10; ++step) {
-    auto x = torch::rand({32, 10}).to(pg.device()), y = torch::rand({32, 5}).to(pg.device());
-    plain.zero_grad();
-    zero1 ? zero1->zero_grad() : zero1b ? zero1b->zero_grad() : sharded->zero_grad();
-    (y - ref->forward(x)).pow(2).sum().backward();
-    (y - shd->forward(x)).pow(2).sum().backward();  // zero1-buckets: reduce-scatters leave from in here
-    if ((zero1 || zero1b) && pg.world_size() > 2)
-      for (auto& p : unique_parameters(*ref, true))
-        p.grad().copy_(torch::stack(std::vector<torch::Tensor>(pg.world_size(), p.grad())).sum(0) / pg.world_size());
-    plain.step();
-    zero1 ? zero1->step() : zero1b ? zero1b->step() : sharded->step();  // + all-gather, or + broadcast
-    // [check]
-    auto a = unique_named_parameters(*ref), b = unique_named_parameters(*shd);
-    for (size_t i = 0; i < a.size(); ++i) {
-      if (torch::equal(a[i].second, b[i].second)) continue;
-      print_rank("FAIL {} {} step {}: {} differs by {:.3g}", design, model_name, step, a[i].first,
-                 (a[i].second - b[i].second).abs().max().item<double>());
-      return false;
-    }
+// The design named `design` as the check drives it (stage 06's check: adamw_check.hpp).
+static ShardedSteps design_steps(const std::string& design, ProcessGroup& pg, const std::vector<torch::Tensor>& params,
+                                 const optim::AdamWOptions& opts) {
+  if (design == "zero1") {
+    std::shared_ptr<Zero1Optimizer> z = Zero1Optimizer::make<optim::AdamW>(pg, params, opts);
+    return {[z] { z->zero_grad(); }, [z] { z->step(); }, z->describe(), /*sums_over_ranks=*/true};
   }
-  return parameters_identical_across_ranks(pg, *shd);
+  auto s = std::make_shared<ShardedOptimizer>(ShardedOptimizer::make<optim::AdamW>(pg, params, opts));
+  return {[s] { s->zero_grad(); }, [s] { s->step(); }, s->describe(), false};
 }
 
 // --design: a misspelt design is refused with the value and the choices (exit 2, as every bad input).
 static std::string check_design(const std::string& v) {
-  if (v == "cs336" || v == "zero1" || v == "zero1-buckets" || v == "all") return {};
+  if (v == "cs336" || v == "zero1" || v == "all") return {};
   return "unknown design '" + v + "': use cs336 (all-reduce, step the owned tensors, broadcast), zero1 "
-         "(reduce-scatter, step a flat chunk, all-gather), zero1-buckets (the same in buckets, reduce-scatters "
-         "sent during backward) or all";
+         "(reduce-scatter, step a flat chunk, all-gather) or all (ZeRO-1 in buckets: ext06a_zero1_buckets)";
 }
 
 int main(int argc, char** argv) {
@@ -117,7 +84,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"adamw", "sharded", "both"}));
   cli.app().add_option("--design", o.design,
                        "Which sharded design to check and benchmark: cs336 (all-reduce + broadcast), zero1 "
-                       "(reduce-scatter + all-gather), zero1-buckets (the same in buckets, from backward) or all")
+                       "(reduce-scatter + all-gather) or all")
       ->check(check_design);
   cli.app().add_option("--checkpoint", o.checkpoint_dir,
                        "With --bench: save a checkpoint of the CS336 design's run to this directory, load it, compare");
@@ -140,19 +107,11 @@ int main(int argc, char** argv) {
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
 
     bool all_ok = true;
-    for (const auto& design : selected_designs(o.design)) {
-      const std::string what = design == "zero1"           ? "ZeRO-1 AdamW"
-                               : design == "zero1-buckets" ? "bucketed ZeRO-1 AdamW"
-                                                           : "sharded AdamW";
-      for (const std::string name : {"toy", "tied"}) {
-        const bool ok = cs336_check(pg, name, design);
-        auto votes = pg.all_gather(ok ? 1.0 : 0.0);
-        const bool everyone = std::count(votes.begin(), votes.end(), 1.0) == pg.world_size();
-        print0("{} {} == AdamW on {} (10 steps, {} ranks, bit-identical after every step)",
-               everyone ? "PASS" : "FAIL", what, name, pg.world_size());
-        all_ok = all_ok && everyone;
-      }
-    }
+    for (const auto& design : selected_designs(o.design))
+      all_ok = check_against_adamw(pg, design == "zero1" ? "ZeRO-1 AdamW" : "sharded AdamW",
+                                   [&](ProcessGroup& g, const std::vector<torch::Tensor>& p, const optim::AdamWOptions& opts) {
+                                     return design_steps(design, g, p, opts);
+                                   }) && all_ok;
     if (!all_ok) throw CheckFailed("sharded AdamW differs from AdamW");
 
     if (bench) {
@@ -166,7 +125,7 @@ int main(int argc, char** argv) {
     }
     pg.barrier();
     print0("PASS stage 06: sharded AdamW ({}) matches plain AdamW bit for bit",
-           o.design == "all" ? "CS336 design, ZeRO-1, bucketed ZeRO-1" : o.design == "cs336" ? "CS336 design" : o.design);
+           o.design == "all" ? "CS336 design, ZeRO-1" : o.design == "cs336" ? "CS336 design" : o.design);
     pg.shutdown();
     return 0;
   });

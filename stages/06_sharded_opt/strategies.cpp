@@ -5,7 +5,6 @@
 #include "common/memory.hpp"
 #include "common/params.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
-#include "stages/06_sharded_opt/bucketed_zero1.hpp"
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
@@ -17,10 +16,7 @@ namespace dp {
 
 namespace optim = torch::optim;
 
-// The designs build their local optimizers from parameter groups (owned tensors, or one flat chunk); a
-// Strategy is given a factory over a tensor list. The factory's optimizer, emptied, takes the groups: its
-// defaults are the options of every group that brings none.
-static MakeLocalOptimizer local_factory(const MakeOptimizer& make) {
+MakeLocalOptimizer local_factory(const MakeOptimizer& make) {
   return [make](std::vector<optim::OptimizerParamGroup> groups) {
     auto opt = make({});
     if (!opt) throw std::invalid_argument("a Strategy's MakeOptimizer returned no optimizer");
@@ -112,87 +108,6 @@ class Zero1Strategy : public Strategy {
   std::unique_ptr<Zero1Optimizer> opt_;
 };
 
-class BucketedZero1Strategy : public Strategy {
- public:
-  BucketedZero1Strategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const MakeOptimizer& make,
-                        double cap, bool overlap)
-      : pg_(pg), model_(std::move(model)), overlap_(overlap) {
-    UnitModel* units = as_unit_model(*model_);
-    if (overlap_ && !units)
-      throw std::invalid_argument("bucketed_zero1_strategy: overlapping the all-gathers needs a model with units");
-    broadcast_parameters(pg, *model_);
-    opt_ = std::make_unique<BucketedZero1>(pg, unique_parameters(*model_), local_factory(make), cap);
-    if (overlap_) runner_ = opt_->runner(units->units());
-    // parameters() is bucket by bucket, each bucket's buffer holding layout(b).numel of them back to back.
-    size_t i = 0;
-    for (size_t b = 0; b < opt_->num_buckets(); ++b) {
-      bucket_params_.emplace_back();
-      for (int64_t left = opt_->layout(b).numel; left > 0; ++i) {
-        bucket_params_.back().push_back(opt_->parameters().at(i));
-        left -= opt_->parameters().at(i).numel();
-      }
-    }
-  }
-  void zero_grad() override { opt_->zero_grad(); }
-  UnitRunner runner() override { return runner_; }
-  void after_backward() override {}  // the reduce-scatters left from backward; step() finishes them
-  void set_requires_gradient_sync(bool sync) override { opt_->set_requires_gradient_sync(sync); }
-  void step() override { opt_->step(/*wait_for_parameters=*/!overlap_); }
-  int64_t calls_per_step() const override {
-    return pg_.world_size() > 1 ? 2 * static_cast<int64_t>(opt_->num_buckets()) : 0;
-  }
-  TrainingBytes bytes() const override { return opt_->training_bytes(*model_); }
-  double sent_bytes_per_step() const override { return zero1_bytes_per_step(trainable_elements(*model_), pg_.world_size()); }
-  std::string describe() const override {
-    return first_line(opt_->describe()) + (overlap_ ? "; all-gathers behind the next forward" : "");
-  }
-  std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override {
-    if (overlap_) opt_->wait_parameters();  // the gathers step(false) left
-    return whole_parameters(*model_);
-  }
-  // Zero1Strategy's, bucket by bucket: each bucket's flat buffer holds its parameters back to back.
-  FullState full_state() override {
-    FullState s;
-    if (overlap_) opt_->wait_parameters();  // the gathers step(false) left
-    s.params = whole_parameters(*model_, /*copy=*/true);
-    std::vector<ParamState> held;
-    for (size_t b = 0; b < opt_->num_buckets(); ++b) {
-      const auto part = gather_chunk_state(pg_, opt_->local(b), chunk(b), opt_->layout(b), bucket_params_[b]);
-      held.insert(held.end(), part.begin(), part.end());
-    }
-    s.optimizer = permute_states(opt_->parameters(), unique_parameters(*model_, true), held);
-    return s;
-  }
-  void load_full_state(const FullState& s) override {
-    if (overlap_) opt_->wait_parameters();  // or a gather still due would overwrite what is loaded
-    const auto params = load_parameters(*model_, s);
-    const auto held = permute_states(params, opt_->parameters(), s.optimizer);
-    size_t first = 0;
-    for (size_t b = 0; b < opt_->num_buckets(); ++b) {
-      const size_t n = bucket_params_[b].size();
-      set_chunk_state(opt_->local(b), chunk(b), opt_->layout(b), pg_.rank(),
-                      std::vector<ParamState>(held.begin() + first, held.begin() + first + n));
-      first += n;
-    }
-  }
-  std::vector<optim::Optimizer*> optimizers() override {
-    std::vector<optim::Optimizer*> out;
-    for (size_t b = 0; b < opt_->num_buckets(); ++b) out.push_back(&opt_->local(b));
-    return out;
-  }
-
- private:
-  // Bucket b's optimizer steps one tensor: this rank's chunk of the bucket.
-  torch::Tensor chunk(size_t b) { return opt_->local(b).param_groups().at(0).params().at(0); }
-
-  ProcessGroup& pg_;
-  std::shared_ptr<torch::nn::Module> model_;
-  bool overlap_;
-  std::unique_ptr<BucketedZero1> opt_;
-  UnitRunner runner_;
-  std::vector<std::vector<torch::Tensor>> bucket_params_;  // per bucket, in its buffer's order
-};
-
 }  // namespace
 
 MakeStrategy cs336_strategy(double bucket_cap_mb) {
@@ -206,13 +121,6 @@ MakeStrategy zero1_strategy() {
   return [](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
             const MakeOptimizer& make) -> std::unique_ptr<Strategy> {
     return std::make_unique<Zero1Strategy>(pg, std::move(model), make);
-  };
-}
-
-MakeStrategy bucketed_zero1_strategy(double bucket_cap_mb, bool overlap_gathers) {
-  return [bucket_cap_mb, overlap_gathers](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
-                                          const MakeOptimizer& make) -> std::unique_ptr<Strategy> {
-    return std::make_unique<BucketedZero1Strategy>(pg, std::move(model), make, bucket_cap_mb, overlap_gathers);
   };
 }
 

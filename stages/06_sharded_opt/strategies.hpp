@@ -5,6 +5,7 @@
 #pragma once
 
 #include "common/strategy.hpp"
+#include "stages/06_sharded_opt/sharded_optimizer.hpp"  // MakeLocalOptimizer
 
 namespace dp {
 
@@ -16,8 +17,9 @@ MakeStrategy cs336_strategy(double bucket_cap_mb = 25.0);
 /// all-gather of the parameters (two passes, as DDP).
 MakeStrategy zero1_strategy();
 
-/// ZeRO-1 in buckets (BucketedZero1): reduce-scatters launched from backward. With `overlap_gathers`
-/// the all-gathers wait for the next forward (the model must have units: dp::UnitModel).
-MakeStrategy bucketed_zero1_strategy(double bucket_cap_mb = 25.0, bool overlap_gathers = false);
+/// The designs' local optimizers are built from parameter groups (owned tensors, or one flat chunk); a
+/// Strategy is given a factory over a tensor list. This adapts one to the other: the factory's optimizer,
+/// emptied, takes the groups, its defaults being the options of every group that brings none.
+MakeLocalOptimizer local_factory(const MakeOptimizer& make);
 
 }  // namespace dp

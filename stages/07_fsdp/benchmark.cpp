@@ -18,7 +18,6 @@
 #include "common/transformer.hpp"
 #include "common/grad_sync.hpp"  // broadcast_parameters
 #include "stages/05_bucketed/bucketed_ddp.hpp"
-#include "stages/06_sharded_opt/bucketed_zero1.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -30,7 +29,7 @@ namespace dp {
 namespace optim = torch::optim;
 
 std::vector<std::string> stage07_variant_names() {
-  return {"ddp", "zero1", "zero1-buckets", "zero1-overlap", "fsdp", "fsdp-keep"};
+  return {"ddp", "zero1", "fsdp", "fsdp-keep"};
 }
 
 // [estimate]
@@ -83,9 +82,7 @@ struct Trainee {
   TransformerLM model{nullptr};
   std::unique_ptr<BucketedDdp> ddp;
   std::unique_ptr<Zero1Optimizer> zero1;  // owns its AdamW (on this rank's chunk); opt stays empty
-  std::unique_ptr<BucketedZero1> zero1b;  // owns one AdamW per bucket (its chunk); opt stays empty
-  bool overlap = false;                   // zero1-overlap: all-gathers behind the next forward
-  UnitRunner run;                         // FSDP's or zero1-overlap's
+  UnitRunner run;                         // FSDP's
   std::unique_ptr<Fsdp> fsdp;
   std::unique_ptr<optim::AdamW> opt;
   std::vector<double> step_s;
@@ -104,11 +101,6 @@ struct Trainee {
     } else if (variant == "zero1") {
       broadcast_parameters(pg, *model);  // no DDP wrapper to do it
       zero1 = Zero1Optimizer::make<optim::AdamW>(pg, model->parameters(), adamw);
-    } else if (variant == "zero1-buckets" || variant == "zero1-overlap") {
-      broadcast_parameters(pg, *model);
-      zero1b = BucketedZero1::make<optim::AdamW>(pg, model->parameters(), adamw, 25.0);  // DDP's bucket cap
-      overlap = variant == "zero1-overlap";
-      if (overlap) run = zero1b->runner(model->units());
     } else {
       FsdpOptions f;
       f.reshard_after_forward = variant == "fsdp", f.compute_dtype = o.compute_dtype;
@@ -124,15 +116,14 @@ struct Trainee {
     Timer t(device);
     if (ddp) ddp->on_train_batch_start();
     if (zero1) zero1->zero_grad();
-    else if (zero1b) zero1b->zero_grad();
     else opt->zero_grad();
     torch::Tensor loss;
     {
-      trace::Span f("forward");  // zero1-overlap: the last step's all-gathers start here, waited unit by unit
+      trace::Span f("forward");
       auto logits = run ? model->forward_units(x, run) : model->forward(x);
       loss = lm_loss(logits.to(torch::kFloat32), y);
     }
-    { trace::Span b("backward"); loss.backward(); }  // FSDP, zero1-b*: reduce-scatters leave from in here
+    { trace::Span b("backward"); loss.backward(); }  // FSDP: reduce-scatters leave from in here
     if (ddp || fsdp) {  // ZeRO-1 finishes its reduce-scatters in its step()
       trace::Span s("sync");
       if (ddp) ddp->finish_gradient_synchronization();
@@ -141,7 +132,6 @@ struct Trainee {
     {
       trace::Span s("optimizer");
       if (zero1) zero1->step();  // reduce-scatter, step this rank's chunk, all-gather
-      else if (zero1b) zero1b->step(/*wait_for_parameters=*/!overlap);
       else opt->step();
     }
     return t.seconds();
@@ -151,7 +141,6 @@ struct Trainee {
   TrainingBytes count() const {
     if (ddp) return count_training_bytes(*model, *opt);
     if (zero1) return count_training_bytes(*model, zero1->local());  // whole params and grads, 1/N of AdamW
-    if (zero1b) return zero1b->training_bytes(*model);  // every bucket's optimizer
     TrainingBytes b;  // FSDP: what the optimizer steps is what the rank keeps
     for (const auto& p : fsdp->parameters()) b.params += tensor_bytes({p}), b.grads += tensor_bytes({p.grad()});
     b.state = optimizer_state_bytes(*opt);
@@ -197,7 +186,7 @@ void run_benchmark(ProcessGroup& pg, const Stage07Options& o, Results& results) 
     std::vector<double> ratio;
     for (size_t k = 0; k < per_round.size(); ++k) ratio.push_back(per_round[k] / first[k]);
     const Stats st = summarize(per_round), rt = summarize(ratio);
-    const bool zero = t->zero1 || t->zero1b;
+    const bool zero = t->zero1 != nullptr;
     const int64_t np = mcfg.num_parameters();
     const double sent = t->ddp ? ddp_bytes_per_step(np, W) : zero ? zero1_bytes_per_step(np, W) : t->sent_per_step;
     results.add({{"variant", t->name}, {"vs", ts.front()->name}, {"world_size", W}, {"link", link_description()},

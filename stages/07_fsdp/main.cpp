@@ -16,8 +16,6 @@
 //   ./build/bin/ddp_launch --nproc 2 --net 1gbit -- ./build/bin/stage07_fsdp --bench --trace t.json
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage07_fsdp --bench --preset large --context 32 --batch 2
 //       --warmup 0 --steps 2 --variants fsdp --reshard-after-forward true   (970 M parameters: DDP cannot fit here)
-//   ./build/bin/ddp_launch --nproc 2 --net 1gbit -- ./build/bin/stage07_fsdp --bench --preset small --context 128
-//       --variants ddp,zero1-buckets,zero1-overlap      (stage 06's bucketed ZeRO-1 against DDP)
 // Correct output: PASS lines for CS336 2026's two FSDP tests (ToyFSDPModel: FSDP equals one process
 // within a bound derived from fp32's or bf16's unit roundoff, each line with its difference, bound and
 // ratio, e.g. ratio 0.02-0.2; shard-shaped fp32 gradients, replicated ones equal on every
@@ -100,10 +98,8 @@ int main(int argc, char** argv) {
   cli.app().remove_option(cli.app().get_option("--budget"));
   cli.app().get_option("--steps")->description("Timed steps per variant");
   cli.app().add_option("--variants", variants,
-                       "With --bench: ddp (stage 05, 25 MB buckets), zero1 (stage 06's Zero1Optimizer), "
-                       "zero1-buckets and zero1-overlap (stage 06's BucketedZero1, all-gathers after the step or "
-                       "behind the next forward) and/or fsdp")
-      ->delimiter(',')->check(CLI::IsMember({"ddp", "zero1", "zero1-buckets", "zero1-overlap", "fsdp"}));
+                       "With --bench: ddp (stage 05, 25 MB buckets), zero1 (stage 06's Zero1Optimizer) and/or fsdp")
+      ->delimiter(',')->check(CLI::IsMember({"ddp", "zero1", "fsdp"}));
   cli.app().add_option("--reshard-after-forward", reshard,
                        "true: free gathered weights after forward (ZeRO-3); false: keep them until backward; both")
       ->check(CLI::IsMember({"true", "false", "both"}));

@@ -7,7 +7,7 @@
 #include "common/params.hpp"
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
-#include "stages/06_sharded_opt/bucketed_zero1.hpp"
+#include "extensions/06a_zero1_buckets/bucketed_zero1.hpp"
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 #include "tests/support/ranks.hpp"

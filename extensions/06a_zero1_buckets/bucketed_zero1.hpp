@@ -1,4 +1,4 @@
-// BucketedZero1: true ZeRO-1 whose communication starts early. Zero1Optimizer reduce-scatters the whole
+// Extension 06a, on stage 06: true ZeRO-1 whose communication starts early (BucketedZero1). Zero1Optimizer reduce-scatters the whole
 // gradient buffer once backward is over and all-gathers the whole parameter buffer once its step is over:
 // two long waits on a slow link, where stage 05's DDP sends its buckets while backward still runs. Here the
 // parameters are grouped into buckets as stage 05 groups them (last layers first, ~25 MB each), and each
@@ -14,6 +14,7 @@
 #include "common/dist.hpp"
 #include "common/memory.hpp"  // count_training_bytes, TrainingBytes
 #include "common/shard_comm.hpp"
+#include "common/strategy.hpp"
 #include "common/units.hpp"                             // UnitRunner, ModuleUnits
 #include "stages/04_overlap/accumulate_grad_hooks.hpp"  // AccumulateGradHooks
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"  // MakeLocalOptimizer
@@ -133,5 +134,10 @@ class BucketedZero1 {
   std::string kind_;
   std::unique_ptr<AccumulateGradHooks> hooks_;  // last: removed first
 };
+
+/// BucketedZero1 as a dp::Strategy: reduce-scatters launched from backward, each bucket's chunk stepped by
+/// the MakeOptimizer's optimizer. With `overlap_gathers` the all-gathers wait for the next forward (the model
+/// must have units: dp::UnitModel; std::invalid_argument otherwise).
+MakeStrategy bucketed_zero1_strategy(double bucket_cap_mb = 25.0, bool overlap_gathers = false);
 
 }  // namespace dp
