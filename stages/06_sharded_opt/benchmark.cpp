@@ -1,6 +1,6 @@
 // Stage 06's benchmark: plain AdamW with DDP's all-reduce, the CS336 design (all-reduce, step the owned
 // tensors, broadcast them) and true ZeRO-1 (reduce-scatter, step a flat chunk, all-gather), on the
-// Transformer: memory around the first step, then step times, then (CS336 design) resume from a checkpoint.
+// Transformer: memory around the first step, then step times.
 #include "stages/06_sharded_opt/benchmark.hpp"
 
 #include "common/accounting.hpp"
@@ -14,7 +14,6 @@
 #include "common/timing.hpp"
 #include "common/trace.hpp"
 #include "common/transformer.hpp"
-#include "stages/06_sharded_opt/checkpoint.hpp"
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
@@ -135,26 +134,7 @@ static std::pair<Stats, Stats> time_steps(Trainee& t, const Options& o, const Fi
   return {summarize(max_over_ranks(t.pg, step_s)), summarize(max_over_ranks(t.pg, opt_s))};
 }
 
-// Resume: save a checkpoint, load it into a fresh replica, and check that both take the same next step.
-static void check_resume(Trainee& t, const Options& o) {
-  // [checkpoint]
-  std::filesystem::create_directories(o.checkpoint_dir);
-  const std::string path = o.checkpoint_dir + "/stage06_" + o.cfg.preset + ".ckpt";
-  save_checkpoint(path, t.pg, *t.model, *t.sharded);
-  Trainee fresh(t.pg, o, "cs336", /*seed=*/5);
-  auto info = load_checkpoint(path, t.pg, *fresh.model, *fresh.sharded);
-  auto tokens = fresh.tokens(o);
-  t.step(tokens, -1);
-  fresh.step(tokens, -1);
-  // [checkpoint]
-  const bool same = max_param_diff(*t.model, *fresh.model) == 0.0;
-  print0("{} checkpoint {} ({}, saved by {} ranks, step {}): resumed step {} the uninterrupted one",
-         same ? "PASS" : "FAIL", path, format_bytes(static_cast<double>(std::filesystem::file_size(path))),
-         info.world_size, info.max_step, same ? "equals" : "DIFFERS from");
-  if (!same) throw CheckFailed("resuming from the checkpoint changed the training");
-}
-
-// One variant's run: memory, speed, then (CS336 design, with --checkpoint) resume; one row of results.
+// One variant's run: memory, then speed; one row of results.
 static void bench_optimizer(ProcessGroup& pg, const Options& o, const std::string& design, Results& results) {
   const bool reset_ok = reset_peak_rss();  // forget the previous variant's peak
   if (!reset_ok && design != "adamw") print0("note: cannot reset the peak RSS here; this run's peaks include the previous run's");
@@ -186,8 +166,6 @@ static void bench_optimizer(ProcessGroup& pg, const Options& o, const std::strin
            max_all(mem.cuda_before) / 1e6, max_all(mem.cuda_after) / 1e6);
   if (t.sharded) print0("{}", t.sharded->describe());
   if (t.zero1) print0("{}", t.zero1->describe());
-  if (t.sharded && !o.checkpoint_dir.empty()) check_resume(t, o);
-  if (t.zero1 && !o.checkpoint_dir.empty()) print0("note: --checkpoint saves the CS336 design's state only");
 }
 
 void run_benchmark(ProcessGroup& pg, const Options& o, Results& results) {

@@ -16,7 +16,6 @@ struct Stage06Options {
   BenchConfig cfg;
   std::string which = "both";   ///< --optimizer: adamw | sharded | both
   std::string design = "all";   ///< --design: cs336 | zero1 | all (which sharded designs)
-  std::string checkpoint_dir;   ///< --checkpoint (CS336 design only)
 };
 
 /// The sharded designs selected by `design`, in table order.

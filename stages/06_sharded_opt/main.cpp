@@ -10,11 +10,11 @@
 // reduce-scattered (all-to-all + local sum on Gloo), each rank steps its chunk, parameters are
 // all-gathered: 2 x (N-1)/N x 4P, plain DDP's bytes. (extensions/06a_zero1_buckets cuts the same traffic
 // into stage 05's buckets and sends each bucket's reduce-scatter from backward's hooks, as DDP does.)
-// Checkpoints (CS336 design) load at any world size.
+// (Checkpoints of the sharded state, loadable at any world size: extensions/06b_checkpoints.)
 //
 // Run it:
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage06_sharded_opt                      # checks only
-//   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage06_sharded_opt --bench --preset tiny --checkpoint /tmp/s6
+//   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage06_sharded_opt --bench --preset tiny
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage06_sharded_opt --bench --preset small --context 128
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage06_sharded_opt --bench --design zero1  # one design
 //   ./build/bin/ddp_launch --nproc 2 --net 1gbit -- ./build/bin/stage06_sharded_opt --bench --context 128 --steps 10
@@ -23,9 +23,7 @@
 // Correct output: per design, "PASS sharded AdamW == AdamW on toy" and "on tied" (bit-identical after
 // each of 10 steps); with --bench, per variant the bytes of parameters, gradients and state beside
 // 4P + 4P + 8P/N, peak RSS (the process's view: run one --optimizer/--design per process for the
-// cleanest peaks), bytes sent per step and step times;
-// with --checkpoint "PASS checkpoint ... resumed
-// step equals the uninterrupted one"; last, "PASS stage 06".
+// cleanest peaks), bytes sent per step and step times; last, "PASS stage 06".
 //
 // What it leaves: parameters and gradients stay whole on every rank (4P + 4P). ZeRO-2 keeps only the
 // gradient chunk; FSDP (ZeRO-3) shards the parameters too and gathers each layer just in time.
@@ -86,8 +84,6 @@ int main(int argc, char** argv) {
                        "Which sharded design to check and benchmark: cs336 (all-reduce + broadcast), zero1 "
                        "(reduce-scatter + all-gather) or all")
       ->check(check_design);
-  cli.app().add_option("--checkpoint", o.checkpoint_dir,
-                       "With --bench: save a checkpoint of the CS336 design's run to this directory, load it, compare");
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
@@ -95,14 +91,6 @@ int main(int argc, char** argv) {
     check_blas();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
     if (bench) validate_bench_config(o.cfg, world);  // bad input: exit 2 before any rendezvous
-    if (bench && !o.checkpoint_dir.empty()) {         // the folder it saves to, made and checked now
-      std::error_code ec;
-      std::filesystem::create_directories(o.checkpoint_dir, ec);
-      if (ec)
-        throw UsageError(fmt::format("--checkpoint {}: cannot create that folder ({}); give a writable folder",
-                                     o.checkpoint_dir, ec.message()));
-      check_writable("--checkpoint", o.checkpoint_dir + "/stage06_" + o.cfg.preset + ".ckpt");
-    }
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
 

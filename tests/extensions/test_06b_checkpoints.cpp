@@ -1,6 +1,6 @@
-// Stage 06: checkpoints of a sharded optimizer must resume training exactly at any world size, and a
+// Extension 06b: checkpoints of a sharded optimizer must resume training exactly at any world size, and a
 // damaged file or another model must be refused by name. Ranks run as threads (run_ranks).
-#include "stages/06_sharded_opt/checkpoint.hpp"
+#include "extensions/06b_checkpoints/checkpoint.hpp"
 #include "tests/stages/sharded_opt_support.hpp"
 #include "tests/support/expect.hpp"
 #include "tests/support/files.hpp"
@@ -76,7 +76,7 @@ TEST_P(Resume, SaveAtWorld2AfterThreeStepsThenThreeMoreEqualsSixSteps) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Stage06, Resume,
+INSTANTIATE_TEST_SUITE_P(Ext06b, Resume,
                          ::testing::Combine(::testing::Values("toy", "tied"), ::testing::Values("adamw", "sgd"),
                                             ::testing::Values(1, 2, 3)),
                          [](const ::testing::TestParamInfo<ResumeCombo>& info) {

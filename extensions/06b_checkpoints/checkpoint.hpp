@@ -1,5 +1,5 @@
-// Checkpoints of a ShardedOptimizer: gathered to rank 0 on save, re-partitioned on load at any world size.
-// The optimizer state is spread over the ranks, so saving first gathers every owner's share to rank 0,
+// Extension 06b, on stage 06: checkpoints of a ShardedOptimizer (the CS336 design), gathered to rank 0 on
+// save, re-partitioned on load at any world size. The optimizer state is spread over the ranks, so saving first gathers every owner's share to rank 0,
 // and loading lets every rank pick out the share it owns now: save with 2 ranks, resume with 3.
 //
 // The file is common/checkpoint_file.hpp's container (magic "DPZ1CKPT", version, lengths, checksum,

@@ -1,6 +1,6 @@
 // Sharded checkpoints: every owner's state gathered to rank 0; on load, each rank takes what it owns now.
 // "Now" is the current partition, whatever the world size was at save time.
-#include "stages/06_sharded_opt/checkpoint.hpp"
+#include "extensions/06b_checkpoints/checkpoint.hpp"
 
 #include "common/checkpoint_file.hpp"
 #include "common/models.hpp"
