@@ -1,6 +1,5 @@
 #include "extensions/05b_arrival_order/arrival_order_ddp.hpp"
 
-#include "common/params.hpp"
 #include "common/runtime.hpp"
 
 #include <fmt/format.h>
@@ -75,15 +74,6 @@ void ArrivalOrderDdp::after_synchronization() {
   // [rebuild]
   arrival_.clear();
   rebuilt_ = true;
-}
-
-MakeStrategy arrival_order_ddp_strategy(double bucket_cap_mb) {
-  return [bucket_cap_mb](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
-                         const MakeOptimizer& make) -> std::unique_ptr<Strategy> {
-    auto ddp = std::make_unique<ArrivalOrderDdp>(pg, model, bucket_cap_mb);  // broadcasts rank 0's weights
-    auto opt = make(unique_parameters(*model));
-    return std::make_unique<BucketedDdpStrategy>(pg, model, std::move(ddp), std::move(opt));
-  };
 }
 
 }  // namespace dp

@@ -50,7 +50,4 @@ class ArrivalOrderDdp : public BucketedDdp {
   std::vector<size_t> arrival_;  // parameters in the order their gradients were ready (first step)
 };
 
-/// The MakeStrategy of BucketedDdpStrategy over ArrivalOrderDdp with `bucket_cap_mb` MB buckets.
-MakeStrategy arrival_order_ddp_strategy(double bucket_cap_mb);
-
 }  // namespace dp

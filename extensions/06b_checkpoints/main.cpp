@@ -89,8 +89,7 @@ int main(int argc, char** argv) {
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
     const bool ok = check_against_adamw(pg, "sharded AdamW", [](ProcessGroup& g, const std::vector<torch::Tensor>& p,
                                                                 const optim::AdamWOptions& o) {
-      auto s = std::make_shared<ShardedOptimizer>(ShardedOptimizer::make<optim::AdamW>(g, p, o));
-      return ShardedSteps{[s] { s->zero_grad(); }, [s] { s->step(); }, s->describe(), false};
+      return sharded_steps("cs336", g, p, o);
     });
     if (!ok) throw CheckFailed("sharded AdamW differs from AdamW");
 

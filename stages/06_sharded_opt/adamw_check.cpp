@@ -4,6 +4,8 @@
 #include "common/models.hpp"
 #include "common/params.hpp"
 #include "common/runtime.hpp"
+#include "stages/06_sharded_opt/sharded_optimizer.hpp"
+#include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
 #include <algorithm>
 
@@ -45,6 +47,16 @@ static bool matches_adamw(ProcessGroup& pg, const std::string& model_name, const
     }
   }
   return parameters_identical_across_ranks(pg, *shd);
+}
+
+ShardedSteps sharded_steps(const std::string& design, ProcessGroup& pg, const std::vector<torch::Tensor>& params,
+                           const optim::AdamWOptions& opts) {
+  if (design == "zero1") {
+    std::shared_ptr<Zero1Optimizer> z = Zero1Optimizer::make<optim::AdamW>(pg, params, opts);
+    return {[z] { z->zero_grad(); }, [z] { z->step(); }, z->describe(), /*sums_over_ranks=*/true};
+  }
+  auto s = std::make_shared<ShardedOptimizer>(ShardedOptimizer::make<optim::AdamW>(pg, params, opts));
+  return {[s] { s->zero_grad(); }, [s] { s->step(); }, s->describe(), false};
 }
 
 bool check_against_adamw(ProcessGroup& pg, const std::string& what, const MakeShardedSteps& make) {

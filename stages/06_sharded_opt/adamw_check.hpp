@@ -25,6 +25,10 @@ struct ShardedSteps {
 using MakeShardedSteps = std::function<ShardedSteps(ProcessGroup& pg, const std::vector<torch::Tensor>& params,
                                                     const torch::optim::AdamWOptions& opts)>;
 
+/// Stage 06's design `design` as the check drives it: "zero1" (Zero1Optimizer) or "cs336" (ShardedOptimizer).
+ShardedSteps sharded_steps(const std::string& design, ProcessGroup& pg, const std::vector<torch::Tensor>& params,
+                           const torch::optim::AdamWOptions& opts);
+
 /// CS336's test on its `toy` and `tied` models: every rank seeds 42, so models and data agree without a
 /// broadcast; every rank computes full gradients (no DDP). After each of 10 steps the sharded model must equal
 /// plain AdamW's bit for bit, and every rank's copy must be the same. Prints "PASS|FAIL <what> == AdamW on

@@ -49,17 +49,6 @@
 using namespace dp;
 namespace optim = torch::optim;
 
-// The design named `design` as the check drives it (stage 06's check: adamw_check.hpp).
-static ShardedSteps design_steps(const std::string& design, ProcessGroup& pg, const std::vector<torch::Tensor>& params,
-                                 const optim::AdamWOptions& opts) {
-  if (design == "zero1") {
-    std::shared_ptr<Zero1Optimizer> z = Zero1Optimizer::make<optim::AdamW>(pg, params, opts);
-    return {[z] { z->zero_grad(); }, [z] { z->step(); }, z->describe(), /*sums_over_ranks=*/true};
-  }
-  auto s = std::make_shared<ShardedOptimizer>(ShardedOptimizer::make<optim::AdamW>(pg, params, opts));
-  return {[s] { s->zero_grad(); }, [s] { s->step(); }, s->describe(), false};
-}
-
 // --design: a misspelt design is refused with the value and the choices (exit 2, as every bad input).
 static std::string check_design(const std::string& v) {
   if (v == "cs336" || v == "zero1" || v == "all") return {};
@@ -98,7 +87,7 @@ int main(int argc, char** argv) {
     for (const auto& design : selected_designs(o.design))
       all_ok = check_against_adamw(pg, design == "zero1" ? "ZeRO-1 AdamW" : "sharded AdamW",
                                    [&](ProcessGroup& g, const std::vector<torch::Tensor>& p, const optim::AdamWOptions& opts) {
-                                     return design_steps(design, g, p, opts);
+                                     return sharded_steps(design, g, p, opts);
                                    }) && all_ok;
     if (!all_ok) throw CheckFailed("sharded AdamW differs from AdamW");
 
