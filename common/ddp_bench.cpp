@@ -41,7 +41,7 @@ void validate_bench_config(BenchConfig& cfg, int world) {
                        fmt::format("--preset {} ({} parameters, {:.0f} bytes each on every rank)", cfg.preset,
                                    with_commas(mcfg.num_parameters()), cfg.bytes_per_param),
                        "use a smaller --preset, fewer ranks on this machine, or shard the parameters too "
-                       "(FSDP, stage 07)");
+                       "(FSDP, stage 07; its extension 07a, ext07a_fsdp_bench, trains it with no whole replica beside it)");
   if (!cfg.trace.empty()) check_writable("--trace", cfg.trace);  // fails now, not after the whole benchmark
 }
 
@@ -54,6 +54,7 @@ struct Trainee {
   bool communicates = false;  // false: the no-communication baseline
   std::unique_ptr<Strategy> strategy;
   std::vector<double> step_s, sync_s, fwd_s, bwd_s, opt_s;
+  TrainingBytes bytes;  // after the first step, when the optimizer's state exists
 
   Trainee(ProcessGroup& pg, const TransformerConfig& mcfg, const Variant& v) : name(v.name), communicates(v.make != nullptr) {
     torch::manual_seed(0);  // every variant trains the same model
@@ -151,7 +152,10 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
       auto [gx, gy] = token_batch(cfg.global_batch, cfg.context, mcfg.vocab_size, 1234, i);
       auto x = shard_rows(gx, pg.rank(), W).to(pg.device());
       auto y = shard_rows(gy, pg.rank(), W).to(pg.device());
-      for (auto& t : ts) t->step(x, y, pg.device(), timed, i);
+      for (auto& t : ts) {
+        t->step(x, y, pg.device(), timed, i);
+        if (i == 0) t->bytes = t->strategy->bytes();
+      }
       trace::set_recording(false);
       if (i == 0) maybe_inject_fault(pg.rank());  // hardening tests: a rank dies or hangs mid-training
       const double f = time_flat_allreduce(pg, all_grads, timed);
@@ -188,6 +192,10 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
       row.baseline = base_name;
       row.group = static_cast<int>(group);
       row.calls = ts[k]->strategy->calls_per_step();
+      row.sent_bytes = ts[k]->strategy->sent_bytes_per_step();
+      const TrainingBytes& b = ts[k]->bytes;  // the largest over ranks (shards differ by their padding)
+      auto most = [&](int64_t v) { return static_cast<int64_t>(max_over_ranks(pg, {static_cast<double>(v)})[0]); };
+      row.bytes.params = most(b.params), row.bytes.grads = most(b.grads), row.bytes.state = most(b.state);
       row.step_s = slowest[k];
       row.baseline_s = slowest[0];
       row.step = summarize(slowest[k]);
@@ -259,7 +267,9 @@ void record(Results& results, const BenchRun& run, const BenchConfig& cfg, int w
         {"single_process_step_s", single.median}, {"tokens_per_s", tokens / row.step.median},
         {"speedup_vs_1proc", speed.median}, {"scaling_efficiency", speed.median / world},
         {"step_samples_s", row.step_s}, {"baseline_samples_s", row.baseline_s}, {"ratio_samples", row.ratio},
-        {"speedup_samples", row.speedup}};
+        {"speedup_samples", row.speedup}, {"param_MB", row.bytes.params / 1e6}, {"grad_MB", row.bytes.grads / 1e6},
+        {"state_MB", row.bytes.state / 1e6}, {"total_MB", row.bytes.total() / 1e6},
+        {"sent_MB_per_step", row.sent_bytes / 1e6}};
     if (!row.overlap.empty()) {
       j["overlap_efficiency"] = summarize(row.overlap).median;
       j["overlap_samples"] = row.overlap;
@@ -278,6 +288,12 @@ std::string ddp_table(const Results& results) {
                            "overlap_efficiency", "tokens_per_s", "speedup_vs_1proc"},
                           {"variant", "collectives/step", "step (s)", "step / no-comm step", "exposed comm (s)",
                            "overlap efficiency", "tokens/s", "speedup vs 1 process"});
+}
+
+std::string memory_table(const Results& results) {
+  return results.markdown({"variant", "param_MB", "grad_MB", "state_MB", "total_MB", "sent_MB_per_step"},
+                          {"variant", "params (MB)", "grads (MB)", "AdamW state (MB)", "total (MB)",
+                           "sent per step (MB)"});
 }
 
 }  // namespace dp

@@ -2,6 +2,7 @@
 // same way, so stages differ only in how they synchronize gradients.
 #pragma once
 
+#include "common/accounting.hpp"
 #include "common/grad_sync.hpp"
 #include "common/results.hpp"
 #include "common/strategy.hpp"
@@ -50,6 +51,8 @@ struct BenchRow {
   std::string baseline;                ///< the no-communication row its ratios use
   int group = 0;                       ///< which group of interleaved variants it was measured in
   int64_t calls = 0;                   ///< collectives per step, from Strategy::calls_per_step()
+  double sent_bytes = 0;               ///< bytes this rank sent per step, from Strategy::sent_bytes_per_step()
+  TrainingBytes bytes;                 ///< Strategy::bytes() after the first step, the largest over ranks
   std::vector<double> step_s;          ///< whole step per round: forward, backward, sync, optimizer
   std::vector<double> baseline_s;      ///< the baseline's step in the same rounds
   Stats step, sync, forward, backward, optimizer;  ///< medians etc. ("sync": inside after_backward)
@@ -96,5 +99,9 @@ void record(Results& results, const BenchRun& run, const BenchConfig& cfg, int w
 
 /// The table every DDP stage prints.
 std::string ddp_table(const Results& results);
+
+/// What each row's rank holds after its first step (parameters, gradients, optimizer state: Strategy::bytes())
+/// and sends per step: what a benchmark of sharded training prints beside ddp_table().
+std::string memory_table(const Results& results);
 
 }  // namespace dp

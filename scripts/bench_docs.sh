@@ -2,17 +2,17 @@
 # Regenerates the benchmark results behind docs/ on this machine, then the plots, timelines and tables.
 # Every result file records the exact command (launcher included) and the machine, row by row.
 #
-#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp features torch small zero ext06a fsdp lm (default:
-#                                             all), or fsdp-memory, lm-speed (one table of those parts alone)
+#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp features torch small zero ext06a ext07a lm (default:
+#                                             all), or ext07a-memory, lm-speed (one table of those parts alone)
 #
 # The DDP runs use the tiny Transformer with 10 timed steps: once over loopback (where Gloo's
 # communication is CPU work that competes with backward for the two cores) and on a simulated cluster
 # (ddp_launch --net: every rank in its own network namespace behind a 1 or 10 Gbit/s link), where
 # communication costs wall time as on a real one. --net needs root and iproute2; without them the net
-# runs are skipped with the reason. About 95 minutes on 2 cores (fsdp alone: about 15, torch about 35).
+# runs are skipped with the reason. About 95 minutes on 2 cores (ext07a alone: about 15, torch about 35).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-parts=${*:-allreduce ddp features torch small zero ext06a fsdp lm}
+parts=${*:-allreduce ddp features torch small zero ext06a ext07a lm}
 R=docs/results
 mkdir -p $R
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -137,9 +137,9 @@ for part in $parts; do
         --json $R/stage06_designs.json
     net $L --nproc 2 --net 1gbit -- $B/stage06_sharded_opt --bench --preset tiny --context 128 --batch 4 \
         --warmup 2 --steps 10 --json $R/stage06_tiny_1gbit.json ;;
-  fsdp|fsdp-memory)
-    echo "== stage 07: memory (one variant per process), speed against DDP on 1 Gbit/s, the large preset"
-    S7="$L --nproc 2 -- $B/stage07_fsdp --bench --context 128 --batch 4 --warmup 0 --steps 2"
+  ext07a|ext07a-memory)
+    echo "== extension 07a: FSDP's memory (one variant per process), speed against DDP on 1 Gbit/s, the large preset"
+    S7="$L --nproc 2 -- $B/ext07a_fsdp_bench --context 128 --batch 4 --warmup 0 --steps 2"
     files=()
     for preset in small medium; do
       for v in "ddp" "zero1" "fsdp --reshard-after-forward true" "fsdp --reshard-after-forward false"; do
@@ -148,29 +148,29 @@ for part in $parts; do
         files+=($f)
       done
     done
-    $PY scripts/merge_results.py $R/stage07_memory.json "${files[@]}"
+    $PY scripts/merge_results.py $R/ext07a_memory.json "${files[@]}"
     rm -f "${files[@]}"
-    if [ $part = fsdp-memory ]; then continue; fi  # the memory table alone (about 8 minutes)
-    net $L --nproc 2 --net 1gbit -- $B/stage07_fsdp --bench --preset small --context 128 --warmup 1 --steps 6 \
-        --variants ddp,zero1,fsdp --json $R/stage07_small_1gbit.json --trace $R/stage07_small_1gbit.trace.json
-    net $L --nproc 2 --net 1gbit -- $B/stage07_fsdp --bench --preset small --context 128 --warmup 1 --steps 6 \
-        --compute-dtype bf16 --json $R/stage07_small_1gbit_bf16.json
-    net $L --nproc 2 --net 10gbit -- $B/stage07_fsdp --bench --preset small --context 128 --warmup 1 --steps 6 \
-        --variants ddp,zero1,fsdp --json $R/stage07_small_10gbit.json --trace $R/stage07_small_10gbit.trace.json
+    if [ $part = ext07a-memory ]; then continue; fi  # the memory table alone (about 8 minutes)
+    net $L --nproc 2 --net 1gbit -- $B/ext07a_fsdp_bench --preset small --context 128 --warmup 1 --steps 6 \
+        --variants ddp,zero1,fsdp --json $R/ext07a_small_1gbit.json --trace $R/ext07a_small_1gbit.trace.json
+    net $L --nproc 2 --net 1gbit -- $B/ext07a_fsdp_bench --preset small --context 128 --warmup 1 --steps 6 \
+        --compute-dtype bf16 --json $R/ext07a_small_1gbit_bf16.json
+    net $L --nproc 2 --net 10gbit -- $B/ext07a_fsdp_bench --preset small --context 128 --warmup 1 --steps 6 \
+        --variants ddp,zero1,fsdp --json $R/ext07a_small_10gbit.json --trace $R/ext07a_small_10gbit.trace.json
     # CS336 fsdp_accounting (b): did each gather finish before its unit's forward began? From the traces.
     files=()
     for rate in 1gbit 10gbit; do
-      if [ -f $R/stage07_small_$rate.trace.json ]; then
-        $PY scripts/gather_in_time.py $R/stage07_small_$rate.trace.json $R/stage07_small_$rate.json \
+      if [ -f $R/ext07a_small_$rate.trace.json ]; then
+        $PY scripts/gather_in_time.py $R/ext07a_small_$rate.trace.json $R/ext07a_small_$rate.json \
             --json $R/git_$rate.json
         files+=($R/git_$rate.json)
-        gzip -9f $R/stage07_small_$rate.trace.json
+        gzip -9f $R/ext07a_small_$rate.trace.json
       fi
     done
-    [ ${#files[@]} -gt 0 ] && $PY scripts/merge_results.py $R/stage07_gather_in_time.json "${files[@]}" && rm -f "${files[@]}"
+    [ ${#files[@]} -gt 0 ] && $PY scripts/merge_results.py $R/ext07a_gather_in_time.json "${files[@]}" && rm -f "${files[@]}"
     # 970 M parameters: DDP would need ~31 GB for 2 ranks here, FSDP ~8 GB per rank.
-    $L --nproc 2 -- $B/stage07_fsdp --bench --preset large --context 32 --batch 2 --warmup 0 --steps 2 \
-        --variants fsdp --reshard-after-forward true --json $R/stage07_large.json ;;
+    $L --nproc 2 -- $B/ext07a_fsdp_bench --preset large --context 32 --batch 2 --warmup 0 --steps 2 \
+        --variants fsdp --reshard-after-forward true --json $R/ext07a_large.json ;;
   ext06a) echo "== extension 06a: ZeRO-1 in buckets against DDP"; zero1_vs_ddp ;;
   lm|lm-speed)
     echo "== stage 08: loss curves on real text at 1, 2 and 4 ranks (loopback, 500 steps), then speed per --sync and link"
@@ -209,12 +209,12 @@ for part in $parts; do
       files+=($runs/1gbit_ddp_2_2mb.json)
     fi
     $PY scripts/lm_results.py $R/lm_speed.json "${files[@]}" ;;
-  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, features, torch, small, zero, ext06a, fsdp, fsdp-memory, lm, lm-speed)" >&2; exit 2 ;;
+  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, features, torch, small, zero, ext06a, ext07a, ext07a-memory, lm, lm-speed)" >&2; exit 2 ;;
   esac
 done
 
 for f in $R/*.json; do
-  case $f in *.trace.json|*/alltoall.json|*/torch_compare.json|*/torch_ddp_*.json|*/stage07_gather_in_time.json|*/lm_speed.json|*/margins.json) continue ;; esac
+  case $f in *.trace.json|*/alltoall.json|*/torch_compare.json|*/torch_ddp_*.json|*/ext07a_gather_in_time.json|*/lm_speed.json|*/margins.json) continue ;; esac
   $PY scripts/plot.py "$f"
 done
 $PY scripts/make_tables.py

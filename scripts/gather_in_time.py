@@ -2,7 +2,7 @@
 """gather_in_time.py TRACE[.gz] [RESULTS.json --json OUT]: did each FSDP all-gather finish in time?
 
 CS336 2026's fsdp_accounting (b) asks it of a profiler timeline; this answers it from a stage 07 trace
-(`stage07_fsdp --bench --trace FILE`). For every timed step of every FSDP variant, on every rank, each
+(`ext07a_fsdp_bench --trace FILE`). For every timed step of every FSDP variant, on every rank, each
 "forward unit" span is matched with the gather of that unit launched last before the span began (the
 collective labelled "gather unit U"). The unit waited for its weights by max(0, gather end - span start).
 

@@ -1,6 +1,7 @@
 // FSDP against single-process training: CS336 2026's two FSDP tests, and the Transformer.
 #include "stages/07_fsdp/fsdp_check.hpp"
 
+#include "common/log.hpp"
 #include "common/models.hpp"
 #include "common/params.hpp"
 #include "common/runtime.hpp"
@@ -8,8 +9,10 @@
 #include "common/transformer.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <mutex>
 #include <stdexcept>
 
@@ -224,6 +227,68 @@ FsdpCheck check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumul
                                   resync ? ", weights resynced" : "", rows * W * T + W, n,
                                   dtype_name(opts.compute_dtype), G, w);
   return result;
+}
+
+std::vector<bool> FsdpFlags::modes() const {
+  std::vector<bool> m;
+  if (reshard != "false") m.push_back(true);
+  if (reshard != "true") m.push_back(false);
+  return m;
+}
+
+void add_fsdp_flags(CLI::App& app, FsdpFlags& flags) {
+  app.add_option("--reshard-after-forward", flags.reshard,
+                 "true: free gathered weights after forward (ZeRO-3); false: keep them until backward; both")
+      ->check(CLI::IsMember({"true", "false", "both"}));
+  app.add_option("--compute-dtype", flags.dtype, "With the benchmark: float32 or bfloat16 (bf16) for FSDP's gathered weights")
+      ->check([](const std::string& v) {
+        try { parse_compute_dtype(v); } catch (const UsageError& e) { return std::string(e.what()); }
+        return std::string();
+      });
+}
+
+// Every rank must pass: the verdict is gathered, so all ranks print and exit alike.
+static bool everyone(ProcessGroup& pg, bool ok) {
+  auto votes = pg.all_gather(ok ? 1.0 : 0.0);
+  return std::count(votes.begin(), votes.end(), 1.0) == pg.world_size();
+}
+
+static std::string mode(const FsdpOptions& f) {
+  return fmt::format("{}, {}", dtype_name(f.compute_dtype), f.reshard_after_forward ? "reshard after forward"
+                                                                                         : "keep until backward");
+}
+
+static bool report(ProcessGroup& pg, const FsdpCheck& c, const std::string& what) {
+  const bool ok = everyone(pg, c.ok());
+  auto diffs = pg.all_gather(c.max_abs_diff), bounds = pg.all_gather(c.tolerance);
+  Margin worst{0, 1};
+  for (size_t i = 0; i < diffs.size(); ++i)
+    if (Margin m{diffs[i], bounds[i]}; m.ratio() >= worst.ratio()) worst = m;
+  print0("{} {}: max |diff| {:.3g} <= {:.3g} (ratio {:.2f}; bound = {})", ok ? "PASS" : "FAIL", what, c.max_abs_diff,
+         c.tolerance, worst.ratio(), c.derivation);
+  return ok;
+}
+
+bool run_fsdp_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes, uint64_t seed) {
+  // [checks]
+  bool all_ok = true;
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16})
+    for (bool reshard : reshard_modes) {
+      FsdpOptions f;
+      f.compute_dtype = dtype, f.reshard_after_forward = reshard;
+      const FsdpCheck toy = check_toy_fsdp(pg, f, seed);
+      const bool ok = report(pg, toy, fmt::format("FSDP == one process on ToyFSDPModel ({}; 3 SGD steps, {} ranks)",
+                                                  mode(f), pg.world_size()));
+      check_fsdp_gradients(pg, f);  // throws CheckFailed
+      print0("PASS FSDP gradients ({}): fp32, shard-shaped, replicated ones equal on every rank", mode(f));
+      const FsdpCheck tf = check_transformer_fsdp(pg, f, 1, seed);
+      const bool ok2 = report(pg, tf, fmt::format("FSDP == one process on a 2-layer Transformer ({}; 3 SGD steps)", mode(f)));
+      const FsdpCheck acc = check_transformer_fsdp(pg, f, /*accumulate=*/2, seed);  // shard gradients add up
+      const bool ok3 = report(pg, acc, fmt::format("FSDP, 2 micro-batches accumulated per step == one process ({})", mode(f)));
+      all_ok = all_ok && ok && ok2 && ok3;
+    }
+  // [checks]
+  return all_ok;
 }
 
 }  // namespace dp

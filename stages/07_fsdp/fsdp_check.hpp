@@ -8,6 +8,11 @@
 #include "stages/07_fsdp/fsdp.hpp"
 
 #include <string>
+#include <vector>
+
+namespace CLI {
+class App;  // CLI11's (<CLI/CLI.hpp>, included where the flags are added)
+}
 
 namespace dp {
 
@@ -46,5 +51,25 @@ void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts);
 /// rank runs its 2 sequences as 2 micro-batches of 1 (loss / 2, finish_gradient_synchronization()
 /// after each): the same bound, since only the grouping of the sums changes.
 FsdpCheck check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumulate = 1, uint64_t seed = 0);
+
+/// The flags both of stage 07's programs take (the stage's and extension 07a's).
+struct FsdpFlags {
+  std::string reshard = "both";     ///< --reshard-after-forward: true, false or both
+  std::string dtype = "float32";    ///< --compute-dtype: float32 or bfloat16 (bf16)
+  /// The resharding modes asked for, true (reshard after forward) first.
+  std::vector<bool> modes() const;
+  torch::ScalarType compute_dtype() const { return parse_compute_dtype(dtype); }
+};
+
+/// Adds --reshard-after-forward and --compute-dtype to `app`; a value outside the choices is refused by
+/// the parser (exit 2, naming it and the choices).
+void add_fsdp_flags(CLI::App& app, FsdpFlags& flags);
+
+/// Every check above, in fp32 and bf16 and in each resharding mode of `reshard_modes` (true: reshard
+/// after forward), one verdict line each from rank 0 with the difference, its bound, their ratio (the
+/// worst over ranks: what scripts/margins.py collects) and the bound's derivation. True when every check
+/// passed on every rank (the verdict is gathered, so all ranks return alike); check_fsdp_gradients()
+/// throws dp::CheckFailed.
+bool run_fsdp_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes, uint64_t seed = 0);
 
 }  // namespace dp

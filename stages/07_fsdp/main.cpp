@@ -14,100 +14,36 @@
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage07_fsdp                        # checks only
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage07_fsdp --bench --preset small --context 128
 //   ./build/bin/ddp_launch --nproc 2 --net 1gbit -- ./build/bin/stage07_fsdp --bench --trace t.json
-//   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage07_fsdp --bench --preset large --context 32 --batch 2
-//       --warmup 0 --steps 2 --variants fsdp --reshard-after-forward true   (970 M parameters: DDP cannot fit here)
 // Correct output: PASS lines for CS336 2026's two FSDP tests (ToyFSDPModel: FSDP equals one process
 // within a bound derived from fp32's or bf16's unit roundoff, each line with its difference, bound and
-// ratio, e.g. ratio 0.02-0.2; shard-shaped fp32 gradients, replicated ones equal on every
-// rank) and for the Transformer, with and without 2 accumulated micro-batches; with --bench a memory table (FSDP near 16P/N, DDP at 16P) and a time
-// table (ratios to DDP round by round); last, "PASS stage 07".
+// ratio, e.g. ratio 0.02-0.2; shard-shaped fp32 gradients, replicated ones equal on every rank) and for
+// the Transformer, with and without 2 accumulated micro-batches; with --bench the common benchmark's
+// table (no communication, FSDP in each resharding mode) and what each rank holds (FSDP near 16P/N);
+// last, "PASS stage 07". Extension 07a (extensions/07a_fsdp_bench) sets FSDP beside stage 05's DDP and
+// stage 06's ZeRO-1, in memory and time, up to the 970 M-parameter preset that DDP cannot hold here.
 //
 // What it leaves: every rank still runs the whole model on its own batch (data parallelism only); the
 // gathered unit must fit on one device. Tensor and pipeline parallelism split the model itself.
-#include "common/accounting.hpp"
 #include "common/cli.hpp"
 #include "common/ddp_bench.hpp"
 #include "common/launch_env.hpp"
 #include "common/memory.hpp"
-#include "common/models.hpp"
 #include "common/runtime.hpp"
-#include "common/transformer.hpp"
-#include "stages/07_fsdp/benchmark.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 #include "stages/07_fsdp/fsdp_check.hpp"
-
-#include <fmt/ranges.h>
+#include "stages/07_fsdp/strategies.hpp"
 
 using namespace dp;
 
-// Every rank must pass: the verdict is gathered, so all ranks print and exit alike.
-static bool everyone(ProcessGroup& pg, bool ok) {
-  auto votes = pg.all_gather(ok ? 1.0 : 0.0);
-  return std::count(votes.begin(), votes.end(), 1.0) == pg.world_size();
-}
-
-static std::string mode(const FsdpOptions& f) {
-  return fmt::format("{}, {}", dtype_name(f.compute_dtype), f.reshard_after_forward ? "reshard after forward"
-                                                                                         : "keep until backward");
-}
-
-// One verdict line per check: the largest difference, its bound, their ratio (the worst over ranks: what
-// the margin test, scripts/margins.py, collects) and how the bound was derived.
-static bool report(ProcessGroup& pg, const FsdpCheck& c, const std::string& what) {
-  const bool ok = everyone(pg, c.ok());
-  auto diffs = pg.all_gather(c.max_abs_diff), bounds = pg.all_gather(c.tolerance);
-  Margin worst{0, 1};
-  for (size_t i = 0; i < diffs.size(); ++i)
-    if (Margin m{diffs[i], bounds[i]}; m.ratio() >= worst.ratio()) worst = m;
-  print0("{} {}: max |diff| {:.3g} <= {:.3g} (ratio {:.2f}; bound = {})", ok ? "PASS" : "FAIL", what, c.max_abs_diff,
-         c.tolerance, worst.ratio(), c.derivation);
-  return ok;
-}
-
-static bool run_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes, uint64_t seed) {
-  // [checks]
-  bool all_ok = true;
-  for (auto dtype : {torch::kFloat32, torch::kBFloat16})
-    for (bool reshard : reshard_modes) {
-      FsdpOptions f;
-      f.compute_dtype = dtype, f.reshard_after_forward = reshard;
-      const FsdpCheck toy = check_toy_fsdp(pg, f, seed);
-      const bool ok = report(pg, toy, fmt::format("FSDP == one process on ToyFSDPModel ({}; 3 SGD steps, {} ranks)",
-                                                  mode(f), pg.world_size()));
-      check_fsdp_gradients(pg, f);  // throws CheckFailed
-      print0("PASS FSDP gradients ({}): fp32, shard-shaped, replicated ones equal on every rank", mode(f));
-      const FsdpCheck tf = check_transformer_fsdp(pg, f, 1, seed);
-      const bool ok2 = report(pg, tf, fmt::format("FSDP == one process on a 2-layer Transformer ({}; 3 SGD steps)", mode(f)));
-      const FsdpCheck acc = check_transformer_fsdp(pg, f, /*accumulate=*/2, seed);  // shard gradients add up
-      const bool ok3 = report(pg, acc, fmt::format("FSDP, 2 micro-batches accumulated per step == one process ({})", mode(f)));
-      all_ok = all_ok && ok && ok2 && ok3;
-    }
-  // [checks]
-  return all_ok;
-}
-
 int main(int argc, char** argv) {
   Cli cli("stage07_fsdp", "Stage 07: FSDP (parameters, gradients and AdamW state sharded) checked and measured");
-  Stage07Options o;
-  o.cfg.preset = "tiny", o.cfg.context = 64, o.cfg.warmup = 1, o.cfg.steps = 5;  // a short run by default
+  BenchConfig cfg;
+  cfg.preset = "tiny", cfg.context = 64, cfg.warmup = 1, cfg.steps = 5;  // a short run by default
   bool bench = false;
-  std::string dtype = "float32", reshard = "both";
-  std::vector<std::string> variants{"ddp", "fsdp"};
-  cli.app().add_flag("--bench", bench, "After the checks, train the Transformer with DDP and FSDP");
-  add_bench_options(cli.app(), o.cfg);
-  cli.app().remove_option(cli.app().get_option("--budget"));
-  cli.app().get_option("--steps")->description("Timed steps per variant");
-  cli.app().add_option("--variants", variants,
-                       "With --bench: ddp (stage 05, 25 MB buckets), zero1 (stage 06's Zero1Optimizer) and/or fsdp")
-      ->delimiter(',')->check(CLI::IsMember({"ddp", "zero1", "fsdp"}));
-  cli.app().add_option("--reshard-after-forward", reshard,
-                       "true: free gathered weights after forward (ZeRO-3); false: keep them until backward; both")
-      ->check(CLI::IsMember({"true", "false", "both"}));
-  cli.app().add_option("--compute-dtype", dtype, "With --bench: float32 or bfloat16 (bf16) for FSDP's gathered weights")
-      ->check([](const std::string& v) {
-        try { parse_compute_dtype(v); } catch (const UsageError& e) { return std::string(e.what()); }
-        return std::string();
-      });
+  FsdpFlags flags;
+  cli.app().add_flag("--bench", bench, "After the checks, train the Transformer with FSDP on the common benchmark");
+  add_bench_options(cli.app(), cfg);
+  add_fsdp_flags(cli.app(), flags);
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
@@ -116,32 +52,33 @@ int main(int argc, char** argv) {
     // Memory is this stage's subject: let a freed gathered unit or gradient go back to the OS at once, so
     // that resident memory follows the live tensors (common/memory.hpp says what glibc does otherwise).
     map_large_allocations();
-    std::vector<bool> modes;
-    if (reshard != "false") modes.push_back(true);
-    if (reshard != "true") modes.push_back(false);
+    const std::vector<bool> modes = flags.modes();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
-    if (bench) {  // bad input: exit 2 before any rendezvous and before the checks
-      o.cfg.bytes_per_param = 0;  // the memory check below knows each variant's own needs
-      validate_bench_config(o.cfg, world);
-      o.compute_dtype = parse_compute_dtype(dtype);
-      o.variants.clear();
-      for (const auto& v : variants) {
-        if (v != "fsdp") o.variants.push_back(v);
-        else for (bool m : modes) o.variants.push_back(m ? "fsdp" : "fsdp-keep");
-      }
-      check_memory(o, world);
-    }
+    if (bench) validate_bench_config(cfg, world);  // bad input: exit 2 before any rendezvous and the checks
     auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
 
-    if (!run_checks(pg, modes, cli.common().seed)) throw CheckFailed("FSDP differs from single-process training");
+    if (!run_fsdp_checks(pg, modes, cli.common().seed)) throw CheckFailed("FSDP differs from single-process training");
 
     if (bench) {
-      print0("\n{}", describe(TransformerConfig::preset(o.cfg.preset, o.cfg.context)));
-      print0("variants, trained side by side step by step: {}", fmt::join(o.variants, ", "));
-      Results results("fsdp");
-      run_benchmark(pg, o, results);
-      print_tables(results);
+      // [bench]
+      std::vector<Variant> variants;
+      for (bool m : modes) {
+        FsdpOptions f;
+        f.reshard_after_forward = m, f.compute_dtype = flags.compute_dtype();
+        variants.push_back({fmt::format("FSDP, {}, {}", dtype_name(f.compute_dtype),
+                                        m ? "reshard after forward" : "keep until backward"), fsdp_strategy(f)});
+      }
+      print_bench_header(pg, cfg);
+      Results results("stage07");
+      record(results, bench_variants(pg, cfg, variants), cfg, pg.world_size());
+      // [bench]
+      // Overlap efficiency measures against one all-reduce of the gradients; FSDP sends 1.5 times as much
+      // (two gathers and a reduce-scatter) in 3U - 1 calls for U units, so its exposed time can exceed that one
+      // all-reduce and the figure go below 0.
+      print0("\n{}\n\nwhat each rank holds after the first step, counted tensor by tensor (MB = 10^6 B; a whole "
+             "replica, as without communication: 16P; FSDP: 16P/N and the replicated norms), and sends per step\n{}",
+             ddp_table(results), memory_table(results));
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     }
     pg.barrier();

@@ -10,7 +10,7 @@ function(dp_bad_input name code regex)
 endfunction()
 
 foreach(prog stage01_allreduce stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt
-             stage07_fsdp stage08_train_lm ext05d_feature_bench)
+             stage07_fsdp stage08_train_lm ext05d_feature_bench ext07a_fsdp_bench)
   set(P $<TARGET_FILE:${prog}>)
   dp_bad_input(${prog}_unknown_option 2 "--no-such-option" ${P} --no-such-option)
   dp_bad_input(${prog}_missing_value 2 "--timeout" ${P} --timeout)
@@ -79,12 +79,21 @@ foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed sta
   dp_bad_input(${prog}_large_does_not_fit 2 "--preset large .* needs about .* GB per rank.*FSDP, stage 07"
     ${LAUNCH} --nproc 2 -- $<TARGET_FILE:${prog}> --bench --preset large)
 endforeach()
-dp_bad_input(stage07_too_large_even_sharded 2 "FSDP .fsdp. needs about .* GB per rank.*more ranks"
-  $<TARGET_FILE:stage07_fsdp> --bench --preset 2.7b --variants fsdp --reshard-after-forward true)
+# Stage 07's benchmark trains FSDP beside a whole no-communication replica: `large` is refused as above,
+# pointing at extension 07a, which builds each way of training alone and refuses what does not fit even sharded.
+dp_bad_input(stage07_large_points_at_ext07a 2 "--preset large .* needs about .* GB per rank.*ext07a_fsdp_bench"
+  ${LAUNCH} --nproc 2 -- $<TARGET_FILE:stage07_fsdp> --bench --preset large)
+set(E7 $<TARGET_FILE:ext07a_fsdp_bench>)
+dp_bad_input(ext07a_too_large_even_sharded 2 "FSDP .fsdp. needs about .* GB per rank.*more ranks"
+  ${E7} --preset 2.7b --variants fsdp --reshard-after-forward true)
 dp_bad_input(stage07_unknown_compute_dtype 2 "unknown compute dtype 'float16'.*bfloat16"
   $<TARGET_FILE:stage07_fsdp> --compute-dtype float16)
+dp_bad_input(ext07a_unknown_compute_dtype 2 "unknown compute dtype 'float16'.*bfloat16" ${E7} --compute-dtype float16)
 dp_bad_input(stage07_reshard_misspelt 2 "--reshard-after-forward.*yes" $<TARGET_FILE:stage07_fsdp> --reshard-after-forward yes)
-dp_bad_input(stage07_unknown_variant 2 "--variants.*zero2" $<TARGET_FILE:stage07_fsdp> --bench --variants ddp,zero2)
+dp_bad_input(ext07a_unknown_variant 2 "--variants.*zero2" ${E7} --variants ddp,zero2)
+dp_bad_input(ext07a_zero_steps 2 "steps" ${E7} --steps 0)
+dp_bad_input(ext07a_unknown_preset 2 "huge" ${E7} --preset huge)
+dp_bad_input(ext07a_batch_not_divisible 2 "cannot be split" ${LAUNCH} --nproc 2 -- ${E7} --batch 3)
 # A world size the CS336 check cannot split 20 rows over.
 dp_bad_input(stage02_world_size_3 2 "does not divide" ${LAUNCH} --nproc 3 -- ${S02})
 

@@ -1,10 +1,9 @@
-// Stage 07's benchmark: bucketed DDP (stage 05) and ZeRO-1 (stage 06: flat, and bucketed with its
-// all-gathers after the step or behind the next forward) against FSDP in both resharding modes, on the
-// Transformer.
+// Extension 07a's benchmark: bucketed DDP (stage 05) and flat ZeRO-1 (stage 06) against FSDP (stage 07)
+// in both resharding modes, on the Transformer.
 // All variants are built first and then take turns step by step, so each round's ratio compares steps
 // run back to back. Memory is counted tensor by tensor; peak RSS only means something for one variant
 // per process (--variants fsdp), which is how scripts/bench_docs.sh measures it.
-#include "stages/07_fsdp/benchmark.hpp"
+#include "extensions/07a_fsdp_bench/fsdp_bench.hpp"
 
 #include "common/accounting.hpp"
 #include "common/launch_env.hpp"
@@ -28,12 +27,8 @@ namespace dp {
 
 namespace optim = torch::optim;
 
-std::vector<std::string> stage07_variant_names() {
-  return {"ddp", "zero1", "fsdp", "fsdp-keep"};
-}
-
 // [estimate]
-double estimated_bytes_per_rank(const Stage07Options& o, const std::string& variant, int world) {
+double estimated_bytes_per_rank(const FsdpBenchOptions& o, const std::string& variant, int world) {
   const auto m = TransformerConfig::preset(o.cfg.preset, o.cfg.context);
   const double P = static_cast<double>(m.num_parameters());
   const double e = o.compute_dtype == torch::kFloat32 ? 4 : 2;  // bytes per gathered value
@@ -49,7 +44,7 @@ double estimated_bytes_per_rank(const Stage07Options& o, const std::string& vari
 }
 // [estimate]
 
-void check_memory(Stage07Options& o, int world) {
+void check_memory(FsdpBenchOptions& o, int world) {
   const int here = LaunchEnv::from_environment().local_world_size;
   const std::string remedy = "use more ranks (more machines), a smaller --preset or --compute-dtype bf16";
   for (const auto& v : o.variants)
@@ -89,7 +84,7 @@ struct Trainee {
   TrainingBytes bytes;      // after the first step (AdamW state allocated)
   double sent_per_step = 0;
 
-  Trainee(ProcessGroup& pg, const TransformerConfig& mcfg, const Stage07Options& o, const std::string& variant)
+  Trainee(ProcessGroup& pg, const TransformerConfig& mcfg, const FsdpBenchOptions& o, const std::string& variant)
       : name(variant) {
     torch::manual_seed(0);  // every variant trains the same model
     model = TransformerLM(mcfg);
@@ -150,7 +145,7 @@ struct Trainee {
 
 }  // namespace
 
-void run_benchmark(ProcessGroup& pg, const Stage07Options& o, Results& results) {
+void run_benchmark(ProcessGroup& pg, const FsdpBenchOptions& o, Results& results) {
   const auto mcfg = TransformerConfig::preset(o.cfg.preset, o.cfg.context);
   const int W = pg.world_size();
   const bool alone = o.variants.size() == 1;  // then the peak RSS is this variant's

@@ -1,5 +1,6 @@
-// Stage 07's benchmark: the Transformer trained with stage 05's bucketed DDP, stage 06's ZeRO-1 and FSDP
-// (resharding after forward or keeping the gathered weights), step by step in turn, for memory and speed.
+// Extension 07a's benchmark: the Transformer trained with stage 05's bucketed DDP, stage 06's ZeRO-1 and
+// stage 07's FSDP (resharding after forward or keeping the gathered weights), step by step in turn, for
+// memory and speed.
 #pragma once
 
 #include "common/ddp_bench.hpp"
@@ -13,24 +14,22 @@
 namespace dp {
 
 /// What the benchmark runs.
-struct Stage07Options {
+struct FsdpBenchOptions {
   BenchConfig cfg;
-  std::vector<std::string> variants{"ddp", "fsdp", "fsdp-keep"};  ///< --variants
+  /// "ddp", "zero1", "fsdp" (reshard after forward), "fsdp-keep" (keep gathered weights until backward)
+  std::vector<std::string> variants{"ddp", "fsdp", "fsdp-keep"};
   torch::ScalarType compute_dtype = torch::kFloat32;              ///< --compute-dtype, for the FSDP variants
 };
 
-/// "ddp", "zero1", "fsdp" (reshard after forward) and "fsdp-keep" (keep gathered weights until backward).
-std::vector<std::string> stage07_variant_names();
-
 /// Estimated bytes one rank needs for `variant` (training state, gathered units, activations).
-double estimated_bytes_per_rank(const Stage07Options& o, const std::string& variant, int world);
+double estimated_bytes_per_rank(const FsdpBenchOptions& o, const std::string& variant, int world);
 
 /// Drops the variants that the ranks of this machine cannot hold together (with a note); throws
 /// dp::UsageError (exit 2, with the figures and the remedy) when not even FSDP fits. Call before any work.
-void check_memory(Stage07Options& o, int world);
+void check_memory(FsdpBenchOptions& o, int world);
 
 /// Trains every variant in turn, step by step; one row per variant into `results`.
-void run_benchmark(ProcessGroup& pg, const Stage07Options& o, Results& results);
+void run_benchmark(ProcessGroup& pg, const FsdpBenchOptions& o, Results& results);
 
 /// The memory table and the time table (rank 0 prints them).
 void print_tables(const Results& r);
