@@ -2,7 +2,7 @@
 # Regenerates the benchmark results behind docs/ on this machine, then the plots, timelines and tables.
 # Every result file records the exact command (launcher included) and the machine, row by row.
 #
-#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp features torch small zero ext06a ext07a lm (default:
+#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp features torch small zero ext06a ext06c ext07a lm (default:
 #                                             all), or ext07a-memory, lm-speed (one table of those parts alone)
 #
 # The DDP runs use the tiny Transformer with 10 timed steps: once over loopback (where Gloo's
@@ -12,7 +12,7 @@
 # runs are skipped with the reason. About 95 minutes on 2 cores (ext07a alone: about 15, torch about 35).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-parts=${*:-allreduce ddp features torch small zero ext06a ext07a lm}
+parts=${*:-allreduce ddp features torch small zero ext06a ext06c ext07a lm}
 R=docs/results
 mkdir -p $R
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -119,7 +119,7 @@ for part in $parts; do
     net $L --nproc 2 --net 1gbit -- $B/stage05_bucketed --bench --preset small --context 128 --warmup 1 \
         --steps 5 --caps 25,100 --json $R/stage05_small_1gbit.json ;;
   zero)
-    echo "== stage 06: memory and speed with and without sharding, then both designs side by side"
+    echo "== stage 06: the all-to-all that ZeRO-1 is built on, Gloo's own against sends and receives"
     # Why common/ builds Gloo's all-to-all from sends and receives: Gloo's own, point to point and an
     # all-reduce, in PyTorch 2.x over the same Gloo (needs scripts/install_torch2.sh's environment).
     if [ $net_ok = 1 ] && [ -x build-venv/torch2/bin/python ]; then
@@ -131,12 +131,15 @@ for part in $parts; do
     else
       echo "(skipped: the all-to-all comparison needs --net and build-venv/torch2; run scripts/install_torch2.sh)"
     fi
-    $L --nproc 2 -- $B/stage06_sharded_opt --bench --preset small --context 128 --batch 4 --warmup 1 --steps 4 \
-        --design cs336 --json $R/stage06.json
-    $L --nproc 2 -- $B/stage06_sharded_opt --bench --preset small --context 128 --batch 4 --warmup 1 --steps 4 \
-        --json $R/stage06_designs.json
-    net $L --nproc 2 --net 1gbit -- $B/stage06_sharded_opt --bench --preset tiny --context 128 --batch 4 \
-        --warmup 2 --steps 10 --json $R/stage06_tiny_1gbit.json ;;
+    ;;
+  ext06c)
+    echo "== extension 06c: memory around the first optimizer step, AdamW and stage 06's designs one at a time"
+    $L --nproc 2 -- $B/ext06c_memory_bench --preset small --context 128 --batch 4 --warmup 1 --steps 4 \
+        --design cs336 --json $R/ext06c_cs336.json
+    $L --nproc 2 -- $B/ext06c_memory_bench --preset small --context 128 --batch 4 --warmup 1 --steps 4 \
+        --json $R/ext06c_designs.json
+    net $L --nproc 2 --net 1gbit -- $B/ext06c_memory_bench --preset tiny --context 128 --batch 4 \
+        --warmup 2 --steps 10 --json $R/ext06c_tiny_1gbit.json ;;
   ext07a|ext07a-memory)
     echo "== extension 07a: FSDP's memory (one variant per process), speed against DDP on 1 Gbit/s, the large preset"
     S7="$L --nproc 2 -- $B/ext07a_fsdp_bench --context 128 --batch 4 --warmup 0 --steps 2"
@@ -209,7 +212,7 @@ for part in $parts; do
       files+=($runs/1gbit_ddp_2_2mb.json)
     fi
     $PY scripts/lm_results.py $R/lm_speed.json "${files[@]}" ;;
-  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, features, torch, small, zero, ext06a, ext07a, ext07a-memory, lm, lm-speed)" >&2; exit 2 ;;
+  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, features, torch, small, zero, ext06a, ext06c, ext07a, ext07a-memory, lm, lm-speed)" >&2; exit 2 ;;
   esac
 done
 

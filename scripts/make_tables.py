@@ -199,7 +199,7 @@ COLUMNS = {
 }
 
 
-# Files whose table shows fewer columns than their benchmark's: stage 07's memory runs time 2 steps of one
+# Files whose table shows fewer columns than their benchmark's: extension 07a's memory runs time 2 steps of one
 # variant per process, so their step times and ratios say nothing; the large run shows its step time.
 _MEM = COLUMNS["fsdp"][:12]
 COLUMNS_BY_FILE = {"ext07a_memory": _MEM, "ext07a_large": _MEM + [("step_median_s", "step (s), median of 2", "{:.1f}")]}

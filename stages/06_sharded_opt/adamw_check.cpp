@@ -7,6 +7,8 @@
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 
 namespace dp {
@@ -69,6 +71,33 @@ bool check_against_adamw(ProcessGroup& pg, const std::string& what, const MakeSh
            what, name, pg.world_size());
     all_ok = all_ok && everyone;
   }
+  return all_ok;
+}
+
+static std::string check_design(const std::string& v) {
+  if (v == "cs336" || v == "zero1" || v == "all") return {};
+  return "unknown design '" + v + "': use cs336 (all-reduce, step the owned tensors, broadcast), zero1 "
+         "(reduce-scatter, step a flat chunk, all-gather) or all (ZeRO-1 in buckets: ext06a_zero1_buckets)";
+}
+
+void add_design_option(CLI::App& app, std::string& design) {
+  app.add_option("--design", design, "Which sharded design to check and measure: cs336 (all-reduce + broadcast), "
+                 "zero1 (reduce-scatter + all-gather) or all")
+      ->check(check_design);
+}
+
+std::vector<std::string> selected_designs(const std::string& design) {
+  if (design == "all") return {"cs336", "zero1"};
+  return {design};
+}
+
+bool check_designs(ProcessGroup& pg, const std::string& design) {
+  bool all_ok = true;
+  for (const auto& d : selected_designs(design))
+    all_ok = check_against_adamw(pg, d == "zero1" ? "ZeRO-1 AdamW" : "sharded AdamW",
+                                 [&](ProcessGroup& g, const std::vector<torch::Tensor>& p, const optim::AdamWOptions& o) {
+                                   return sharded_steps(d, g, p, o);
+                                 }) && all_ok;
   return all_ok;
 }
 

@@ -10,6 +10,10 @@
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;  // CLI11's (<CLI/CLI.hpp>, included where the option is added)
+}
+
 namespace dp {
 
 /// A sharded optimizer as the check drives it.
@@ -34,5 +38,12 @@ ShardedSteps sharded_steps(const std::string& design, ProcessGroup& pg, const st
 /// plain AdamW's bit for bit, and every rank's copy must be the same. Prints "PASS|FAIL <what> == AdamW on
 /// <model> ..." per model (rank 0) and returns whether every rank passed both. Collective.
 bool check_against_adamw(ProcessGroup& pg, const std::string& what, const MakeShardedSteps& make);
+
+/// Adds --design (cs336, zero1 or all) to `app`; another value is refused by the parser with the choices (exit 2).
+void add_design_option(CLI::App& app, std::string& design);
+/// The designs `design` selects, in table order: "all" is {"cs336", "zero1"}.
+std::vector<std::string> selected_designs(const std::string& design);
+/// check_against_adamw() for every design `design` selects; true when all passed on every rank.
+bool check_designs(ProcessGroup& pg, const std::string& design);
 
 }  // namespace dp

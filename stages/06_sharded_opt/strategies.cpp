@@ -35,9 +35,11 @@ class Cs336Strategy : public Strategy {
   Cs336Strategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const MakeOptimizer& make, double cap)
       : pg_(pg), model_(model), ddp_(std::make_unique<BucketedDdp>(pg, model, cap)),  // broadcasts rank 0's weights
         opt_(pg, {optim::OptimizerParamGroup(unique_parameters(*model))}, local_factory(make)) {}
+  // [cs336 step]
   void zero_grad() override { ddp_->on_train_batch_start(), opt_.zero_grad(); }
-  void after_backward() override { ddp_->finish_gradient_synchronization(); }
-  void step() override { opt_.step(); }
+  void after_backward() override { ddp_->finish_gradient_synchronization(); }  // stage 05's averaged buckets
+  void step() override { opt_.step(); }  // step the owned tensors, broadcast each from its owner
+  // [cs336 step]
   int64_t calls_per_step() const override {  // DDP's buckets, then one broadcast per trainable tensor
     return ddp_->calls_per_step() + (pg_.world_size() > 1 ? static_cast<int64_t>(unique_parameters(*model_, true).size()) : 0);
   }

@@ -10,7 +10,7 @@ function(dp_bad_input name code regex)
 endfunction()
 
 foreach(prog stage01_allreduce stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt
-             stage07_fsdp stage08_train_lm ext05d_feature_bench ext07a_fsdp_bench)
+             stage07_fsdp stage08_train_lm ext05d_feature_bench ext06c_memory_bench ext07a_fsdp_bench)
   set(P $<TARGET_FILE:${prog}>)
   dp_bad_input(${prog}_unknown_option 2 "--no-such-option" ${P} --no-such-option)
   dp_bad_input(${prog}_missing_value 2 "--timeout" ${P} --timeout)

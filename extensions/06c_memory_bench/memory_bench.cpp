@@ -1,7 +1,7 @@
-// Stage 06's benchmark: plain AdamW with DDP's all-reduce, the CS336 design (all-reduce, step the owned
+// Extension 06c's benchmark: plain AdamW with DDP's all-reduce, the CS336 design (all-reduce, step the owned
 // tensors, broadcast them) and true ZeRO-1 (reduce-scatter, step a flat chunk, all-gather), on the
 // Transformer: memory around the first step, then step times.
-#include "stages/06_sharded_opt/benchmark.hpp"
+#include "extensions/06c_memory_bench/memory_bench.hpp"
 
 #include "common/accounting.hpp"
 #include "common/cli.hpp"
@@ -14,6 +14,7 @@
 #include "common/timing.hpp"
 #include "common/trace.hpp"
 #include "common/transformer.hpp"
+#include "stages/06_sharded_opt/adamw_check.hpp"  // selected_designs
 #include "stages/06_sharded_opt/sharded_optimizer.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
@@ -22,12 +23,7 @@
 namespace dp {
 
 namespace optim = torch::optim;
-using Options = Stage06Options;
-
-std::vector<std::string> selected_designs(const std::string& design) {
-  if (design == "all") return {"cs336", "zero1"};
-  return {design};
-}
+using Options = MemoryBenchOptions;
 
 // The DDP part that ZeRO-1 keeps: every gradient all-reduced (summed) in full, then divided by N.
 static void average_gradients(ProcessGroup& pg, const std::vector<torch::Tensor>& params) {

@@ -1,5 +1,6 @@
-// Stage 06's benchmark: the Transformer trained with plain AdamW (DDP), the CS336 design and true ZeRO-1,
-// each measured for memory (tensor bytes and peak RSS around the first step) and speed.
+// Extension 06c's benchmark: the Transformer trained with plain AdamW (DDP), stage 06's CS336 design and
+// true ZeRO-1, one after the other, each measured for memory (tensor bytes and peak RSS around the first
+// optimizer step, CS336's optimizer_state_sharding_accounting) and speed.
 #pragma once
 
 #include "common/ddp_bench.hpp"
@@ -12,17 +13,14 @@
 namespace dp {
 
 /// What the benchmark runs.
-struct Stage06Options {
+struct MemoryBenchOptions {
   BenchConfig cfg;
   std::string which = "both";   ///< --optimizer: adamw | sharded | both
   std::string design = "all";   ///< --design: cs336 | zero1 | all (which sharded designs)
 };
 
-/// The sharded designs selected by `design`, in table order.
-std::vector<std::string> selected_designs(const std::string& design);
-
 /// Trains and measures every selected variant, one row each into `results`.
-void run_benchmark(ProcessGroup& pg, const Stage06Options& o, Results& results);
+void run_benchmark(ProcessGroup& pg, const MemoryBenchOptions& o, Results& results);
 
 /// The memory table and the time table (rank 0 prints them).
 void print_tables(const Results& r);
