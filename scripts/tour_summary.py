@@ -6,7 +6,7 @@ stage hid behind backward, measured in the same run; speedup: the single-process
 all cores, same run) over the stage's step. Step times and exposed communication come from each stage's own run; "vs no-comm" compares a stage
 with the no-communication step measured in the same run, "vs stage 02" compares across the tour's runs
 (same model, batch and machine, a few minutes apart). Memory per rank counts the bytes of parameters,
-gradients and AdamW state held by each rank (stage 06 measures them from its tensors).
+gradients and AdamW state held by each rank, from its tensors (the common benchmark's Strategy::bytes()).
 """
 import json, pathlib, sys
 
@@ -30,43 +30,29 @@ def main(d):
         big = max(s1["rows"], key=lambda r: r["bytes"])
         out.append(["01", IDEAS["01"], "PASS", "-", "-", "-", "-", "-", "-",
                     f"busbw {big['busbw_GBps']:.2f} GB/s at {big['size']}"])
-    s6 = load(d, "06")
-    P = s6["rows"][0]["params"] if s6 else None
     base02 = None
-    for n, needle in [("02", "(stage 02)"), ("03", "(stage 03)"), ("04", "(stage 04)"), ("05", "(stage 05)")]:
+    # Stages 02-07 all run the common benchmark: the same row format, each beside its no-communication row.
+    for n, needle in [("02", "(stage 02)"), ("03", "(stage 03)"), ("04", "(stage 04)"), ("05", "(stage 05)"),
+                      ("06", "ZeRO-1"), ("07", "FSDP")]:
         doc = load(d, n)
         if not doc:
             continue
         r = pick(doc, needle)
+        if not r:
+            continue
         if n == "02":
             base02 = r["step_s"]
-        mem = f"{16 * P / 1e6:.0f}" if P else "-"
-        note = r["variant"] if n == "05" else f"{r['calls_per_step']} collectives/step"
+        mem = f"{r['total_MB']:.0f} MB/rank" if "total_MB" in r else "-"
+        if n in ("06", "07"):  # what sharding saves: beside the whole replica of the no-communication row
+            whole = next((x for x in doc["rows"] if x["variant"] == "no communication"), None)
+            note = f"{r['variant']}: {mem}" + (f" (whole replica {whole['total_MB']:.0f})" if whole and "total_MB" in whole else "")
+        else:
+            note = f"{mem}; " + (r["variant"] if n == "05" else f"{r['calls_per_step']} collectives/step")
         ov = r.get("overlap_efficiency")
         out.append([n, IDEAS[n], "PASS", f"{r['step_s']:.3f}", f"{r['ratio_to_no_comm']:.2f}",
                     f"{r['step_s'] / base02:.2f}" if base02 else "-", f"{r['exposed_comm_s']:+.3f}",
                     f"{ov:.2f}" if ov is not None else "-",
-                    f"{r['speedup_vs_1proc']:.2f}" if "speedup_vs_1proc" in r else "-",
-                    f"{mem} MB/rank; {note}"])
-    if s6:
-        rows = {r["optimizer"]: r for r in s6["rows"]}
-        sh, full = rows.get("sharded AdamW"), rows.get("AdamW")
-        if sh and full:
-            mem = (sh["param_MB"] + sh["grad_MB"] + sh["state_MB_max_rank"])
-            out.append(["06", IDEAS["06"], "PASS", f"{sh['step_median_s']:.3f}", "-",
-                        f"{sh['step_median_s'] / base02:.2f}" if base02 else "-", "-", "-", "-",
-                        f"{mem:.0f} MB/rank (AdamW: {full['param_MB'] + full['grad_MB'] + full['state_MB_max_rank']:.0f});"
-                        f" step x{sh['step_median_s'] / full['step_median_s']:.2f} of unsharded"])
-    s7 = load(d, "07")
-    if s7:
-        rows = {r["variant"]: r for r in s7["rows"]}
-        f, ddp = rows.get("fsdp"), rows.get("ddp")
-        if f:
-            note = f"{f['total_MB']:.0f} MB/rank"
-            if ddp:
-                note += f" (DDP: {ddp['total_MB']:.0f}); step x{f['ratio_median']:.2f} of stage 05's DDP, same run"
-            out.append(["07", IDEAS["07"], "PASS", f"{f['step_median_s']:.3f}", "-",
-                        f"{f['step_median_s'] / base02:.2f}" if base02 else "-", "-", "-", "-", note])
+                    f"{r['speedup_vs_1proc']:.2f}" if "speedup_vs_1proc" in r else "-", note])
     s8 = load(d, "08")
     if s8:
         tr, val = s8["train"], s8["val"]
