@@ -194,8 +194,8 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
       row.calls = ts[k]->strategy->calls_per_step();
       row.sent_bytes = ts[k]->strategy->sent_bytes_per_step();
       const TrainingBytes& b = ts[k]->bytes;  // the largest over ranks (shards differ by their padding)
-      auto most = [&](int64_t v) { return static_cast<int64_t>(max_over_ranks(pg, {static_cast<double>(v)})[0]); };
-      row.bytes.params = most(b.params), row.bytes.grads = most(b.grads), row.bytes.state = most(b.state);
+      const auto most = max_over_ranks(pg, {double(b.params), double(b.grads), double(b.state)});  // one collective
+      row.bytes.params = int64_t(most[0]), row.bytes.grads = int64_t(most[1]), row.bytes.state = int64_t(most[2]);
       row.step_s = slowest[k];
       row.baseline_s = slowest[0];
       row.step = summarize(slowest[k]);

@@ -253,7 +253,7 @@ static bool everyone(ProcessGroup& pg, bool ok) {
   return std::count(votes.begin(), votes.end(), 1.0) == pg.world_size();
 }
 
-static std::string mode(const FsdpOptions& f) {
+std::string fsdp_mode_name(const FsdpOptions& f) {
   return fmt::format("{}, {}", dtype_name(f.compute_dtype), f.reshard_after_forward ? "reshard after forward"
                                                                                          : "keep until backward");
 }
@@ -278,13 +278,13 @@ bool run_fsdp_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes, u
       f.compute_dtype = dtype, f.reshard_after_forward = reshard;
       const FsdpCheck toy = check_toy_fsdp(pg, f, seed);
       const bool ok = report(pg, toy, fmt::format("FSDP == one process on ToyFSDPModel ({}; 3 SGD steps, {} ranks)",
-                                                  mode(f), pg.world_size()));
+                                                  fsdp_mode_name(f), pg.world_size()));
       check_fsdp_gradients(pg, f);  // throws CheckFailed
-      print0("PASS FSDP gradients ({}): fp32, shard-shaped, replicated ones equal on every rank", mode(f));
+      print0("PASS FSDP gradients ({}): fp32, shard-shaped, replicated ones equal on every rank", fsdp_mode_name(f));
       const FsdpCheck tf = check_transformer_fsdp(pg, f, 1, seed);
-      const bool ok2 = report(pg, tf, fmt::format("FSDP == one process on a 2-layer Transformer ({}; 3 SGD steps)", mode(f)));
+      const bool ok2 = report(pg, tf, fmt::format("FSDP == one process on a 2-layer Transformer ({}; 3 SGD steps)", fsdp_mode_name(f)));
       const FsdpCheck acc = check_transformer_fsdp(pg, f, /*accumulate=*/2, seed);  // shard gradients add up
-      const bool ok3 = report(pg, acc, fmt::format("FSDP, 2 micro-batches accumulated per step == one process ({})", mode(f)));
+      const bool ok3 = report(pg, acc, fmt::format("FSDP, 2 micro-batches accumulated per step == one process ({})", fsdp_mode_name(f)));
       all_ok = all_ok && ok && ok2 && ok3;
     }
   // [checks]

@@ -52,6 +52,10 @@ void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts);
 /// after each): the same bound, since only the grouping of the sums changes.
 FsdpCheck check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumulate = 1, uint64_t seed = 0);
 
+/// "float32, reshard after forward", "bfloat16, keep until backward", ...: how the checks' lines and the
+/// benchmark's rows name an FsdpOptions.
+std::string fsdp_mode_name(const FsdpOptions& f);
+
 /// The flags both of stage 07's programs take (the stage's and extension 07a's).
 struct FsdpFlags {
   std::string reshard = "both";     ///< --reshard-after-forward: true, false or both

@@ -66,8 +66,7 @@ int main(int argc, char** argv) {
       for (bool m : modes) {
         FsdpOptions f;
         f.reshard_after_forward = m, f.compute_dtype = flags.compute_dtype();
-        variants.push_back({fmt::format("FSDP, {}, {}", dtype_name(f.compute_dtype),
-                                        m ? "reshard after forward" : "keep until backward"), fsdp_strategy(f)});
+        variants.push_back({"FSDP, " + fsdp_mode_name(f), fsdp_strategy(f)});
       }
       print_bench_header(pg, cfg);
       Results results("stage07");
