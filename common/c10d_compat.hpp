@@ -109,6 +109,12 @@ inline bool debug_detail() {
 }
 
 #ifdef DP_WITH_NCCL
+/// Ends an NCCL backend cleanly (ProcessGroupNCCL::shutdown, what destroy_process_group() calls), so its
+/// destructor neither warns nor leaks the communicator; other backends need nothing.
+inline void shutdown_nccl(const CommPtr& comm) {
+  if (auto nccl = c10::dynamic_intrusive_pointer_cast<c10d::ProcessGroupNCCL>(comm)) nccl->shutdown();
+}
+
 inline CommPtr make_nccl(const StorePtr& store, int rank, int world, std::chrono::milliseconds timeout) {
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = timeout;

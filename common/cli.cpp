@@ -129,6 +129,9 @@ Cli::Cli(const std::string& program, const std::string& description) : app_(desc
   app_.option_defaults()->always_capture_default();
   app_.add_option("--backend", common_.backend, "Communication backend: gloo (CPU tensors) or nccl (CUDA tensors)")
       ->check(CLI::IsMember({"gloo", "nccl"}));
+  app_.add_option("--device", common_.device,
+                  "Where tensors live: cpu or cuda (default: cpu for gloo, cuda for nccl; gloo ranks can share a GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app_.add_option("--timeout", common_.timeout,
                   "Rendezvous and collective timeout (e.g. 30s, 2m); a dead or hung peer fails the run after it");
   app_.add_option("--json", common_.json, "Write results as JSON to this file");
@@ -140,7 +143,7 @@ int Cli::parse(int argc, char** argv) {
     app_.parse(argc, argv);
     parse_seconds(common_.timeout, "--timeout");
     if (!common_.json.empty()) check_writable("--json", common_.json);
-    check_backend(common_.backend);  // nccl: a CUDA build, and a GPU for every rank on this node
+    check_backend(common_.backend, -1, common_.device);  // cuda: a CUDA build and a GPU; nccl: one per rank
   } catch (const CLI::CallForHelp&) {
     fmt::print("{}", app_.help());
     return 0;
@@ -159,5 +162,13 @@ int Cli::parse(int argc, char** argv) {
 }
 
 long Cli::timeout_ms() const { return std::lround(parse_seconds(common_.timeout, "--timeout") * 1000); }
+
+DistOptions Cli::dist_options() const {
+  DistOptions o;
+  o.backend = common_.backend;
+  o.timeout = std::chrono::milliseconds(timeout_ms());
+  o.device = common_.device;
+  return o;
+}
 
 }  // namespace dp

@@ -3,6 +3,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/dist.hpp"
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,12 +22,13 @@ double parse_seconds(const std::string& text, const std::string& what = "duratio
 /// Options every distributed program shares.
 struct CommonOptions {
   std::string backend = "gloo";  ///< --backend gloo|nccl
+  std::string device;            ///< --device cpu|cuda; empty: the backend's own (gloo: cpu, nccl: cuda)
   std::string timeout = "120s";  ///< --timeout for rendezvous and collectives
   std::string json;              ///< --json FILE: append results as JSON
   uint64_t seed = 0;             ///< --seed
 };
 
-/// A CLI11 app preloaded with --backend, --timeout, --json and --seed.
+/// A CLI11 app preloaded with --backend, --device, --timeout, --json and --seed.
 class Cli {
  public:
   Cli(const std::string& program, const std::string& description);
@@ -36,6 +39,8 @@ class Cli {
   int parse(int argc, char** argv);
   /// Timeout in milliseconds from --timeout (validated in parse()).
   long timeout_ms() const;
+  /// The process group's options from --backend, --device and --timeout.
+  DistOptions dist_options() const;
 
  private:
   CLI::App app_;

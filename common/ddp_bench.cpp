@@ -95,10 +95,14 @@ struct Trainee {
 };
 
 // How many models (parameters, gradients, AdamW state, a gradient-sized buffer: ~20 bytes per
-// parameter) the ranks of this machine can hold at once in 70% of its RAM.
-size_t models_that_fit(const TransformerConfig& mcfg, int local_ranks) {
-  const double per_model = 20.0 * static_cast<double>(mcfg.num_parameters()) * local_ranks;
-  const double ram = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+// parameter) the ranks of this machine can hold at once in 70% of its RAM; on CUDA, in 70% of one GPU's
+// memory, shared by the ranks bound to that GPU.
+size_t models_that_fit(const TransformerConfig& mcfg, int local_ranks, const torch::Device& device) {
+  const bool gpu = device.is_cuda();
+  const int sharing = gpu ? ranks_per_gpu(local_ranks) : local_ranks;
+  const double per_model = 20.0 * static_cast<double>(mcfg.num_parameters()) * sharing;
+  const double ram = gpu ? static_cast<double>(cuda_total_memory_bytes(device))
+                         : static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   return std::max<size_t>(2, static_cast<size_t>(0.7 * ram / per_model));
 }
 
@@ -121,7 +125,7 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
   const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
   const LaunchEnv env = LaunchEnv::from_environment();
   // + baseline, + the single-process model on rank 0
-  const size_t fit = models_that_fit(mcfg, env.local_world_size);
+  const size_t fit = models_that_fit(mcfg, env.local_world_size, pg.device());
   const size_t per_group = std::max<size_t>(1, fit > 2 ? fit - 2 : 1);
   if (!cfg.trace.empty()) {
     pg.barrier();
@@ -130,6 +134,7 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
 
   BenchRun run;
   run.steps_requested = cfg.steps;
+  run.device = pg.device().str();
   // Rank 0's single-process model: the whole global batch, every core.
   std::unique_ptr<Trainee> solo;
   if (pg.rank() == 0) solo = std::make_unique<Trainee>(pg, mcfg, Variant{"single process", nullptr});
@@ -238,8 +243,9 @@ void add_bench_options(CLI::App& app, BenchConfig& cfg) {
 
 void print_bench_header(const ProcessGroup& pg, const BenchConfig& cfg) {
   print0("\nbenchmark: {}", describe(TransformerConfig::preset(cfg.preset, cfg.context)));
+  const std::string comm = pg.device().is_cuda() ? pg.backend() + " on " + pg.device().str() : pg.backend();
   print0("global batch {} ({} per rank), context {}, AdamW, {} ranks ({}, {}), {} warm-up + {} timed steps per variant",
-         cfg.global_batch, cfg.global_batch / pg.world_size(), cfg.context, pg.world_size(), pg.backend(),
+         cfg.global_batch, cfg.global_batch / pg.world_size(), cfg.context, pg.world_size(), comm,
          link_description(), cfg.warmup, cfg.steps);
 }
 
@@ -270,6 +276,7 @@ void record(Results& results, const BenchRun& run, const BenchConfig& cfg, int w
         {"speedup_samples", row.speedup}, {"param_MB", row.bytes.params / 1e6}, {"grad_MB", row.bytes.grads / 1e6},
         {"state_MB", row.bytes.state / 1e6}, {"total_MB", row.bytes.total() / 1e6},
         {"sent_MB_per_step", row.sent_bytes / 1e6}};
+    if (run.device != "cpu") j["device"] = run.device;  // the GPU's figures (CPU rows stay as they were)
     if (!row.overlap.empty()) {
       j["overlap_efficiency"] = summarize(row.overlap).median;
       j["overlap_samples"] = row.overlap;

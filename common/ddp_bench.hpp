@@ -68,6 +68,7 @@ struct BenchRun {
   std::vector<double> single_process; ///< per round: rank 0 alone, whole global batch, all of its cores
   int steps_requested = 0;
   bool cut_by_budget = false;
+  std::string device = "cpu";         ///< where the ranks computed (pg.device(): "cpu", "cuda:0", ...)
 };
 
 /// Benchmarks every variant on the same Transformer, batch and AdamW, with the no-communication

@@ -112,7 +112,8 @@ Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_
     }
     fail_together(pg, problem);
     if (s.shuffle) {
-      auto idx = torch::randperm(s.x.size(0), torch::make_generator<at::CPUGeneratorImpl>(42 + step + 1000 * s.seed));
+      auto idx = torch::randperm(s.x.size(0), torch::make_generator<at::CPUGeneratorImpl>(42 + step + 1000 * s.seed))
+                     .to(s.x.device());  // drawn on the CPU (the same permutation everywhere), used where the rows are
       s.x = s.x.index_select(0, idx);
       s.y = s.y.index_select(0, idx);
     }
@@ -164,6 +165,7 @@ Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, con
     for (size_t i = 0; i < first.size(); ++i) seed_independent.push_back(torch::equal(first[i], second[i]));
     copy_parameters(*ddp_model, *baseline);
   }
+  baseline->to(pg.device()), ddp_model->to(pg.device());  // before the optimizers: they key their state by the tensors
   constexpr double lr = 0.1;
   auto strategy = make(pg, ddp_model, sgd(lr));
   // The wrapper must have replaced this rank's weights with rank 0's (frozen ones included).
@@ -183,7 +185,8 @@ Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, con
   copy_parameters(*baseline, *ddp_model);  // the reference starts where DDP starts: rank 0's weights
 
   auto [x, y] = regression_batch(20, kToyIn, kToyOut, 2025 + seed);  // same fixed batch on every rank
-  return train_and_compare(pg, *baseline, ddp_model, *strategy, {x, y, lr, steps, true, seed}, verbose);
+  return train_and_compare(pg, *baseline, ddp_model, *strategy,
+                           {x.to(pg.device()), y.to(pg.device()), lr, steps, true, seed}, verbose);
 }
 
 Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const MakeGradSync& make, int steps,
@@ -304,11 +307,13 @@ Margin check_toy_mlp_experiment(ProcessGroup& pg, const MakeGradSync& make, bool
     baseline = make_toy_model("mlp");
     ddp_model = make_toy_model("mlp");
   }
+  baseline->to(pg.device()), ddp_model->to(pg.device());
   constexpr double lr = 0.01;
   auto strategy = ddp_strategy(make)(pg, ddp_model, sgd(lr));
   copy_parameters(*baseline, *ddp_model);
   auto [x, y] = regression_batch(100, kToyIn, kToyOut, 7 + seed);
-  const Margin m = train_and_compare(pg, *baseline, ddp_model, *strategy, {x, y, lr, 10, false, seed}, verbose);
+  const Margin m = train_and_compare(pg, *baseline, ddp_model, *strategy,
+                                     {x.to(pg.device()), y.to(pg.device()), lr, 10, false, seed}, verbose);
   // The experiment's own criterion, a difference under 1e-5, is looser than the derived bound; both hold.
   if (m.diff >= 1e-5) throw CheckFailed(fmt::format("DDP weights differ from one process by {:.3g} >= 1e-5", m.diff));
   return m;

@@ -11,6 +11,9 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#ifdef DP_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 #include <net/if.h>
 
 #include <cstdlib>
@@ -88,7 +91,23 @@ bool backend_available(const std::string& backend) {
   return false;
 }
 
-void check_backend(const std::string& backend, int gpus) {
+bool cuda_build() {
+#ifdef DP_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+static int visible_gpus() {
+#ifdef DP_WITH_CUDA
+  return static_cast<int>(torch::cuda::device_count());
+#else
+  return 0;
+#endif
+}
+
+void check_backend(const std::string& backend, int gpus, const std::string& device) {
   if (backend != "gloo" && backend != "nccl")
     throw UsageError(fmt::format("unknown backend '{}'; use --backend gloo (CPU) or nccl (CUDA)", backend));
   if (!backend_available(backend))
@@ -96,21 +115,31 @@ void check_backend(const std::string& backend, int gpus) {
         "backend '{}': this build has no NCCL (LibTorch {}.{}, built without CUDA/NCCL). "
         "Use --backend gloo, or build the cuda preset (README: 'LibTorch 2.x, CUDA and NCCL')",
         backend, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR));
-  if (backend != "nccl") return;
-#ifdef DP_WITH_NCCL
-  if (gpus < 0) gpus = static_cast<int>(torch::cuda::device_count());
-#endif
+  if (!device.empty() && device != "cpu" && device != "cuda")
+    throw UsageError(fmt::format("--device {}: unknown; use cpu or cuda", device));
+  if (backend == "nccl" && device == "cpu")
+    throw UsageError("--backend nccl --device cpu: NCCL moves CUDA tensors only; use --backend gloo for CPU "
+                     "tensors, or leave --device out");
+  const bool wants_gpu = backend == "nccl" || device == "cuda";
+  if (!wants_gpu) return;
+  if (!cuda_build())
+    throw UsageError(fmt::format("--device cuda: this build has no CUDA (LibTorch {}.{} without it). Build with "
+                                 "CUDA (bash scripts/gpu_check.sh on a GPU machine, or the cuda preset), or use "
+                                 "--device cpu", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR));
+  if (gpus < 0) gpus = visible_gpus();
+  if (gpus <= 0)
+    throw UsageError(fmt::format("--backend {} --device {}: no GPU is visible here (CUDA device count 0; check "
+                                 "CUDA_VISIBLE_DEVICES and the driver). Use --backend gloo --device cpu on a "
+                                 "machine without a GPU", backend, device.empty() ? "cuda" : device));
+  if (backend != "nccl") return;  // Gloo ranks may share a GPU: their tensors cross through host memory
   // NCCL wants one GPU per rank: each rank binds the GPU of its LOCAL_RANK.
   const LaunchEnv env = LaunchEnv::from_environment();
   const int local_world = env.launched ? env.local_world_size : 1;
-  if (gpus <= 0)
-    throw UsageError("--backend nccl: no GPU is visible here (CUDA device count 0; check CUDA_VISIBLE_DEVICES "
-                     "and the driver). Use --backend gloo on a machine without a GPU");
   if (local_world > gpus)
     throw UsageError(fmt::format("--backend nccl: {} ranks on this node but {} GPU(s); NCCL needs one GPU per "
                                  "rank. Start at most {} ranks per node (ddp_launch --nproc {} or torchrun "
-                                 "--nproc_per_node {}), or use --backend gloo",
-                                 local_world, gpus, gpus, gpus, gpus));
+                                 "--nproc_per_node {}), or use --backend gloo --device cuda, whose ranks can "
+                                 "share a GPU", local_world, gpus, gpus, gpus, gpus));
 }
 
 // TORCH_DISTRIBUTED_DEBUG, read by c10d's own parser; a value it does not know is bad input.
@@ -125,7 +154,7 @@ static bool debug_detail_requested() {
 
 ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store, int rank, int world,
                                            const DistOptions& opts) {
-  check_backend(opts.backend);
+  check_backend(opts.backend, -1, opts.device);
   ProcessGroup pg;
   pg.impl_ = std::make_unique<Impl>();
   pg.rank_ = rank;
@@ -137,13 +166,22 @@ ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store
   set_log_rank(rank, world);  // so that an error while the group forms is tagged with the right rank
   const bool detail = debug_detail_requested();  // before c10d reads it (and throws on a bad value)
   try {
-    if (opts.backend == "nccl") {
-#ifdef DP_WITH_NCCL
+#ifdef DP_WITH_CUDA
+    if (opts.backend == "nccl" || opts.device == "cuda") {
       const LaunchEnv env = LaunchEnv::from_environment();
       const int local = env.launched ? env.local_rank : rank;  // threads as ranks: no environment
-      // Each rank binds the GPU of its LOCAL_RANK (check_backend made sure there are enough).
-      pg.device_ = torch::Device(torch::kCUDA, local % std::max<int>(1, torch::cuda::device_count()));
+      // Each rank binds the GPU of its LOCAL_RANK (check_backend made sure NCCL has one per rank; Gloo's
+      // ranks may share one).
+      pg.device_ = torch::Device(torch::kCUDA, local % std::max<int>(1, visible_gpus()));
       c10::cuda::set_device(pg.device_.index());
+      // The checks' bounds assume sums accumulated in fp32 (docs/tolerances.md); cuBLAS may otherwise sum
+      // bf16 and fp16 products in reduced precision. (TF32 matmuls are off by default in LibTorch 2.x.)
+      at::globalContext().setAllowBF16ReductionCuBLAS(false);
+      at::globalContext().setAllowFP16ReductionCuBLAS(false);
+    }
+#endif
+    if (opts.backend == "nccl") {
+#ifdef DP_WITH_NCCL
       pg.impl_->comm = compat::make_nccl(store, rank, world, opts.timeout);
 #endif
     } else {
@@ -176,7 +214,7 @@ ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store
 }
 
 ProcessGroup ProcessGroup::init_from_env(const DistOptions& opts) {
-  check_backend(opts.backend);
+  check_backend(opts.backend, -1, opts.device);
   LaunchEnv env = LaunchEnv::from_environment();
   if (!env.launched) {
     // One rank: an in-process store, no sockets to open.
@@ -338,6 +376,9 @@ void ProcessGroup::barrier() {
 void ProcessGroup::shutdown() {
   if (!impl_) return;
   impl_->exchanges.reset();  // before the backend it sends through
+#ifdef DP_WITH_NCCL
+  if (impl_->comm) compat::shutdown_nccl(impl_->comm);
+#endif
   impl_->comm.reset();
   impl_->store.reset();
   impl_.reset();

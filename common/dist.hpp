@@ -18,6 +18,10 @@ namespace dp {
 struct DistOptions {
   std::string backend = "gloo";               ///< "gloo" (CPU tensors) or "nccl" (CUDA tensors)
   std::chrono::milliseconds timeout{120000};  ///< rendezvous and collective timeout
+  /// Where this rank's tensors live: "cpu" or "cuda" (cuda:LOCAL_RANK mod the GPUs visible); empty means
+  /// the backend's own, cpu for gloo and cuda for nccl. Gloo takes CUDA tensors too (it copies them
+  /// through host memory), which is how several ranks share one GPU.
+  std::string device;
 };
 
 /// Handle of an asynchronous collective, like torch.distributed's Work object.
@@ -53,7 +57,8 @@ class ProcessGroup {
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   const std::string& backend() const { return backend_; }
-  /// Device that this backend's tensors live on: CPU for gloo, cuda:LOCAL_RANK for nccl.
+  /// Device that this rank's tensors live on: DistOptions::device (by default CPU for gloo,
+  /// cuda:LOCAL_RANK for nccl).
   torch::Device device() const { return device_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
@@ -110,8 +115,12 @@ class ProcessGroup {
 bool backend_available(const std::string& backend);
 
 /// Throws UsageError (exit 2) unless `backend` is gloo or nccl and this build and machine can run it:
-/// for nccl, a CUDA build and one GPU per rank on this node (LOCAL_WORLD_SIZE). `gpus` < 0 asks CUDA
-/// how many GPUs there are; tests pass a number.
-void check_backend(const std::string& backend, int gpus = -1);
+/// for nccl, a CUDA build and one GPU per rank on this node (LOCAL_WORLD_SIZE). `device` ("", "cpu" or
+/// "cuda") must suit the backend (nccl takes CUDA tensors only) and, for cuda, a CUDA build with a GPU.
+/// `gpus` < 0 asks CUDA how many GPUs there are; tests pass a number.
+void check_backend(const std::string& backend, int gpus = -1, const std::string& device = "");
+
+/// True when this build was compiled with CUDA (the cuda preset or scripts/gpu_check.sh's build).
+bool cuda_build();
 
 }  // namespace dp

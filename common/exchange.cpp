@@ -1,6 +1,7 @@
 // Gloo's all-to-all as point-to-point exchanges, one on the wire at a time (common/exchange.hpp says why).
 #include "common/exchange.hpp"
 
+#include <c10/core/DeviceGuard.h>
 #include <fmt/format.h>
 
 #include <stdexcept>
@@ -10,6 +11,7 @@ namespace dp::detail {
 // The shared state of one exchange: the worker thread fills it, the caller's handle waits on it.
 struct ExchangeQueue::Item {
   at::Tensor out, in;
+  at::Tensor device_out;  // a CUDA tensor's exchange: `out` and `in` are host copies, this the caller's
   int tag = 0;
   std::vector<compat::WorkPtr> recvs;  // posted by post(), so that a peer ahead of us can send at once
   std::function<void()> on_done;
@@ -69,8 +71,17 @@ compat::WorkPtr ExchangeQueue::post(at::Tensor out, at::Tensor in, std::function
   const int64_t c = in.size(0) / world_;
   out.narrow(0, rank_ * c, c).copy_(in.narrow(0, rank_ * c, c));  // my own piece stays here
   auto item = std::make_shared<Item>();
-  item->out = std::move(out);
-  item->in = std::move(in);
+  if (in.is_cuda()) {
+    // Gloo's send and recv move host memory only: a CUDA tensor goes out from a host copy (taken now, in
+    // the caller's stream order) and comes in to a host buffer that is copied to the device once every
+    // piece arrived (run()), before the caller's wait() returns.
+    item->device_out = std::move(out);
+    item->in = in.cpu();
+    item->out = at::empty_like(item->in);
+  } else {
+    item->out = std::move(out);
+    item->in = std::move(in);
+  }
   item->on_done = std::move(on_done);
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -118,6 +129,13 @@ void ExchangeQueue::run() {
         parts.push_back(comm_->send(v, peer, item->tag));
       }
       for (auto& p : parts) p->wait();  // Gloo's own timeout applies to each
+      if (item->device_out.defined()) {  // a CUDA tensor's pieces: host buffer -> device (synchronous copy)
+        c10::DeviceGuard on(item->device_out.device());
+        for (int i = 1; i < world_; ++i) {
+          const int peer = (rank_ - i + world_) % world_;
+          item->device_out.narrow(0, peer * c, c).copy_(item->out.narrow(0, peer * c, c));
+        }
+      }
     } catch (...) {
       error = std::current_exception();
       failed_ = error;

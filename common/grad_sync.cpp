@@ -32,7 +32,9 @@ void verify_same_model(ProcessGroup& pg, torch::nn::Module& module) {
     for (size_t d = 0; d < sizes.size() && d < kMaxDims; ++d) shapes[i][d + 1] = sizes[d];
   }
   auto mine = shapes.clone();
-  pg.broadcast(shapes, 0);
+  auto sent = shapes.to(pg.device());  // NCCL moves CUDA tensors only
+  pg.broadcast(sent, 0);
+  shapes = sent.cpu();
   std::string problem;
   for (size_t i = 0; i < params.size() && problem.empty(); ++i) {
     if (torch::equal(shapes[i], mine[i])) continue;

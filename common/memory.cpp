@@ -7,6 +7,7 @@
 #include <malloc.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -14,6 +15,7 @@
 
 #ifdef DP_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace dp {
@@ -30,13 +32,14 @@ int64_t available_memory_bytes() {
   return 0;
 }
 
-void check_fits_in_memory(double bytes_per_rank, int ranks_here, const std::string& what, const std::string& remedy) {
-  const double avail = static_cast<double>(available_memory_bytes());
+void check_fits_in_memory(double bytes_per_rank, int ranks_here, const std::string& what, const std::string& remedy,
+                          double available, const std::string& where) {
+  const double avail = available >= 0 ? available : static_cast<double>(available_memory_bytes());
   const double need = bytes_per_rank * ranks_here;
   if (avail <= 0 || need <= avail) return;
-  throw UsageError(fmt::format("{} needs about {:.1f} GB per rank, {:.1f} GB for the {} rank(s) on this machine, "
+  throw UsageError(fmt::format("{} needs about {:.1f} GB per rank, {:.1f} GB for the {} rank(s) on {}, "
                                "which has {:.1f} GB available: {}", what, bytes_per_rank / 1e9, need / 1e9, ranks_here,
-                               avail / 1e9, remedy));
+                               where, avail / 1e9, remedy));
 }
 
 namespace optim = torch::optim;
@@ -126,6 +129,28 @@ void reset_cuda_peak([[maybe_unused]] const torch::Device& device) {
 #ifdef DP_WITH_CUDA
   if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
 #endif
+}
+
+int64_t cuda_allocated_bytes([[maybe_unused]] const torch::Device& device) {
+#ifdef DP_WITH_CUDA
+  if (device.is_cuda())
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device.index()).allocated_bytes[0].current;
+#endif
+  return 0;
+}
+
+int64_t cuda_total_memory_bytes([[maybe_unused]] const torch::Device& device) {
+#ifdef DP_WITH_CUDA
+  cudaDeviceProp prop{};
+  if (device.is_cuda() && cudaGetDeviceProperties(&prop, std::max<int>(0, device.index())) == cudaSuccess)
+    return static_cast<int64_t>(prop.totalGlobalMem);
+#endif
+  return 0;
+}
+
+int ranks_per_gpu(int local_ranks) {
+  const int gpus = std::max<int>(1, static_cast<int>(torch::cuda::device_count()));
+  return (std::max(1, local_ranks) + gpus - 1) / gpus;
 }
 
 }  // namespace dp

@@ -49,8 +49,10 @@ int64_t available_memory_bytes();
 /// Throws dp::UsageError (exit 2) when `ranks_here` processes needing about `bytes_per_rank` each would
 /// not fit in available_memory_bytes(), before anything is allocated, so that the kernel's OOM killer
 /// does not end the run halfway. The message names `what`, the figures and `remedy`. Does nothing when
-/// the available memory is unknown.
-void check_fits_in_memory(double bytes_per_rank, int ranks_here, const std::string& what, const std::string& remedy);
+/// the available memory is unknown. `available` >= 0 replaces available_memory_bytes() (a GPU's memory:
+/// cuda_total_memory_bytes()), and `where` names what holds it in the message.
+void check_fits_in_memory(double bytes_per_rank, int ranks_here, const std::string& what, const std::string& remedy,
+                          double available = -1, const std::string& where = "this machine");
 
 /// Peak bytes allocated by the CUDA caching allocator on `device` since the last reset_cuda_peak()
 /// (on a GPU the number that matters, not the host's RSS); 0 for a CPU device or a build without CUDA.
@@ -58,5 +60,17 @@ int64_t cuda_peak_allocated_bytes(const torch::Device& device);
 
 /// Resets that peak; does nothing for a CPU device or without CUDA.
 void reset_cuda_peak(const torch::Device& device);
+
+/// Bytes allocated by the CUDA caching allocator on `device` now; 0 for a CPU device or without CUDA.
+int64_t cuda_allocated_bytes(const torch::Device& device);
+
+/// Total memory of the GPU `device` (cudaDeviceProp::totalGlobalMem: the same for every rank that asks,
+/// where its free memory depends on what the others allocated so far); 0 for a CPU device or without CUDA.
+int64_t cuda_total_memory_bytes(const torch::Device& device);
+
+/// How many of this node's `local_ranks` ranks keep their tensors on one GPU when they compute on CUDA:
+/// rank i binds GPU i mod the GPUs visible (common/dist.cpp), so ceil(local_ranks / GPUs); NCCL's one GPU
+/// per rank gives 1, Gloo's ranks may share one.
+int ranks_per_gpu(int local_ranks);
 
 }  // namespace dp

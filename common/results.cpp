@@ -1,6 +1,10 @@
 // Results: JSON for scripts and plots, Markdown for people.
 #include "common/results.hpp"
 
+#ifdef DP_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
 #include "common/dist.hpp"
 #include "common/launch_env.hpp"
 
@@ -80,8 +84,17 @@ std::string machine_description() {
     }
   }
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return fmt::format("{}, {} cores, {:.0f} GiB RAM, LibTorch {}", cpu, std::thread::hardware_concurrency(),
-                     pages * static_cast<double>(page) / (1 << 30), TORCH_VERSION);
+  std::string gpu;
+#ifdef DP_WITH_CUDA
+  // A CUDA build on a machine with a GPU: the figures may be the GPU's, so name it.
+  if (torch::cuda::is_available()) {
+    const cudaDeviceProp* p = at::cuda::getDeviceProperties(0);
+    gpu = fmt::format("; GPU {} x {} ({:.0f} GiB)", torch::cuda::device_count(), p->name,
+                      p->totalGlobalMem / static_cast<double>(1 << 30));
+  }
+#endif
+  return fmt::format("{}, {} cores, {:.0f} GiB RAM, LibTorch {}{}", cpu, std::thread::hardware_concurrency(),
+                     pages * static_cast<double>(page) / (1 << 30), TORCH_VERSION, gpu);
 }
 
 std::string link_description() {

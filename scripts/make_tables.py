@@ -163,7 +163,7 @@ COLUMNS = {
     "allreduce": [("backend", "backend", "{}"), ("link", "link", "{}"), ("world_size", "ranks", "{}"),
                   ("size", "size", "{}"), ("iters", "iterations", "{}"),
                   ("latency_median_s", "median latency (ms)", "ms"), ("algbw_GBps", "algbw (GB/s)", "{:.3f}"),
-                  ("busbw_GBps", "busbw (GB/s)", "{:.3f}")],
+                  ("busbw_GBps", "busbw (GB/s)", "{:.3f}"), ("copy_GBps", "device copy (GB/s)", "{:.1f}")],
     "alltoall": [("exchange", "exchange", "{}"), ("link", "link", "{}"), ("world_size", "ranks", "{}"),
                  ("sent_MB", "MB sent per rank", "{:.1f}"), ("time_median_s", "median time (ms)", "ms0"),
                  ("rate_MBps", "MB/s per rank", "{:.0f}")],
@@ -195,7 +195,9 @@ COLUMNS = {
              ("state_MB", "AdamW state (MB)", "{:.1f}"), ("total_MB", "total (MB)", "{:.1f}"),
              ("expected_MB", "by formula: 16P, 8P+8P/N or 16P/N (MB)", "{:.1f}"), ("gathered_peak_MB", "gathered, peak (MB)", "{:.1f}"),
              ("peak_rss_MB", "peak RSS (MB)", "rss"), ("sent_MB_per_step", "sent per rank per step (MB)", "{:.1f}"),
-             ("step_s", "step (s), median [95% CI]", "ci"), ("ratio", "step / first variant's [95% CI]", "ci")],
+             ("step_s", "step (s), median [95% CI]", "ci"), ("ratio", "step / first variant's [95% CI]", "ci"),
+             ("peak_cuda_MB", "peak CUDA allocated (MB)", "rss"),
+             ("step_peak_cuda_MB", "a step's CUDA peak above its start (MB)", "{:.0f}")],
 }
 
 
@@ -203,6 +205,32 @@ COLUMNS = {
 # variant per process, so their step times and ratios say nothing; the large run shows its step time.
 _MEM = COLUMNS["fsdp"][:12]
 COLUMNS_BY_FILE = {"ext07a_memory": _MEM, "ext07a_large": _MEM + [("step_median_s", "step (s), median of 2", "{:.1f}")]}
+# On the GPU (scripts/gpu_check.sh): CUDA's own allocator figures beside the tensors counted.
+_GPU_FSDP = [c for c in COLUMNS["fsdp"] if c[0] not in ("link", "peak_rss_MB", "sent_MB_per_step", "ratio")]
+_GPU_FSDP = [c if c[0] != "step_s" else ("step_median_s", "step (s), median", "{:.3f}") for c in _GPU_FSDP]
+COLUMNS_BY_FILE.update({"gpu_ext07a_large_bf16": _GPU_FSDP, "gpu_ext07a_xl_bf16": _GPU_FSDP})
+# NCCL at 1 rank moves nothing (the all-reduce is in place): its latency is the call's own cost, and a bandwidth
+# computed from it would be meaningless.
+COLUMNS_BY_FILE["gpu_stage01_nccl_w1"] = [c for c in COLUMNS["allreduce"] if c[0] not in ("algbw_GBps", "busbw_GBps")]
+
+
+def gpu_check_table(doc):
+    """scripts/gpu_check.sh: one row per step, its exit code, time and its last PASS (or error) line."""
+    lines = ["| step | result | time (s) | last line of its own checks |", "|---|---|---|---|"]
+    for st in doc["rows"]:
+        if st.get("rc") is None:
+            lines.append(f"| `{st['name']}` | skipped ({st.get('skipped')}) | - | - |")
+            continue
+        last = (st.get("pass_lines") or st.get("log_tail") or ["-"])[-1]
+        last = re.sub(r"^\[rank \d+/\d+\] ", "", last).replace("|", "\\|")
+        last = last if len(last) <= 150 else last[:147] + "..."
+        result = "PASS" if st["rc"] == 0 else f"FAIL (exit {st['rc']})"
+        lines.append(f"| `{st['name']}` | {result} | {st['seconds']:.1f} | {last} |")
+    notes = [f"{doc['passed']} steps passed, {doc['failed']} failed, {doc['skipped']} skipped; the build took "
+             f"{doc['build_s']} s with {doc['cpu_cores']} cores. Device: {doc['device']} ({doc['device_memory_GiB']} GiB, "
+             f"driver {doc['driver']}), torch {doc['torch']} (CUDA {doc['torch_cuda']}, NCCL {doc['nccl']}), "
+             f"commit {doc['commit']}, {doc['date']}. Each step's command is in docs/results/gpu_check.json."]
+    return lines, notes
 
 
 def cell(row, key, fmt):
@@ -239,7 +267,7 @@ def table(name):
     if name in COLUMNS_BY_FILE:
         lines, notes = plain_table(doc, COLUMNS_BY_FILE[name])
     else:
-        lines, notes = (torch_ddp_table(doc) if kind == "compare_torch_ddp" else
+        lines, notes = (torch_ddp_table(doc) if kind == "compare_torch_ddp" else gpu_check_table(doc) if kind == "gpu_check" else
                         ddp_table(doc) if kind not in COLUMNS else plain_table(doc, COLUMNS[kind]))
     # Each row carries the command and machine it came from (older files: the file's own).
     cmds, machines = [], []

@@ -189,7 +189,7 @@ int main(int argc, char** argv) {
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
     check_cs336_world_size(world);  // bad input: exit 2 before any rendezvous
     if (bench) validate_bench_config(cfg, world);
-    auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
+    auto pg = ProcessGroup::init_from_env(cli.dist_options());
     for (const auto& h : hooks) make_comm_hook(h, pg);  // bf16 without bf16 sums: exit 2 now, not after the checks
     const bool arrival_first = orders.front() == "arrival";
     const bool any_arrival = std::find(orders.begin(), orders.end(), "arrival") != orders.end();

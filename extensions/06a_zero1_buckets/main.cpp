@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
     check_blas();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
     if (bench) validate_bench_config(cfg, world);  // bad input: exit 2 before any rendezvous
-    auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
+    auto pg = ProcessGroup::init_from_env(cli.dist_options());
     // [check]
     const bool ok = check_against_adamw(pg, "bucketed ZeRO-1 AdamW",
                                         [](ProcessGroup& g, const std::vector<torch::Tensor>& p, const optim::AdamWOptions& o) {

@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
       if (ec) throw UsageError(fmt::format("--checkpoint {}: cannot create that folder ({}); give a writable folder", dir, ec.message()));
       check_writable("--checkpoint", path);
     }
-    auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
+    auto pg = ProcessGroup::init_from_env(cli.dist_options());
     const bool ok = check_against_adamw(pg, "sharded AdamW", [](ProcessGroup& g, const std::vector<torch::Tensor>& p,
                                                                 const optim::AdamWOptions& o) {
       return sharded_steps("cs336", g, p, o);

@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
     check_blas();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
     validate_bench_config(o.cfg, world);  // bad input: exit 2 before any rendezvous
-    auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
+    auto pg = ProcessGroup::init_from_env(cli.dist_options());
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
 
     if (!check_designs(pg, o.design)) throw CheckFailed("sharded AdamW differs from AdamW");

@@ -45,12 +45,18 @@ double estimated_bytes_per_rank(const FsdpBenchOptions& o, const std::string& va
 // [estimate]
 
 void check_memory(FsdpBenchOptions& o, int world) {
-  const int here = LaunchEnv::from_environment().local_world_size;
+  // Where the tensors live: this machine's memory, shared by its ranks; on CUDA one GPU's, shared by the
+  // ranks bound to it (its total memory: every rank decides alike, whatever the others allocated already).
+  const int local = LaunchEnv::from_environment().local_world_size;
+  const int here = o.cuda ? ranks_per_gpu(local) : local;
+  const double avail = o.cuda ? static_cast<double>(cuda_total_memory_bytes(torch::Device(torch::kCUDA, 0)))
+                              : static_cast<double>(available_memory_bytes());
+  const std::string where = o.cuda ? "one GPU" : "this machine";
   const std::string remedy = "use more ranks (more machines), a smaller --preset or --compute-dtype bf16";
   for (const auto& v : o.variants)
-    if (v != "ddp") check_fits_in_memory(estimated_bytes_per_rank(o, v, world), here, "FSDP (" + v + ")", remedy);
+    if (v != "ddp")
+      check_fits_in_memory(estimated_bytes_per_rank(o, v, world), here, "FSDP (" + v + ")", remedy, avail, where);
   // The variants train side by side: keep those that fit together, FSDP first, and say what was left out.
-  const double avail = static_cast<double>(available_memory_bytes());
   std::vector<std::string> order = o.variants, kept;
   std::stable_partition(order.begin(), order.end(), [](const std::string& v) { return v == "fsdp"; });
   double total = 0;
@@ -58,7 +64,7 @@ void check_memory(FsdpBenchOptions& o, int world) {
     const double need = estimated_bytes_per_rank(o, v, world) * here;
     if (avail > 0 && total + need > 0.9 * avail) {
       print0("note: {} left out: it needs about {:.1f} GB per rank ({:.1f} GB for {} ranks here) beside the others, "
-             "and this machine has {:.1f} GB available", v, need / here / 1e9, need / 1e9, here, avail / 1e9);
+             "and {} has {:.1f} GB available", v, need / here / 1e9, need / 1e9, here, where, avail / 1e9);
       continue;
     }
     total += need, kept.push_back(v);
@@ -83,6 +89,7 @@ struct Trainee {
   std::vector<double> step_s;
   TrainingBytes bytes;      // after the first step (AdamW state allocated)
   double sent_per_step = 0;
+  int64_t step_peak_cuda = 0;  // CUDA: the most a step (after the first) allocated above what was allocated before it
 
   Trainee(ProcessGroup& pg, const TransformerConfig& mcfg, const FsdpBenchOptions& o, const std::string& variant)
       : name(variant) {
@@ -150,9 +157,18 @@ void run_benchmark(ProcessGroup& pg, const FsdpBenchOptions& o, Results& results
   const int W = pg.world_size();
   const bool alone = o.variants.size() == 1;  // then the peak RSS is this variant's
   const bool reset_ok = reset_peak_rss();
+  // On CUDA the training state lives in GPU memory: the caching allocator's figures, not the host's RSS.
+  const torch::Device dev = pg.device();
+  const bool cuda = dev.is_cuda();
+  reset_cuda_peak(dev);
+  int64_t cuda_peak = 0;  // the process's peak allocated (each step resets the allocator's own peak)
+  auto cuda_note = [&] {
+    return cuda ? fmt::format(", CUDA allocated {:.2f} GB", cuda_allocated_bytes(dev) / 1e9) : std::string();
+  };
   std::vector<std::unique_ptr<Trainee>> ts;
   for (const auto& v : o.variants) ts.push_back(std::make_unique<Trainee>(pg, mcfg, o, v));
-  print0("  built: RSS {:.2f} GB, peak {:.2f} GB (rank 0)", current_rss_bytes() / 1e9, peak_rss_bytes() / 1e9);
+  print0("  built: RSS {:.2f} GB, peak {:.2f} GB{} (rank 0)", current_rss_bytes() / 1e9, peak_rss_bytes() / 1e9,
+         cuda_note());
   if (!o.cfg.trace.empty()) pg.barrier(), trace::enable();
   const int64_t rows = o.cfg.global_batch / W, T = o.cfg.context;
   for (int it = 0; it < o.cfg.warmup + o.cfg.steps; ++it) {
@@ -163,17 +179,23 @@ void run_benchmark(ProcessGroup& pg, const FsdpBenchOptions& o, Results& results
     trace::set_recording(timed);  // no-op without --trace
     for (auto& t : ts) {
       const double sent0 = t->fsdp ? t->fsdp->sent_bytes() : 0;
-      const double s = t->step(x, y, pg.device(), it);
+      const int64_t allocated = cuda_allocated_bytes(dev);  // every variant's resident state (0 on the CPU)
+      cuda_peak = std::max(cuda_peak, cuda_peak_allocated_bytes(dev));
+      reset_cuda_peak(dev);
+      const double s = t->step(x, y, dev, it);
+      if (it > 0) t->step_peak_cuda = std::max(t->step_peak_cuda, cuda_peak_allocated_bytes(dev) - allocated);
       if (timed) t->step_s.push_back(s);
       if (it == 0) t->bytes = t->count(), t->sent_per_step = t->fsdp ? t->fsdp->sent_bytes() - sent0 : 0;
     }
-    print0("  step {} of {} done: RSS {:.2f} GB, peak {:.2f} GB (rank 0)", it + 1, o.cfg.warmup + o.cfg.steps,
-           current_rss_bytes() / 1e9, peak_rss_bytes() / 1e9);
+    print0("  step {} of {} done: RSS {:.2f} GB, peak {:.2f} GB{} (rank 0)", it + 1, o.cfg.warmup + o.cfg.steps,
+           current_rss_bytes() / 1e9, peak_rss_bytes() / 1e9, cuda_note());
   }
+  cuda_peak = std::max(cuda_peak, cuda_peak_allocated_bytes(dev));
   trace::set_recording(false);
   if (!o.cfg.trace.empty()) trace::write(pg, o.cfg.trace), print0("trace of the timed steps written to {}", o.cfg.trace);
   auto max_all = [&](double v) { auto a = pg.all_gather(v); return *std::max_element(a.begin(), a.end()); };
   const double rss = max_all(static_cast<double>(peak_rss_bytes()));
+  const double cuda_peak_all = cuda ? max_all(static_cast<double>(cuda_peak)) : 0.0;
   std::vector<double> first;  // the first variant's per-round steps: the ratios' denominator
   for (auto& t : ts) {
     const auto per_round = max_over_ranks(pg, t->step_s);
@@ -184,32 +206,46 @@ void run_benchmark(ProcessGroup& pg, const FsdpBenchOptions& o, Results& results
     const bool zero = t->zero1 != nullptr;
     const int64_t np = mcfg.num_parameters();
     const double sent = t->ddp ? ddp_bytes_per_step(np, W) : zero ? zero1_bytes_per_step(np, W) : t->sent_per_step;
-    results.add({{"variant", t->name}, {"vs", ts.front()->name}, {"world_size", W}, {"link", link_description()},
-                 {"preset", o.cfg.preset},
-                 {"context", o.cfg.context}, {"batch", o.cfg.global_batch}, {"params", mcfg.num_parameters()},
-                 {"compute_dtype", t->fsdp ? dtype_name(o.compute_dtype) : "float32"},
-                 {"param_MB", max_all(t->bytes.params) / 1e6}, {"grad_MB", max_all(t->bytes.grads) / 1e6},
-                 {"state_MB", max_all(t->bytes.state) / 1e6}, {"total_MB", max_all(t->bytes.total()) / 1e6},
-                 {"expected_MB", double(t->ddp  ? fp32_training_bytes(np).total()        // 16P
-                                        : zero ? zero1_expected_bytes(np, W).total()  // 8P + 8P/N
-                                               : fsdp_expected_bytes(np, W).total()) / 1e6},  // 16P/N
-                 {"gathered_peak_MB", t->fsdp ? max_all(t->fsdp->peak_gathered_bytes()) / 1e6 : 0.0},
-                 {"peak_rss_MB", alone && reset_ok ? rss / 1e6 : -1.0},
-                 {"sent_MB_per_step", sent / 1e6}, {"steps", st.n}, {"step_median_s", st.median},
-                 {"step_min_s", st.min}, {"step_max_s", st.max}, {"ratio_median", rt.median}, {"ratio_min", rt.min},
-                 {"ratio_max", rt.max}, {"step_s", per_round}, {"ratio", ratio}});
+    nlohmann::json row{{"variant", t->name}, {"vs", ts.front()->name}, {"world_size", W}, {"link", link_description()},
+                       {"preset", o.cfg.preset},
+                       {"context", o.cfg.context}, {"batch", o.cfg.global_batch}, {"params", mcfg.num_parameters()},
+                       {"compute_dtype", t->fsdp ? dtype_name(o.compute_dtype) : "float32"},
+                       {"param_MB", max_all(t->bytes.params) / 1e6}, {"grad_MB", max_all(t->bytes.grads) / 1e6},
+                       {"state_MB", max_all(t->bytes.state) / 1e6}, {"total_MB", max_all(t->bytes.total()) / 1e6},
+                       {"expected_MB", double(t->ddp  ? fp32_training_bytes(np).total()        // 16P
+                                              : zero ? zero1_expected_bytes(np, W).total()  // 8P + 8P/N
+                                                     : fsdp_expected_bytes(np, W).total()) / 1e6},  // 16P/N
+                       {"gathered_peak_MB", t->fsdp ? max_all(t->fsdp->peak_gathered_bytes()) / 1e6 : 0.0},
+                       {"peak_rss_MB", alone && reset_ok ? rss / 1e6 : -1.0},
+                       {"sent_MB_per_step", sent / 1e6}, {"steps", st.n}, {"step_median_s", st.median},
+                       {"step_min_s", st.min}, {"step_max_s", st.max}, {"ratio_median", rt.median},
+                       {"ratio_min", rt.min}, {"ratio_max", rt.max}, {"step_s", per_round}, {"ratio", ratio}};
+    if (cuda) {  // GPU memory, from CUDA's caching allocator (max over ranks)
+      row["device"] = dev.str();
+      row["peak_cuda_MB"] = alone ? cuda_peak_all / 1e6 : -1.0;
+      row["step_peak_cuda_MB"] = max_all(static_cast<double>(t->step_peak_cuda)) / 1e6;
+    }
+    results.add(row);
   }
   if (!alone) print0("note: peak RSS is reported for one variant per process only (--variants fsdp)");
 }
 
 void print_tables(const Results& r) {
+  std::vector<std::string> keys{"variant", "world_size", "compute_dtype", "param_MB", "grad_MB", "state_MB", "total_MB",
+                                "expected_MB", "gathered_peak_MB", "peak_rss_MB"};
+  std::vector<std::string> heads{"variant", "ranks", "compute", "params", "grads", "AdamW state", "total", "by formula",
+                                 "gathered (peak)", "peak RSS"};
+  std::string cuda_note;
+  if (!r.rows().empty() && r.rows().front().contains("peak_cuda_MB")) {  // run on CUDA: GPU memory beside
+    keys.insert(keys.end(), {"peak_cuda_MB", "step_peak_cuda_MB"});
+    heads.insert(heads.end(), {"peak CUDA", "step peak CUDA"});
+    cuda_note = "; on the GPU, CUDA's caching allocator: the process's peak allocated (-1: several variants ran), and\n"
+                "the most one step allocated above what was allocated before it (after the first step)";
+  }
   print0("\nmemory per rank in MB (10^6 B), counted tensor by tensor after the first step (max over ranks): DDP keeps\n"
          "16P, ZeRO-1 8P + 8P/N, FSDP 16P/N plus the gathered units at their peak; peak RSS of the process (-1: several\n"
-         "variants ran)\n{}",
-         r.markdown({"variant", "world_size", "compute_dtype", "param_MB", "grad_MB", "state_MB", "total_MB",
-                     "expected_MB", "gathered_peak_MB", "peak_rss_MB"},
-                    {"variant", "ranks", "compute", "params", "grads", "AdamW state", "total", "by formula",
-                     "gathered (peak)", "peak RSS"}, 4));
+         "variants ran){}\n{}",
+         cuda_note, r.markdown(keys, heads, 4));
   print0("\ntime per step (slowest rank): median and range over the rounds; ratio to the first variant taken round\n"
          "by round; bytes each rank sends per step (ring arithmetic: DDP and ZeRO-1 2(N-1)/N x 4P, FSDP as launched)\n{}",
          r.markdown({"variant", "vs", "world_size", "preset", "steps", "sent_MB_per_step", "step_median_s",

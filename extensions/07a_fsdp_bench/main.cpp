@@ -58,13 +58,14 @@ int main(int argc, char** argv) {
     o.cfg.bytes_per_param = 0;  // check_memory below knows each variant's own needs
     validate_bench_config(o.cfg, world);
     o.compute_dtype = flags.compute_dtype();
+    o.cuda = cli.common().backend == "nccl" || cli.common().device == "cuda";  // the group's device, before it forms
     o.variants.clear();
     for (const auto& v : variants) {
       if (v != "fsdp") o.variants.push_back(v);
       else for (bool m : modes) o.variants.push_back(m ? "fsdp" : "fsdp-keep");
     }
     check_memory(o, world);
-    auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
+    auto pg = ProcessGroup::init_from_env(cli.dist_options());
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
 
     if (!run_fsdp_checks(pg, modes, cli.common().seed)) throw CheckFailed("FSDP differs from single-process training");

@@ -7,6 +7,8 @@
 // Run it (two ranks on this machine, through the launcher):
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage01_allreduce
 //   ./build/bin/ddp_launch --nproc 4 -- ./build/bin/stage01_allreduce --bench --sizes 1MB,10MB,100MB
+// On a GPU (a CUDA build): --backend nccl (one rank per GPU), or --device cuda with Gloo (ranks may share
+// one GPU; Gloo copies through host memory); timings then come from CUDA events.
 // Correct output: each rank prints its tensor before and after; after, all ranks print the same sums;
 // the last line is "PASS all-reduce ...". The benchmark then prints latency and bandwidth per size.
 // The whole grid (sizes x 2/4/6 processes, one table and plot) is scripts/bench_allreduce.sh.
@@ -24,20 +26,26 @@
 
 using namespace dp;
 
+// A small int64 tensor as text, wherever it lives.
+static std::string show(const torch::Tensor& t) {
+  auto c = t.cpu().contiguous();
+  return fmt::format("{}", fmt::join(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel(), " "));
+}
+
 // Each rank makes a small random integer tensor, and all_reduce must give the sum of all of them.
 // We check against the closed form: gather every rank's *input*, add them up ourselves.
 static bool demo(ProcessGroup& pg, uint64_t seed) {
   // [demo]
   torch::manual_seed(seed + pg.rank());  // a different tensor on every rank
-  auto data = torch::randint(0, 10, {4}, torch::kInt64);
-  print_rank("before all_reduce: {}", fmt::join(data.data_ptr<int64_t>(), data.data_ptr<int64_t>() + 4, " "));
+  auto data = torch::randint(0, 10, {4}, torch::kInt64).to(pg.device());  // --device cuda: on the GPU
+  print_rank("before all_reduce: {}", show(data));
   auto inputs = pg.all_gather(data);  // [W] tensors of shape [4], in rank order
   pg.all_reduce(data);                // in place: data = sum over ranks
-  print_rank("after  all_reduce: {}", fmt::join(data.data_ptr<int64_t>(), data.data_ptr<int64_t>() + 4, " "));
+  print_rank("after  all_reduce: {}", show(data));
   // [demo]
   auto expected = torch::stack(inputs).sum(0);
   bool ok = torch::equal(data, expected);
-  if (!ok) print_rank("MISMATCH: expected {}", fmt::join(expected.data_ptr<int64_t>(), expected.data_ptr<int64_t>() + 4, " "));
+  if (!ok) print_rank("MISMATCH: expected {}", show(expected));
   return ok;
 }
 
@@ -67,13 +75,26 @@ static void bench(ProcessGroup& pg, const std::vector<std::string>& sizes, int w
     auto s = summarize(max_over_ranks(pg, mine));  // the slowest rank sets each iteration's time
     // [bench]
     double algbw = bytes / s.median / 1e9;
-    results.add({{"backend", pg.backend()}, {"device", pg.device().str()}, {"world_size", W}, {"link", link_description()},
-                 {"size", size_text}, {"bytes", bytes}, {"iters", s.n}, {"iters_requested", iters},
-                 {"latency_median_s", s.median}, {"latency_min_s", s.min}, {"latency_max_s", s.max},
-                 {"algbw_GBps", algbw}, {"busbw_GBps", algbw * bus_factor(W)}});
+    nlohmann::json row{{"backend", pg.backend()}, {"device", pg.device().str()}, {"world_size", W},
+                       {"link", link_description()}, {"size", size_text}, {"bytes", bytes}, {"iters", s.n},
+                       {"iters_requested", iters}, {"latency_median_s", s.median}, {"latency_min_s", s.min},
+                       {"latency_max_s", s.max}, {"algbw_GBps", algbw}, {"busbw_GBps", algbw * bus_factor(W)}};
+    std::string copy_note;
+    if (pg.device().is_cuda()) {
+      // The yardstick on a GPU: one device-to-device copy of the same buffer (it reads and writes `bytes`
+      // each, so memory moves 2 x bytes). The bus bandwidth cannot beat it; NCCL at world 1 is about it.
+      auto dst = torch::empty_like(t);
+      auto copy = summarize(time_iterations([&] { dst.copy_(t); }, warmup, iters, budget_s, pg.device()));
+      row["copy_GBps"] = bytes / copy.median / 1e9;
+      copy_note = fmt::format(", a copy of it on the device {:.1f} GB/s", bytes / copy.median / 1e9);
+    }
+    results.add(row);
     if (s.n < iters) print0("note: --budget reached after {} of {} timed iterations of {}", s.n, iters, size_text);
-    print0("[{}/{}] {} x {} ranks: median {:.3f} ms over {} iterations, bus bandwidth {:.2f} GB/s", ++done,
-           sizes.size(), size_text, W, s.median * 1e3, s.n, algbw * bus_factor(W));
+    // One rank has nothing to send: the time is the call's own cost (NCCL in place does no work at all).
+    const std::string bw = W > 1 ? fmt::format("bus bandwidth {:.2f} GB/s", algbw * bus_factor(W))
+                                 : std::string("no bandwidth at 1 rank: nothing crosses a link");
+    print0("[{}/{}] {} x {} ranks: median {:.3f} ms over {} iterations, {}{}", ++done, sizes.size(), size_text, W,
+           s.median * 1e3, s.n, bw, copy_note);
   }
 }
 
@@ -95,7 +116,7 @@ int main(int argc, char** argv) {
     const double budget_s = parse_seconds(budget, "--budget");
     configure_cpu_threads();
     check_blas();
-    auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
+    auto pg = ProcessGroup::init_from_env(cli.dist_options());
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
 
     maybe_inject_fault(pg.rank());             // hardening tests only (DP_FAULT); a no-op otherwise
@@ -108,10 +129,12 @@ int main(int argc, char** argv) {
     if (run_bench) {
       Results results("allreduce");
       bench(pg, sizes, warmup, iters, budget_s, results);
-      print0("\n{}", results.markdown({"backend", "world_size", "size", "iters", "latency_median_s", "algbw_GBps",
-                                       "busbw_GBps"},
-                                      {"backend", "ranks", "size", "iters", "median latency (s)", "algbw (GB/s)",
-                                       "busbw (GB/s)"}));
+      std::vector<std::string> keys{"backend", "world_size", "size", "iters", "latency_median_s", "algbw_GBps",
+                                    "busbw_GBps"};
+      std::vector<std::string> heads{"backend", "ranks", "size", "iters", "median latency (s)", "algbw (GB/s)",
+                                     "busbw (GB/s)"};
+      if (pg.device().is_cuda()) keys.push_back("copy_GBps"), heads.push_back("device copy (GB/s)");
+      print0("\n{}", results.markdown(keys, heads));
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     }
     pg.barrier();

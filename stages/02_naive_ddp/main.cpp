@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
     check_cs336_world_size(world);  // bad input: exit 2 before any rendezvous
     if (bench) validate_bench_config(cfg, world);
-    auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
+    auto pg = ProcessGroup::init_from_env(cli.dist_options());
     run_checks(pg, cli.common().seed);
 
     if (bench) {

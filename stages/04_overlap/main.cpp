@@ -41,10 +41,12 @@ static void show_overlap(ProcessGroup& pg) {
   torch::manual_seed(0);
   auto cfg = TransformerConfig::preset("tiny", 32);
   auto model = TransformerLM(cfg);
+  model->to(pg.device());
   OverlapDdp ddp(pg, model.ptr());
   auto [x, y] = token_batch(2 * pg.world_size(), 32, cfg.vocab_size, 1, 0);
   ddp.on_train_batch_start();
-  lm_loss(model->forward(shard_rows(x, pg.rank(), pg.world_size())), shard_rows(y, pg.rank(), pg.world_size()))
+  lm_loss(model->forward(shard_rows(x, pg.rank(), pg.world_size()).to(pg.device())),
+          shard_rows(y, pg.rank(), pg.world_size()).to(pg.device()))
       .backward();
   const auto backward_returned = std::chrono::steady_clock::now();
   ddp.finish_gradient_synchronization();
@@ -88,7 +90,7 @@ int main(int argc, char** argv) {
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
     check_cs336_world_size(world);  // bad input: exit 2 before any rendezvous
     if (bench) validate_bench_config(cfg, world);
-    auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
+    auto pg = ProcessGroup::init_from_env(cli.dist_options());
     run_checks(pg, cli.common().seed);
 
     if (bench) {

@@ -67,8 +67,8 @@ struct CommModel {
   double o = 0, w = 0;  // seconds per call, bytes per second
 };
 static double median_allreduce_s(ProcessGroup& pg, int64_t bytes) {
-  auto t = torch::zeros({bytes / 4});
-  auto mine = time_iterations([&] { pg.all_reduce(t); }, 3, 15, 5.0);
+  auto t = torch::zeros({bytes / 4}, torch::TensorOptions().device(pg.device()));
+  auto mine = time_iterations([&] { pg.all_reduce(t); }, 3, 15, 5.0, pg.device());
   auto counts = pg.all_gather(static_cast<double>(mine.size()));
   mine.resize(static_cast<size_t>(*std::min_element(counts.begin(), counts.end())));
   return summarize(max_over_ranks(pg, mine)).median;
@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
     check_cs336_world_size(world);  // bad input: exit 2 before any rendezvous
     if (bench) validate_bench_config(cfg, world);
-    auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
+    auto pg = ProcessGroup::init_from_env(cli.dist_options());
     run_checks(pg, cli.common().seed);
 
     if (bench) {

@@ -8,6 +8,7 @@
 #include "common/runtime.hpp"
 #include "common/trace.hpp"
 
+#include <c10/core/DeviceGuard.h>
 #include <fmt/format.h>
 
 #include <stdexcept>
@@ -111,6 +112,10 @@ double Fsdp::ring_share() const { return double(pg_.world_size() - 1) / pg_.worl
 void Fsdp::allocate_full(size_t u) {
   auto* storage = units_[u].full.storage().unsafeGetStorageImpl();
   const size_t bytes = units_[u].full.nbytes();
+  // The storage's own allocator (CPU, or CUDA's caching allocator). CUDA's allocates on the current GPU
+  // (and stream): make it the unit's, whichever thread asks (backward's hooks run on autograd's).
+  c10::OptionalDeviceGuard on_device;
+  if (units_[u].full.is_cuda()) on_device.reset_device(units_[u].full.device());
   storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
   storage->set_nbytes(bytes);
   gathered_now_ += static_cast<int64_t>(bytes);

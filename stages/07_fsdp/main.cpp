@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
     const std::vector<bool> modes = flags.modes();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
     if (bench) validate_bench_config(cfg, world);  // bad input: exit 2 before any rendezvous and the checks
-    auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
+    auto pg = ProcessGroup::init_from_env(cli.dist_options());
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
 
     if (!run_fsdp_checks(pg, modes, cli.common().seed)) throw CheckFailed("FSDP differs from single-process training");

@@ -64,11 +64,12 @@ int64_t window_count(const torch::Tensor& tokens, int64_t context) {
 }
 
 std::pair<torch::Tensor, torch::Tensor> windows(const torch::Tensor& tokens, const std::vector<int64_t>& ids,
-                                                int64_t context) {
+                                                int64_t context, torch::Device device) {
   std::vector<torch::Tensor> rows;
   rows.reserve(ids.size());
   for (int64_t j : ids) rows.push_back(tokens.narrow(0, j * context, context + 1));
-  auto w = torch::stack(rows);                                          // [n, T+1]
+  // Stacked on the host, then one copy of n (T+1) int64 to the device (none on the CPU: to() returns w).
+  auto w = torch::stack(rows).to(device);                               // [n, T+1]
   return {w.narrow(1, 0, context).contiguous(), w.narrow(1, 1, context).contiguous()};  // [n, T] each
 }
 

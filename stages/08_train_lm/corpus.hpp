@@ -37,9 +37,10 @@ TextCorpus load_corpus(const std::string& path, int64_t min_bytes);
 /// Windows of `context + 1` tokens (inputs and their next tokens) cut from `tokens` at multiples of
 /// `context`: window j is tokens[j*T, j*T + T + 1).
 int64_t window_count(const torch::Tensor& tokens, int64_t context);
-/// Stacks windows `ids` of `tokens` into (inputs [n, T], targets [n, T]).
+/// Stacks windows `ids` of `tokens` (host memory) into (inputs [n, T], targets [n, T]) on `device`, where the
+/// model computes: every batch of the capstone (training, validation, the check) is cut here.
 std::pair<torch::Tensor, torch::Tensor> windows(const torch::Tensor& tokens, const std::vector<int64_t>& ids,
-                                                int64_t context);
+                                                int64_t context, torch::Device device = torch::kCPU);
 
 /// Which training windows each step uses, and which of them are this rank's.
 class DistributedSampler {

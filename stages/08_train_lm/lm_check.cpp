@@ -8,21 +8,23 @@
 
 namespace dp {
 
-static TransformerLM small_lm(int64_t context, uint64_t seed) {
+static TransformerLM small_lm(int64_t context, uint64_t seed, torch::Device device) {
   TransformerConfig cfg;
   cfg.name = "check", cfg.vocab_size = TextCorpus::kVocab, cfg.context_length = context;
   cfg.d_model = 64, cfg.d_ff = 128, cfg.num_layers = 2, cfg.num_heads = 2;
   torch::manual_seed(seed);
-  return TransformerLM(cfg);
+  TransformerLM lm(cfg);
+  lm->to(device);  // before the trainer and the reference's AdamW take its parameters
+  return lm;
 }
 
 LmCheck check_against_one_process(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus) {
   constexpr int kSteps = 2;
   const double lr = 1e-3;
   DistributedSampler sampler(window_count(corpus.train, o.context), o.batch, o.seed, pg.rank(), pg.world_size());
-  auto model = small_lm(o.context, o.seed);
+  auto model = small_lm(o.context, o.seed, pg.device());
   auto trainer = std::make_unique<LmTrainer>(pg, model, o.trainer);
-  auto ref = small_lm(o.context, o.seed);
+  auto ref = small_lm(o.context, o.seed, pg.device());
   const auto adamw = lm_adamw(o.trainer).lr(lr);
   torch::optim::AdamW ref_opt(ref->parameters(), adamw);
   // The roundings a gradient entry can differ by: batch x context tokens summed in another grouping
@@ -37,9 +39,9 @@ LmCheck check_against_one_process(ProcessGroup& pg, const RunOptions& o, const T
   for (int64_t step = 0; step < kSteps; ++step) {
     const auto ids = sampler.local_ids(step);
     StepTimes t;
-    trainer->step(micro_batches(corpus, ids, o.accumulate, o.context), lr, t);
+    trainer->step(micro_batches(corpus, ids, o.accumulate, o.context, pg.device()), lr, t);
     // One process, the whole global batch, one mean.
-    auto [x, y] = windows(corpus.train, sampler.global_ids(step), o.context);
+    auto [x, y] = windows(corpus.train, sampler.global_ids(step), o.context, pg.device());
     ref_opt.zero_grad();
     lm_loss(ref->forward(x), y).backward();
     const double g = max_abs_grad(ref->parameters());

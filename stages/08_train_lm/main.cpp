@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
     const TextCorpus corpus = load_corpus(o.corpus, (o.batch + 1) * (o.context + 1));
     DistributedSampler sampler(window_count(corpus.train, o.context), o.batch, o.seed, env.rank, env.world_size);
     check_micro_batches(o, env.world_size);
-    auto pg = ProcessGroup::init_from_env({cli.common().backend, std::chrono::milliseconds(cli.timeout_ms())});
+    auto pg = ProcessGroup::init_from_env(cli.dist_options());
     o.world_size = pg.world_size();
     print0("process group: backend {}, world size {}; corpus {}: {} bytes of training text, {} held out",
            pg.backend(), pg.world_size(), corpus.source, corpus.train.numel(), corpus.val.numel());

@@ -49,18 +49,22 @@ void check_micro_batches(const RunOptions& o, int world_size) {
                                  "multiple of {}", o.batch, world_size, o.accumulate, world_size * o.accumulate));
 }
 
-std::vector<Batch> micro_batches(const TextCorpus& c, const std::vector<int64_t>& ids, int64_t k, int64_t context) {
+std::vector<Batch> micro_batches(const TextCorpus& c, const std::vector<int64_t>& ids, int64_t k, int64_t context,
+                                 torch::Device device) {
   const int64_t per = static_cast<int64_t>(ids.size()) / k;
   std::vector<Batch> out;
-  for (int64_t i = 0; i < k; ++i) out.push_back(windows(c.train, {ids.begin() + i * per, ids.begin() + (i + 1) * per}, context));
+  for (int64_t i = 0; i < k; ++i)
+    out.push_back(windows(c.train, {ids.begin() + i * per, ids.begin() + (i + 1) * per}, context, device));
   return out;
 }
 
-TransformerLM make_byte_lm(const std::string& preset, int64_t context, uint64_t seed) {
+TransformerLM make_byte_lm(const std::string& preset, int64_t context, uint64_t seed, torch::Device device) {
   auto cfg = TransformerConfig::preset(preset, context);
   cfg.vocab_size = TextCorpus::kVocab;  // bytes
   torch::manual_seed(seed);             // the same initial weights on every rank (and DDP broadcasts anyway)
-  return TransformerLM(cfg);
+  TransformerLM lm(cfg);
+  lm->to(device);  // initialised on the host, so the weights are the same whatever the device
+  return lm;
 }
 
 // Linear warm-up, then constant: a function of the step alone, so a resumed run continues it exactly.
@@ -81,18 +85,20 @@ static double validation_loss(ProcessGroup& pg, LmTrainer& t, const RunOptions& 
   const int64_t nv = window_count(c.val, o.context), per_rank = o.batch / pg.world_size();
   std::vector<int64_t> ids;
   for (int64_t j = pg.rank() * per_rank; j < (pg.rank() + 1) * per_rank; ++j) ids.push_back(j * (nv / o.batch));
-  return mean_over_ranks(pg, t.eval_loss(windows(c.val, ids, o.context)));
+  return mean_over_ranks(pg, t.eval_loss(windows(c.val, ids, o.context, pg.device())));
 }
 
-static std::string sample_text(TransformerLM model, const RunOptions& o, int64_t n) {
+// The model runs on `device`; each token is drawn on the host from its 256 logits, brought back with
+// cpu(), so that the seeded CPU generator draws it whatever the device.
+static std::string sample_text(TransformerLM model, const RunOptions& o, int64_t n, torch::Device device) {
   torch::NoGradGuard no_grad;
   auto gen = at::detail::createCPUGenerator(o.seed + 7);
   const std::string prompt = "The ";
   std::vector<int64_t> toks(prompt.begin(), prompt.end());
   for (int64_t i = 0; i < n; ++i) {
     const int64_t from = std::max<int64_t>(0, static_cast<int64_t>(toks.size()) - o.context);
-    auto x = torch::tensor(std::vector<int64_t>(toks.begin() + from, toks.end()), torch::kLong).unsqueeze(0);
-    auto logits = model->forward(x).select(1, -1).squeeze(0) / 0.8;  // [256], temperature 0.8
+    auto x = torch::tensor(std::vector<int64_t>(toks.begin() + from, toks.end()), torch::kLong).unsqueeze(0).to(device);
+    auto logits = model->forward(x).select(1, -1).squeeze(0).cpu() / 0.8;  // [256], temperature 0.8
     toks.push_back(torch::multinomial(torch::softmax(logits, -1), 1, false, gen).item<int64_t>());
   }
   std::string s(toks.begin(), toks.end());
@@ -105,7 +111,7 @@ static double median(const std::vector<double>& v) { return summarize(v).median;
 
 // [loop]
 json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, DistributedSampler& sampler) {
-  TransformerLM model = make_byte_lm(o.preset, o.context, o.seed);
+  TransformerLM model = make_byte_lm(o.preset, o.context, o.seed, pg.device());
   auto trainer = std::make_unique<LmTrainer>(pg, model, o.trainer);
   print0("{}; {}\n{}; global batch {} x {} bytes, {} micro-batch(es) of {} per rank; AdamW lr {:g} (warm-up {} steps)",
          describe(model->cfg), trainer->describe(), o.trainer.sync, o.batch, o.context, o.accumulate,
@@ -113,7 +119,8 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
   json curve = {{"train", json::array()}, {"val", json::array()}};
   int64_t start = 0;
   if (o.resume) {
-    // The shapes to check come from the model itself: full_state() would gather (ZeRO-1, FSDP).
+    // The shapes to check come from the model itself: full_state() would gather (ZeRO-1, FSDP). The state
+    // is read into host memory; each Strategy copies it into its own tensors on pg.device().
     auto [meta, state] = load_lm_checkpoint(o.checkpoint, o.config(), unique_named_parameters(*model, true));
     trainer->load_full_state(state);
     start = meta.step, curve = meta.curve;
@@ -123,10 +130,10 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
   std::vector<double> data_s, fwd_s, bwd_s, sync_s, opt_s;
   const int64_t every = std::max<int64_t>(1, o.steps / 20);
   for (int64_t step = start; step < o.steps; ++step) {
-    Timer wall;
-    Timer d;
+    Timer wall(pg.device());  // on a GPU they synchronize before reading the clock
+    Timer d(pg.device());
     const auto ids = sampler.local_ids(step);  // this rank's share of the step's global batch
-    const auto micro = micro_batches(corpus, ids, o.accumulate, o.context);
+    const auto micro = micro_batches(corpus, ids, o.accumulate, o.context, pg.device());
     data_s.push_back(d.seconds());
     StepTimes t;
     const double local = trainer->step(micro, lr_at(o, step), t);
@@ -167,7 +174,7 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
     if (o.trainer.sync == "fsdp") {
       print0("(no sample: under FSDP no rank holds the whole model)");
     } else {
-      curve["sample"] = sample_text(model, o, o.sample_bytes);
+      curve["sample"] = sample_text(model, o, o.sample_bytes, pg.device());
       print0("sampled from the model (prompt \"The \", temperature 0.8):\n{}", curve["sample"].get<std::string>());
     }
   }

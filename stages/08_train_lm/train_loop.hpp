@@ -47,11 +47,13 @@ void validate_run_options(const RunOptions& o);
 /// Throws dp::UsageError unless the global batch splits into world_size x accumulate equal micro-batches.
 void check_micro_batches(const RunOptions& o, int world_size);
 
-/// This rank's windows `ids` of the training text cut into `k` equal micro-batches, in order.
-std::vector<Batch> micro_batches(const TextCorpus& c, const std::vector<int64_t>& ids, int64_t k, int64_t context);
+/// This rank's windows `ids` of the training text cut into `k` equal micro-batches, in order, on `device`.
+std::vector<Batch> micro_batches(const TextCorpus& c, const std::vector<int64_t>& ids, int64_t k, int64_t context,
+                                 torch::Device device);
 
-/// The TransformerLM of `o.preset` with a byte vocabulary (256), initialised from `seed` on every rank.
-TransformerLM make_byte_lm(const std::string& preset, int64_t context, uint64_t seed);
+/// The TransformerLM of `o.preset` with a byte vocabulary (256), initialised from `seed` on every rank, on
+/// `device` (pg.device(): the Strategies take the parameters where they are).
+TransformerLM make_byte_lm(const std::string& preset, int64_t context, uint64_t seed, torch::Device device);
 
 /// The training loss stopped being a number (too large a learning rate, mostly): the run ends at that
 /// step with a hint (exit 1), and writes no checkpoint over the last good one.

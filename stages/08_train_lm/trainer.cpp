@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <map>
+#include <stdexcept>
 
 namespace dp {
 
@@ -43,7 +44,15 @@ MakeStrategy strategy_for(const TrainerOptions& o) {
   return it->second(o);
 }
 
-LmTrainer::LmTrainer(ProcessGroup& pg, TransformerLM model, const TrainerOptions& o) : model_(model) {
+LmTrainer::LmTrainer(ProcessGroup& pg, TransformerLM model, const TrainerOptions& o)
+    : model_(model), device_(pg.device()) {
+  // The Strategies take the parameters where they are: a model left on the host would train there, or
+  // fail in a collective with a less helpful message.
+  for (const auto& p : model->parameters())
+    if (p.device() != device_)
+      throw std::invalid_argument(fmt::format("LmTrainer: a parameter is on {}, the process group computes on {}: "
+                                              "move the model with model->to(pg.device()) first",
+                                              p.device().str(), device_.str()));
   const auto adamw = lm_adamw(o);
   strategy_ = strategy_for(o)(pg, model.ptr(), [adamw](std::vector<torch::Tensor> p) {
     return std::unique_ptr<optim::Optimizer>(std::make_unique<optim::AdamW>(std::move(p), adamw));
@@ -60,18 +69,18 @@ double LmTrainer::step(const std::vector<Batch>& micro, double lr, StepTimes& t)
     // Micro-batches 0..K-2 may accumulate locally (DDP: no_sync()); the last backward synchronizes the
     // sum of all K. Scaling each mean loss by 1/K makes that sum the gradient of the mean over K * b rows.
     s.set_requires_gradient_sync(k + 1 == micro.size());
-    Timer f;
+    Timer f(device_);  // on a GPU each timer synchronizes: kernels return before they finish
     torch::Tensor l = lm_loss(model_->forward_units(micro[k].first, s.runner()), micro[k].second);
     t.forward += f.seconds();
-    Timer b;
+    Timer b(device_);
     (l / K).backward();
     t.backward += b.seconds();
     loss += l.item<double>();
-    Timer w;
+    Timer w(device_);
     s.after_backward();  // waits for what is still on the wire: exposed communication
     t.sync += w.seconds();
   }
-  Timer o;
+  Timer o(device_);
   set_learning_rate(s, lr);
   s.step();  // ZeRO-1: with its reduce-scatter and all-gather
   t.optimizer += o.seconds();

@@ -36,13 +36,14 @@ struct TrainerOptions {
 class LmTrainer {
  public:
   /// `model` is already initialised identically on every rank (each scheme also broadcasts rank 0's
-  /// weights). Throws dp::UsageError on an unknown o.sync.
+  /// weights) and on pg.device(). Throws dp::UsageError on an unknown o.sync, std::invalid_argument when a
+  /// parameter is on another device.
   LmTrainer(ProcessGroup& pg, TransformerLM model, const TrainerOptions& o);
-  /// One optimizer step over `micro` (K micro-batches of this rank's share, K >= 1) at learning rate
-  /// `lr`: each micro-batch's mean loss / K goes backward, then gradients are averaged over ranks and
-  /// AdamW steps. Returns this rank's mean loss over its micro-batches.
+  /// One optimizer step over `micro` (K micro-batches of this rank's share, K >= 1, on pg.device()) at
+  /// learning rate `lr`: each micro-batch's mean loss / K goes backward, then gradients are averaged over
+  /// ranks and AdamW steps. Returns this rank's mean loss over its micro-batches.
   double step(const std::vector<Batch>& micro, double lr, StepTimes& t);
-  /// Mean cross-entropy of `b` without gradients (every rank must call it: FSDP gathers).
+  /// Mean cross-entropy of `b` (on pg.device()) without gradients (every rank must call it: FSDP gathers).
   double eval_loss(const Batch& b);
   /// Every parameter and its AdamW moments in full, on every rank (a collective: ZeRO-1 and FSDP gather).
   FullState full_state() { return strategy_->full_state(); }
@@ -53,6 +54,7 @@ class LmTrainer {
 
  private:
   TransformerLM model_;
+  torch::Device device_;  ///< pg.device(): what the phase timers synchronize
   std::unique_ptr<Strategy> strategy_;
 };
 

@@ -169,11 +169,11 @@ TEST(Backends, NcclOnCpuBuildIsAUsageError) {
 #ifndef DP_WITH_NCCL
   EXPECT_FALSE(dp::backend_available("nccl"));
   auto store = c10::make_intrusive<c10d::HashStore>();
-  EXPECT_THROW(ProcessGroup::init_with_store(store, 0, 1, {"nccl", std::chrono::milliseconds(1000)}), dp::UsageError);
+  EXPECT_THROW(ProcessGroup::init_with_store(store, 0, 1, {"nccl", std::chrono::milliseconds(1000), ""}), dp::UsageError);
 #endif
   EXPECT_TRUE(dp::backend_available("gloo"));
   auto store2 = c10::make_intrusive<c10d::HashStore>();
-  EXPECT_THROW(ProcessGroup::init_with_store(store2, 0, 1, {"mpi", std::chrono::milliseconds(1000)}), dp::UsageError);
+  EXPECT_THROW(ProcessGroup::init_with_store(store2, 0, 1, {"mpi", std::chrono::milliseconds(1000), ""}), dp::UsageError);
 }
 
 // NCCL needs a CUDA build and one GPU per rank on the node; each refusal is a UsageError (exit 2).
@@ -196,6 +196,61 @@ TEST(Backends, NcclNeedsOneGpuPerLocalRank) {
     EXPECT_NE(std::string(e.what()).find("no GPU"), std::string::npos) << e.what();
   }
 #endif
+}
+
+// --device: Gloo ranks may compute on a GPU (several sharing one); NCCL takes CUDA tensors only. A device
+// this build or machine cannot give is a UsageError (exit 2) before any rendezvous.
+TEST(Backends, DeviceMustSuitBackendBuildAndMachine) {
+  EXPECT_NO_THROW(dp::check_backend("gloo", 0, "cpu"));
+  EXPECT_THROW(dp::check_backend("gloo", 8, "tpu"), dp::UsageError);
+  EXPECT_THROW(dp::check_backend("gloo", 0, "cuda"), dp::UsageError);  // no GPU (or no CUDA build)
+#ifndef DP_WITH_CUDA
+  EXPECT_FALSE(dp::cuda_build());
+  try {
+    dp::check_backend("gloo", 8, "cuda");  // GPUs or not: this build has no CUDA
+    ADD_FAILURE() << "a CPU build accepted --device cuda";
+  } catch (const dp::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA"), std::string::npos) << e.what();
+  }
+#else
+  EXPECT_TRUE(dp::cuda_build());
+  EXPECT_THROW(dp::check_backend("nccl", 1, "cpu"), dp::UsageError);  // NCCL moves CUDA tensors only
+  for (auto [k, v] : {std::pair{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}})
+    setenv(k, v, 1);
+  EXPECT_NO_THROW(dp::check_backend("gloo", 1, "cuda"));  // two Gloo ranks share the one GPU
+  EXPECT_THROW(dp::check_backend("nccl", 1, "cuda"), dp::UsageError);  // NCCL: one GPU per rank
+  for (auto v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) unsetenv(v);
+#endif
+}
+
+// Gloo ranks computing on a GPU (--device cuda; several ranks share one): Gloo's own all-reduce, broadcast
+// and all-gather take CUDA tensors through host memory, and our all-to-all (point to point, which moves host
+// memory only) stages them through host copies. Every result lands on the GPU, equal to the closed form.
+TEST(GlooOnCuda, CollectivesMoveCudaTensors) {
+  if (!dp::testing::gpu_visible()) GTEST_SKIP() << "needs a CUDA build and a GPU (scripts/gpu_check.sh runs it)";
+  run_ranks(
+      3,
+      [](ProcessGroup& pg) {
+        const int W = pg.world_size(), r = pg.rank();
+        ASSERT_TRUE(pg.device().is_cuda());
+        auto opts = torch::TensorOptions().device(pg.device());
+        auto sum = torch::full({1000}, r + 1.0f, opts);
+        pg.all_reduce(sum);
+        EXPECT_TRUE(sum.is_cuda());
+        EXPECT_TRUE(torch::all(sum == W * (W + 1) / 2.0f).item<bool>());
+        auto b = torch::full({10}, static_cast<float>(r), opts);
+        pg.broadcast(b, 1);
+        EXPECT_TRUE(torch::all(b == 1.0f).item<bool>());
+        auto parts = pg.all_gather(torch::full({3}, static_cast<float>(r), opts));
+        for (int i = 0; i < W; ++i) EXPECT_TRUE(torch::all(parts[i] == static_cast<float>(i)).item<bool>());
+        auto in = torch::arange(W, opts.dtype(torch::kFloat32)).repeat_interleave(4) + 10 * r;  // chunk j: j + 10r
+        auto out = torch::zeros({4 * W}, opts);
+        pg.all_to_all_async(out, in).wait();
+        EXPECT_TRUE(out.is_cuda());
+        for (int i = 0; i < W; ++i)  // piece i came from rank i: its chunk r
+          EXPECT_TRUE(torch::all(out.narrow(0, 4 * i, 4) == static_cast<float>(r + 10 * i)).item<bool>()) << i;
+      },
+      std::chrono::milliseconds(60000), "cuda");
 }
 
 TEST(LaunchEnv, ReadsTorchrunVariablesAndRejectsBadOnes) {

@@ -14,7 +14,7 @@ using namespace dp;
 int main() {
   return run_main([] {
     configure_cpu_threads();
-    auto pg = ProcessGroup::init_from_env({"gloo", std::chrono::milliseconds(30000)});
+    auto pg = ProcessGroup::init_from_env({"gloo", std::chrono::milliseconds(30000), ""});
     torch::manual_seed(100 + pg.rank());  // different starts: the broadcast must unify them
     auto model = make_toy_model("tied");
     BucketedDdp ddp(pg, model, 0.0016);

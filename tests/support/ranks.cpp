@@ -13,7 +13,10 @@ namespace dp::testing {
 
 std::mutex& rng_mutex() { return model_init_mutex(); }
 
-void run_ranks(int world, const std::function<void(ProcessGroup&)>& fn, std::chrono::milliseconds timeout) {
+bool gpu_visible() { return cuda_build() && torch::cuda::is_available(); }
+
+void run_ranks(int world, const std::function<void(ProcessGroup&)>& fn, std::chrono::milliseconds timeout,
+               const std::string& device) {
   torch::set_num_threads(1);  // W ranks share 2 cores
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::exception_ptr> errors(world);
@@ -21,7 +24,7 @@ void run_ranks(int world, const std::function<void(ProcessGroup&)>& fn, std::chr
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto pg = ProcessGroup::init_with_store(store, r, world, {"gloo", timeout});
+        auto pg = ProcessGroup::init_with_store(store, r, world, {"gloo", timeout, device});
         fn(pg);
         pg.barrier();  // nobody tears down the group while a peer still talks to it
         pg.shutdown();
