@@ -221,7 +221,8 @@ def gpu_check_table(doc):
         if st.get("rc") is None:
             lines.append(f"| `{st['name']}` | skipped ({st.get('skipped')}) | - | - |")
             continue
-        last = (st.get("pass_lines") or st.get("log_tail") or ["-"])[-1]
+        tail = [l for l in st.get("log_tail", []) if "tests passed" in l]  # ctest's verdict line
+        last = (st.get("pass_lines") or tail or st.get("log_tail") or ["-"])[-1]
         last = re.sub(r"^\[rank \d+/\d+\] ", "", last).replace("|", "\\|")
         last = last if len(last) <= 150 else last[:147] + "..."
         result = "PASS" if st["rc"] == 0 else f"FAIL (exit {st['rc']})"
