@@ -14,7 +14,8 @@
 # GPU through Gloo with --device cuda, Gloo copying through host memory):
 #   stage 01 on NCCL (world 1) and on Gloo with CUDA tensors (world 2), sizes up to 1 GB, CUDA-event
 #   timing, bus bandwidth beside a device-to-device copy of the same buffer; stages 02-08 at world 1 over
-#   NCCL and world 2 over Gloo on CUDA, every PASS line their own checks; stage 05's benchmark at world 1
+#   NCCL and world 2 over Gloo on CUDA, every PASS line their own checks (stage 08 with each
+#   synchronization, and a checkpoint saved at 1 rank and resumed at 2); stage 05's benchmark at world 1
 #   (compute time per step on the GPU); extension 07a's FSDP with bf16 compute on the large and xl presets
 #   (peak allocated from CUDA's caching allocator); the CUDA tests of the suite (ctest).
 # It writes docs/results/gpu_check.json (device, driver, torch, every step's command, exit code, time and
@@ -22,7 +23,8 @@
 # before building anything.
 #
 # Environment: DP_TORCH_PYTHON (python3), GPU_CHECK_BUILD (build-gpu), GPU_CHECK_OUT (docs/results),
-# GPU_CHECK_DEADLINE (seconds from the start after which no new step starts; 0: none), GPU_CHECK_JOBS.
+# GPU_CHECK_DEADLINE (seconds from the start after which no new step starts; 0: none), GPU_CHECK_JOBS,
+# GPU_CHECK_PARALLEL (checks at a time, 4), GPU_CHECK_ONLY (a regular expression: only matching steps run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -30,6 +32,7 @@ PY=${DP_TORCH_PYTHON:-python3}
 build=${GPU_CHECK_BUILD:-build-gpu}
 out=${GPU_CHECK_OUT:-docs/results}
 deadline=${GPU_CHECK_DEADLINE:-0}
+only=${GPU_CHECK_ONLY:-.}  # a regular expression: only the steps whose names match run
 jobs=${GPU_CHECK_JOBS:-$(nproc)}
 logs=$build/gpu_check
 B=$build/bin
@@ -53,6 +56,11 @@ done
 # Stage 08: the capstone on the GPU, a short run (its corpus: this repository's pages; no Debian fortunes there).
 step stage08_ddp_nccl_w1 check 150 "$L --nproc 1 -- $B/stage08_train_lm --backend nccl --sync ddp --corpus docs --steps 40 --eval-every 20 --sample 0"
 step stage08_fsdp_gloo_cuda_w2 check 150 "$L --nproc 2 -- $B/stage08_train_lm --device cuda --sync fsdp --corpus docs --steps 40 --eval-every 20 --sample 0"
+step stage08_zero1_nccl_w1 check 150 "$L --nproc 1 -- $B/stage08_train_lm --backend nccl --sync zero1 --corpus docs --steps 40 --eval-every 20 --sample 0"
+step stage08_zero1_gloo_cuda_w2 check 150 "$L --nproc 2 -- $B/stage08_train_lm --device cuda --sync zero1 --corpus docs --steps 40 --eval-every 20 --sample 0"
+# Saved by one rank with ZeRO-1 over NCCL, resumed by two with FSDP over Gloo: the checkpoint goes through the
+# host both ways, and the run continues where it stopped (its step and loss curve).
+step stage08_resume_w1_to_w2 check 200 "rm -f $build/gpu_lm.ckpt && $L --nproc 1 -- $B/stage08_train_lm --backend nccl --sync zero1 --corpus docs --steps 20 --eval-every 10 --sample 0 --checkpoint $build/gpu_lm.ckpt --checkpoint-every 10 && $L --nproc 2 -- $B/stage08_train_lm --device cuda --sync fsdp --corpus docs --steps 40 --eval-every 10 --sample 0 --checkpoint $build/gpu_lm.ckpt --resume"
 # The suite's CUDA tests (elsewhere they skip, saying why).
 step ctest_cuda check 120 "ctest --test-dir $build -R '^(Backends|GlooOnCuda|Cli)\\.' --output-on-failure --timeout 120"
 # Stage 05's benchmark: the Transformer's step on the GPU (compute) beside the overhead model's prediction.
@@ -116,6 +124,7 @@ echo "[gpu_check] built in ${build_s} s"
 # ---- run every step, whatever the earlier ones did ----------------------------------------------
 run_step() {  # name kind limit cmd: runs it, prints its verdict and PASS lines, records it in $logs/NAME.json
   local name=$1 kind=$2 limit=$3 cmd=$4 ts rc ms
+  [[ $name =~ $only ]] || return 0
   if [ "$deadline" -gt 0 ] && [ $(( $(date +%s) - t0 )) -ge "$deadline" ]; then
     echo "[gpu_check] SKIP $name (GPU_CHECK_DEADLINE of $deadline s reached)"
     "$PY" -c 'import json,sys; print(json.dumps({"name":sys.argv[1],"command":sys.argv[2],"rc":None,"skipped":"deadline"}))' \
@@ -163,7 +172,7 @@ for s in "${steps[@]}"; do  # the other timed steps, alone
   IFS='|' read -r name kind limit cmd <<< "$s"
   [[ $kind == timed && $name != stage01* ]] && run_step "$name" "$kind" "$limit" "$cmd"
 done
-for s in "${steps[@]}"; do IFS='|' read -r name _ <<< "$s"; cat "$logs/$name.json"; done > "$logs/steps.jsonl"
+for s in "${steps[@]}"; do IFS='|' read -r name _ <<< "$s"; [ ! -f "$logs/$name.json" ] || cat "$logs/$name.json"; done > "$logs/steps.jsonl"
 failed=$(grep -c '"rc": [1-9]' "$logs/steps.jsonl")
 
 # ---- the record ----------------------------------------------------------------------------------
