@@ -197,7 +197,9 @@ changed = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untrack
                          capture_output=True, text=True).stdout.strip()
 if commit and changed:
     commit += " with uncommitted changes"
-rec = {"benchmark": "gpu_check", "command": "bash scripts/gpu_check.sh",
+only = __import__("os").environ.get("GPU_CHECK_ONLY", "")
+rec = {"benchmark": "gpu_check",
+       "command": (f"GPU_CHECK_ONLY='{only}' " if only else "") + "bash scripts/gpu_check.sh",
        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
        "commit": commit or "unknown", "script": "bash scripts/gpu_check.sh",
        **gpu, "driver": smi("driver_version"), "torch": torch.__version__, "torch_cuda": torch.version.cuda,

@@ -230,7 +230,7 @@ def gpu_check_table(doc):
     notes = [f"{doc['passed']} steps passed, {doc['failed']} failed, {doc['skipped']} skipped; the build took "
              f"{doc['build_s']} s with {doc['cpu_cores']} cores. Device: {doc['device']} ({doc['device_memory_GiB']} GiB, "
              f"driver {doc['driver']}), torch {doc['torch']} (CUDA {doc['torch_cuda']}, NCCL {doc['nccl']}), "
-             f"commit {doc['commit']}, {doc['date']}. Each step's command is in docs/results/gpu_check.json."]
+             f"commit {doc['commit']}, {doc['date']}. Each step's command is below, its PASS lines in the JSON record."]
     return lines, notes
 
 
