@@ -120,8 +120,7 @@ void check_backend(const std::string& backend, int gpus, const std::string& devi
   if (backend == "nccl" && device == "cpu")
     throw UsageError("--backend nccl --device cpu: NCCL moves CUDA tensors only; use --backend gloo for CPU "
                      "tensors, or leave --device out");
-  const bool wants_gpu = backend == "nccl" || device == "cuda";
-  if (!wants_gpu) return;
+  if (!DistOptions{backend, {}, device}.on_gpu()) return;
   if (!cuda_build())
     throw UsageError(fmt::format("--device cuda: this build has no CUDA (LibTorch {}.{} without it). Build with "
                                  "CUDA (bash scripts/gpu_check.sh on a GPU machine, or the cuda preset), or use "
@@ -167,7 +166,7 @@ ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store
   const bool detail = debug_detail_requested();  // before c10d reads it (and throws on a bad value)
   try {
 #ifdef DP_WITH_CUDA
-    if (opts.backend == "nccl" || opts.device == "cuda") {
+    if (opts.on_gpu()) {
       const LaunchEnv env = LaunchEnv::from_environment();
       const int local = env.launched ? env.local_rank : rank;  // threads as ranks: no environment
       // Each rank binds the GPU of its LOCAL_RANK (check_backend made sure NCCL has one per rank; Gloo's

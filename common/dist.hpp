@@ -22,6 +22,9 @@ struct DistOptions {
   /// the backend's own, cpu for gloo and cuda for nccl. Gloo takes CUDA tensors too (it copies them
   /// through host memory), which is how several ranks share one GPU.
   std::string device;
+  /// True when this rank's tensors live on a GPU: NCCL's always, Gloo's with device "cuda". Known before
+  /// the group forms (memory checks use it).
+  bool on_gpu() const { return backend == "nccl" || device == "cuda"; }
 };
 
 /// Handle of an asynchronous collective, like torch.distributed's Work object.

@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
     o.cfg.bytes_per_param = 0;  // check_memory below knows each variant's own needs
     validate_bench_config(o.cfg, world);
     o.compute_dtype = flags.compute_dtype();
-    o.cuda = cli.common().backend == "nccl" || cli.common().device == "cuda";  // the group's device, before it forms
+    o.cuda = cli.dist_options().on_gpu();  // the group's device, known before it forms
     o.variants.clear();
     for (const auto& v : variants) {
       if (v != "fsdp") o.variants.push_back(v);
