@@ -18,6 +18,10 @@
 //                                    MASTER_ADDR:MASTER_PORT and prints their source addresses (PEERS=),
 //                                    the others print CONNECT_MS= (one round trip); then each rank
 //                                    writes rank<R>.pid and sleeps S seconds (default 0). Exit 3 on failure.
+//   launch_probe elastic R S [C]     (for --elastic) print DP_ELASTIC_STORE, DP_ELASTIC_MIN and DP_RESTART;
+//                                    rank R's first process kills itself (SIGKILL); every other process,
+//                                    replacements included, sleeps S seconds and exits with C (default 0)
+//   launch_probe stopself R S        rank R stops itself (SIGSTOP); the others sleep S seconds, exit 0
 //
 // exit, kill, stubborn, spawn and straggler fork a grandchild in every rank. If PROBE_PID_DIR is set,
 // each rank writes rank<R>.pid and grandchild<R>.pid there, so a test can check afterwards that all
@@ -195,6 +199,15 @@ int main(int argc, char** argv) {
       std::printf("%s=%s\n", key, v ? v : "<unset>");
     }
     return 0;
+  }
+  if (mode == "elastic" || mode == "stopself") {
+    const auto show = [](const char* key) { const char* v = std::getenv(key); return v ? v : "<unset>"; };
+    std::printf("STORE=%s MIN=%s RESTART=%s\n", show("DP_ELASTIC_STORE"), show("DP_ELASTIC_MIN"), show("DP_RESTART"));
+    std::fflush(stdout);
+    record_pid("rank" + std::to_string(rank) + "." + show("DP_RESTART"), ::getpid());
+    if (rank == arg(2) && env_int("DP_RESTART") == 0) std::raise(mode == "elastic" ? SIGKILL : SIGSTOP);
+    sleep_s(argc > 3 ? std::atof(argv[3]) : 0);
+    return arg(4);
   }
   if (mode == "exit" || mode == "kill" || mode == "stubborn") {
     const int failing = arg(2);

@@ -249,3 +249,94 @@ TEST(LauncherUsage, HelpExplainsTheContract) {
     EXPECT_NE(r.out.find(text), std::string::npos) << text;
   }
 }
+
+// ---- --elastic (stage 09): a failed rank does not stop the others ------------------------------------------
+
+// The store's directory, from a rank's "STORE=<dir>/store" line.
+static std::string store_dir(const std::string& out) {
+  const auto at = out.find("STORE=/");
+  if (at == std::string::npos) return {};
+  const auto end = out.find("/store ", at);
+  return end == std::string::npos ? std::string() : out.substr(at + 6, end - at - 6);
+}
+
+TEST(LauncherElastic, DeadRankIsSurvivedAndReplacedInItsSlot) {
+  Sandbox box;
+  const Result r = run(box, {"--elastic", "--nproc", "3", "--max-restarts", "1", "--min-nproc", "2", "--", kProbe,
+                             "elastic", "1", "1.0"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("ddp_launch: rank 1 was killed by signal 9 (SIGKILL); elastic: 2 ranks go on, and a "
+                       "replacement starts in its slot (restart 1 of 1)"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("[rank 1/3] STORE=/tmp/ddp_launch_elastic."), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("MIN=2 RESTART=1\n"), std::string::npos) << "the replacement knows it is one: " << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 4) << "3 first processes + 1 replacement: " << r.out;
+  const std::string dir = store_dir(r.out);
+  ASSERT_FALSE(dir.empty()) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(dir)) << "the launcher removes the store's directory: " << dir;
+  expect_all_gone(box, 4);
+}
+
+TEST(LauncherElastic, ReplacementStartsAfterTheRestartDelay) {
+  Sandbox box;
+  const Result r = run(box, {"--elastic", "--nproc", "2", "--max-restarts", "1", "--restart-delay", "0.6", "--",
+                             kProbe, "elastic", "1", "1.2"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("a replacement starts in its slot in 0.6 s (restart 1 of 1)"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("RESTART=1\n"), std::string::npos) << r.out;
+  EXPECT_GT(r.seconds, 1.7) << "the replacement (1.2 s of work) started 0.6 s after the failure";
+  expect_all_gone(box, 3);
+}
+
+TEST(LauncherElastic, WithoutRestartsTheOthersFinishAlone) {
+  Sandbox box;
+  const Result r = run(box, {"--elastic", "--nproc", "3", "--", kProbe, "elastic", "2", "0.5"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("rank 2 was killed by signal 9 (SIGKILL); elastic: 2 ranks go on\n"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("RESTART=1"), std::string::npos) << r.out;
+  expect_all_gone(box, 3);
+}
+
+// Nobody finished: the run's outcome is its last failure (stage 09 exits 1 below --min-ranks).
+TEST(LauncherElastic, RunThatNeverFinishesExitsWithItsLastFailure) {
+  Sandbox box;
+  const Result r = run(box, {"--elastic", "--nproc", "2", "--", kProbe, "elastic", "0", "0.3", "4"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 4) << r.err;
+  EXPECT_NE(r.err.find("rank 1 exited with code 4; elastic: 0 ranks go on"), std::string::npos) << r.err;
+}
+
+// A rank stopped with SIGSTOP can never finish; once the others have, it is killed, not waited for.
+TEST(LauncherElastic, StoppedRankIsKilledOnceTheRunIsOver) {
+  Sandbox box;
+  const Result r = run(box, {"--elastic", "--nproc", "3", "--", kProbe, "stopself", "1", "0.3"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("rank 1 is stopped (SIGSTOP) and the run is over without it: killing it"), std::string::npos)
+      << r.err;
+  EXPECT_LT(r.seconds, 5.0);
+  expect_all_gone(box, 3);
+}
+
+// Without --elastic the first failure still stops everyone, and no elastic variable is set.
+TEST(LauncherElastic, OffByDefault) {
+  Sandbox box;
+  const Result r = run(box, {"--nproc", "2", "--", kProbe, "elastic", "1", "20"});
+  ASSERT_FALSE(r.timed_out);
+  EXPECT_EQ(r.code, 137) << r.err;
+  EXPECT_LT(r.seconds, 8.0);
+  EXPECT_NE(r.out.find("STORE=<unset> MIN=<unset> RESTART=<unset>"), std::string::npos) << r.out;
+}
+
+TEST(LauncherElastic, BadValuesExit2) {
+  expect_refused({"--min-nproc", "2", "--", kProbe, "env"}, "--min-nproc only applies to elastic mode; add --elastic");
+  expect_refused({"--max-restarts", "1", "--", kProbe, "env"}, "--max-restarts only applies to elastic mode");
+  expect_refused({"--elastic", "--nproc", "3", "--min-nproc", "4", "--", kProbe, "env"},
+                 "--min-nproc must be 1..3, got '4'; it counts ranks, so use 1 .. --nproc (3)");
+  expect_refused({"--elastic", "--max-restarts", "-1", "--", kProbe, "env"}, "--max-restarts must be 0..1000, got '-1'");
+  expect_refused({"--elastic", "--nnodes", "2", "--", kProbe, "env"}, "--elastic works on one node");
+  expect_refused({"--restart-delay", "1", "--", kProbe, "env"}, "--restart-delay only applies to elastic mode");
+  expect_refused({"--elastic", "--restart-delay", "later", "--", kProbe, "env"}, "--restart-delay expects seconds");
+}

@@ -52,6 +52,15 @@ launcher exits with the first failing rank's code (128+N for signal N), or with 
 usage error) while the others stop. Ctrl-C stops every rank the same way and exits 130. Exit 2
 means bad options (the launcher's or a rank's); 127 means the program could not be started.
 
+Elastic mode (--elastic, for stages/09_elastic): a rank that fails no longer stops the others; they go
+on without it. --max-restarts K starts a new process in a failed rank's place, K times in all over the
+run, --restart-delay S seconds after the failure; --min-nproc M is handed to the program (DP_ELASTIC_MIN), which stops, with a checkpoint, when
+fewer than M ranks are left. The ranks meet in a store file the launcher creates and removes
+(DP_ELASTIC_STORE): it belongs to no rank, so no rank's death takes it down. A replacement gets
+DP_RESTART = how many processes its slot had before it. The launcher exits 0 once the run has
+finished (a rank exited 0) and no rank failed after that; a rank exiting 2 still stops everyone. A
+rank still running 30 s after the first one finished (hung, or SIGSTOPped and left out) is stopped.
+
 A cluster on one machine (--net RATE; needs root, i.e. CAP_NET_ADMIN and CAP_SYS_ADMIN, and
 iproute2): every rank runs in a network namespace of its own, with one veth interface into a Linux
 bridge, shaped to RATE in each direction by tbf (tc's units: 1gbit, 500mbit, 10gbit; kbps, mbps,
@@ -141,6 +150,7 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
   std::string nproc_s = "2", nnodes_s = "1", node_rank_s = "0", port_s, timeout_s = "5", threads_s;
   std::string net_s, subnet_s, delay_s;
   bool no_prefix = false;
+  std::string min_nproc_s, max_restarts_s, restart_delay_s;
   app.add_option("--nproc,--nproc-per-node", nproc_s, "ranks to start on this node (default 2)")->type_name("N");
   app.add_option("--nnodes", nnodes_s, "number of nodes (default 1)")->type_name("N");
   app.add_option("--node-rank", node_rank_s, "index of this node, 0 .. nnodes-1 (default 0)")->type_name("K");
@@ -158,6 +168,13 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
   app.add_option("--net-subnet", subnet_s, "with --net: the ranks' IPv4 network (default 198.18.0.0/15)")
       ->type_name("CIDR");
   app.add_option("--net-delay", delay_s, "with --net: added one-way delay per link (needs netem)")->type_name("MS");
+  app.add_flag("--elastic", out.elastic, "a failed rank does not stop the others (stages/09_elastic)");
+  app.add_option("--min-nproc", min_nproc_s, "with --elastic: fewest ranks the run goes on with (default 1)")
+      ->type_name("M");
+  app.add_option("--max-restarts", max_restarts_s, "with --elastic: replacements started in all (default 0)")
+      ->type_name("K");
+  app.add_option("--restart-delay", restart_delay_s, "with --elastic: seconds before a replacement starts (default 0)")
+      ->type_name("SECONDS");
   app.add_flag("--net-cleanup", out.net_cleanup, "remove what SIGKILLed --net launchers left behind, then exit");
 
   try {
@@ -230,6 +247,22 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
                                  subnet_s.empty() ? "--net-delay" : "--net-subnet"));
   }
 
+  if (out.elastic) {
+    if (out.nnodes > 1)
+      throw UsageError(fmt::format("--elastic works on one node (its store is a file on this machine), not with "
+                                   "--nnodes {}; drop --nnodes or --elastic", out.nnodes));
+    if (!min_nproc_s.empty())
+      out.min_nproc = parse_int("--min-nproc", min_nproc_s, 1, out.nproc,
+                                fmt::format("it counts ranks, so use 1 .. --nproc ({})", out.nproc));
+    if (!max_restarts_s.empty())
+      out.max_restarts = parse_int("--max-restarts", max_restarts_s, 0, 1000, "e.g. --max-restarts 1");
+    if (!restart_delay_s.empty()) out.restart_delay_s = parse_seconds("--restart-delay", restart_delay_s);
+  } else if (!min_nproc_s.empty() || !max_restarts_s.empty() || !restart_delay_s.empty()) {
+    throw UsageError(fmt::format("{} only applies to elastic mode; add --elastic",
+                                 !min_nproc_s.empty() ? "--min-nproc" : !max_restarts_s.empty() ? "--max-restarts"
+                                                                                                : "--restart-delay"));
+  }
+
   // The command that reproduces this run, as the ranks' results record it next to their numbers.
   out.launch_command.clear();
   for (int i = 0; i < argc; ++i) {
@@ -244,7 +277,7 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
 }
 
 std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank,
-                                          const std::vector<std::pair<std::string, std::string>>& extra) {
+                                          const std::vector<std::pair<std::string, std::string>>& extra, int restart) {
   // Ordered map: the contract's variables replace any inherited ones of the same name.
   std::map<std::string, std::string> env;
   for (char** e = environ; e && *e; ++e) {
@@ -271,6 +304,11 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
   if (env["OMP_WAIT_POLICY"].empty()) env["OMP_WAIT_POLICY"] = "PASSIVE";
   env["DP_LAUNCHER"] = "1";
   env["DP_LAUNCH_COMMAND"] = o.launch_command;
+  if (o.elastic) {
+    env["DP_ELASTIC_STORE"] = o.elastic_store;
+    env["DP_ELASTIC_MIN"] = std::to_string(o.min_nproc);
+    env["DP_RESTART"] = std::to_string(restart);
+  }
   for (const auto& [key, value] : extra) env[key] = value;
 
   std::vector<std::string> out;

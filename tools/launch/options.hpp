@@ -33,6 +33,13 @@ struct LaunchOptions {
   NetSpec net;                          // --net, --net-subnet, --net-delay
   bool net_cleanup = false;             // --net-cleanup: remove leftovers of dead launchers, then exit
   std::string launch_command;           // this launcher's whole command line, shell-quoted (DP_LAUNCH_COMMAND)
+  // --elastic: a failed rank no longer stops the others (stage 09); --max-restarts starts a new process
+  // in its place, up to K times in all. The ranks meet in a store file the launcher owns (DP_ELASTIC_STORE).
+  bool elastic = false;
+  int min_nproc = 1;                    // --min-nproc: exported as DP_ELASTIC_MIN; the program stops below it
+  int max_restarts = 0;                 // --max-restarts: replacements the launcher may start in all
+  double restart_delay_s = 0;           // --restart-delay: seconds between a failure and its replacement
+  std::string elastic_store;            // the store file; set by the supervisor before the first rank starts
 
   int world_size() const { return nnodes * nproc; }
   int global_rank(int local_rank) const { return node_rank * nproc + local_rank; }
@@ -50,7 +57,10 @@ bool parse_options(int argc, char** argv, LaunchOptions& out);
 // The full environment of one rank: the launcher's own environment, with the contract's variables
 // (RANK, LOCAL_RANK, WORLD_SIZE, ...) overwritten and the thread-count variables added where unset.
 // `extra` (--net's MASTER_ADDR, GLOO_SOCKET_IFNAME, DP_NET) is applied last and wins.
+// With --elastic, also DP_ELASTIC_STORE, DP_ELASTIC_MIN and DP_RESTART (`restart`: how many processes this
+// slot had before this one; torchrun calls it TORCHELASTIC_RESTART_COUNT).
 std::vector<std::string> rank_environment(const LaunchOptions& opts, int local_rank,
-                                          const std::vector<std::pair<std::string, std::string>>& extra = {});
+                                          const std::vector<std::pair<std::string, std::string>>& extra = {},
+                                          int restart = 0);
 
 }  // namespace ddp_launch

@@ -7,6 +7,10 @@
 // Every rank leads its own process group, so one kill(-pgid) reaches the rank and everything it
 // forked. The launcher is also a "child subreaper": a grandchild whose parent died is re-parented to
 // us instead of to init, so we can reap it and be sure nothing is left when we return.
+//
+// --elastic changes one rule: a rank that fails is reported and, within --max-restarts, replaced by a
+// new process in its slot; the others are left running (stage 09 re-forms its group without it). The
+// store the ranks meet in is a file in a directory this launcher creates and removes.
 #include "supervisor.hpp"
 
 #include "net.hpp"
@@ -26,6 +30,8 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -44,6 +50,9 @@ constexpr auto kKillWait = std::chrono::seconds(2);
 constexpr int kUsageErrorCode = 2;
 // While stopping, poll() wakes at least this often to re-check deadlines and group membership.
 constexpr int kTickMs = 50;
+// --elastic: once a rank has finished the run (exit 0), how long the others may take to finish theirs. A
+// rank still there after that is hung (or was left out of the run while stopped): it is stopped too.
+constexpr auto kElasticFinishGrace = std::chrono::seconds(30);
 
 volatile sig_atomic_t g_stop_signal = 0;  // first SIGINT / SIGTERM / SIGHUP received
 volatile sig_atomic_t g_stop_count = 0;   // how many of them so far
@@ -87,6 +96,10 @@ struct Rank {
   Rank(int local_rank, int global_rank, const std::string& tag)
       : local(local_rank), global(global_rank), out(STDOUT_FILENO, tag), err(STDERR_FILENO, tag) {}
   int local, global;
+  int restarts = 0;     // --elastic: processes this slot had before the current one
+  bool left_out = false;  // --elastic: stopped (SIGSTOP) when the run finished, so killed by us: not news
+  bool restart_pending = false;  // --elastic: a replacement starts at restart_at
+  std::chrono::steady_clock::time_point restart_at{};
   pid_t pid = -1;       // also the id of its process group
   bool reaped = true;   // true until it is started, so a rank that never ran is not waited for
   int out_fd = -1, err_fd = -1;
@@ -118,8 +131,11 @@ class Supervisor {
   bool any_stream_open() const;
   void wait_and_forward();
   void close_streams();
+  void elastic_failure(Rank& r, int code, const std::string& what);
+  void elastic_tick();
+  int elastic_exit_code() const;
 
-  const LaunchOptions& opts_;
+  LaunchOptions opts_;  // a copy: --elastic fills in elastic_store
   // --net's namespaces. Destroyed with the Supervisor, so after run() has reaped every rank, on
   // every return path (an exception included); the signal handlers stay installed meanwhile, so a
   // Ctrl-C during teardown cannot cut it short.
@@ -132,6 +148,21 @@ class Supervisor {
   bool failed_ = false;
   sig_atomic_t signals_handled_ = 0;
   int exit_code_ = 0;
+  // --elastic
+  std::string store_dir_;        // holds the store file; removed when the Supervisor is destroyed
+  int restarts_used_ = 0;
+  bool finished_ = false;        // a rank exited 0: the run is over
+  Clock::time_point finish_deadline_{};
+  int last_failure_code_ = 0;    // the code of the last failure (what ended the run, if nothing finished it)
+  int late_failure_code_ = 0;    // a failure after the run finished: the launcher's exit code
+
+ public:
+  ~Supervisor() {
+    if (!store_dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(store_dir_, ec);
+    }
+  }
 };
 
 void Supervisor::install_signal_handlers() {
@@ -149,7 +180,8 @@ void Supervisor::install_signal_handlers() {
 }
 
 bool Supervisor::start(Rank& r) {
-  auto env = net_ ? rank_environment(opts_, r.local, net_->rank_env(r.local)) : rank_environment(opts_, r.local);
+  using Vars = std::vector<std::pair<std::string, std::string>>;
+  auto env = rank_environment(opts_, r.local, net_ ? net_->rank_env(r.local) : Vars{}, r.restarts);
   const int netns = net_ ? net_->netns_fd(r.local) : -1;
   const Child child = spawn_rank(opts_.command, std::move(env), devnull_, r.global, netns);
   if (child.pid < 0) return false;
@@ -199,7 +231,20 @@ void Supervisor::reap() {
                         r.global, exit_code_));
         break;
       }
+      if (opts_.elastic && phase_ == Phase::Running && ok && !finished_) {
+        finished_ = true;  // the run is over; the others get kElasticFinishGrace to finish theirs
+        finish_deadline_ = Clock::now() + kElasticFinishGrace;
+      }
       if (ok || phase_ != Phase::Running) break;  // deaths we caused while stopping are not news
+      if (r.left_out) break;
+      if (opts_.elastic && !(WIFEXITED(status) && WEXITSTATUS(status) == kUsageErrorCode)) {
+        if (WIFEXITED(status))
+          elastic_failure(r, WEXITSTATUS(status), fmt::format("exited with code {}", WEXITSTATUS(status)));
+        else
+          elastic_failure(r, 128 + WTERMSIG(status), fmt::format("was killed by signal {} ({})", WTERMSIG(status),
+                                                                  signal_name(WTERMSIG(status))));
+        break;
+      }
       failed_ = true;
       // Print what the rank said last (usually why it failed) before our verdict on it.
       while (r.out_fd >= 0 && pump(r.out_fd, r.out)) {
@@ -218,6 +263,77 @@ void Supervisor::reap() {
       break;
     }
   }
+}
+
+// --elastic: rank `r` failed. The others go on; a replacement takes its slot while restarts are left.
+void Supervisor::elastic_failure(Rank& r, int code, const std::string& what) {
+  last_failure_code_ = code;
+  if (finished_) late_failure_code_ = code;
+  while (r.out_fd >= 0 && pump(r.out_fd, r.out)) {
+  }
+  while (r.err_fd >= 0 && pump(r.err_fd, r.err)) {
+  }
+  const auto live = std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& x) { return !x.reaped; });
+  if (finished_ || restarts_used_ >= opts_.max_restarts) {
+    say(fmt::format("rank {} {}; elastic: {} rank{} go{} on{}", r.global, what, live, live == 1 ? "" : "s",
+                    live == 1 ? "es" : "", opts_.max_restarts > 0 && !finished_ ? " (no restarts left)" : ""));
+    return;
+  }
+  // Whatever it forked goes with it, then its pipes: the replacement gets new ones.
+  ::kill(-r.pid, SIGKILL);
+  for (auto [fd, fwd] : {std::pair{&r.out_fd, &r.out}, std::pair{&r.err_fd, &r.err}}) {
+    if (*fd < 0) continue;
+    fwd->finish();
+    ::close(*fd);
+    *fd = -1;
+  }
+  ++restarts_used_;
+  ++r.restarts;
+  say(fmt::format("rank {} {}; elastic: {} rank{} go{} on, and a replacement starts in its slot{} (restart {} of {})",
+                  r.global, what, live, live == 1 ? "" : "s", live == 1 ? "es" : "",
+                  opts_.restart_delay_s > 0 ? fmt::format(" in {:g} s", opts_.restart_delay_s) : std::string(),
+                  restarts_used_, opts_.max_restarts));
+  r.restart_pending = true;
+  r.restart_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(opts_.restart_delay_s));
+  elastic_tick();  // starts it now when there is no delay
+}
+
+// --elastic, once the run has finished: a rank that is stopped (SIGSTOP: state T in /proc) can never
+// finish, and one still running after the grace period is hung. Either is stopped now.
+void Supervisor::elastic_tick() {
+  if (phase_ != Phase::Running) return;
+  for (Rank& r : ranks_) {
+    if (!r.restart_pending || Clock::now() < r.restart_at) continue;
+    r.restart_pending = false;
+    if (finished_) continue;  // the run ended meanwhile: nothing to join
+    if (!start(r)) say(fmt::format("the replacement for rank {} could not be started", r.global));
+  }
+  if (!finished_) return;
+  for (Rank& r : ranks_) {
+    if (r.reaped || r.left_out) continue;
+    std::ifstream stat(fmt::format("/proc/{}/stat", r.pid));
+    std::string line;
+    std::getline(stat, line);
+    const auto paren = line.rfind(')');
+    if (paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'T' || line[paren + 2] == 't')) {
+      say(fmt::format("rank {} is stopped (SIGSTOP) and the run is over without it: killing it", r.global));
+      r.left_out = true;
+      ::kill(-r.pid, SIGKILL);
+      ::kill(-r.pid, SIGCONT);
+    }
+  }
+  if (Clock::now() >= finish_deadline_) {
+    say(fmt::format("the run finished {} s ago and some ranks are still running: stopping them",
+                    std::chrono::duration_cast<std::chrono::seconds>(kElasticFinishGrace).count()));
+    late_failure_code_ = late_failure_code_ ? late_failure_code_ : 1;
+    stop();
+  }
+}
+
+int Supervisor::elastic_exit_code() const {
+  if (finished_) return late_failure_code_;
+  return last_failure_code_ ? last_failure_code_ : exit_code_;
 }
 
 // Ask every group to terminate; SIGKILL follows when the grace period runs out.
@@ -273,6 +389,8 @@ void Supervisor::wait_and_forward() {
     }
   }
   int timeout_ms = -1;  // while running, only a pipe or a signal (SIGCHLD included) can change anything
+  const bool pending = std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.restart_pending; });
+  if (finished_ || pending) timeout_ms = kTickMs;  // --elastic: elastic_tick() has deadlines to watch
   if (phase_ != Phase::Running) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
     timeout_ms = static_cast<int>(std::clamp<long long>(left, 0, kTickMs));
@@ -296,6 +414,13 @@ int Supervisor::run() {
   // Built after the handlers are in place: a Ctrl-C during setup is only recorded, setup completes
   // (or fails and cleans up), and no rank is started; the loop below then exits with 130.
   if (opts_.net.enabled()) net_ = std::make_unique<Network>(opts_.net, opts_.nproc);
+  if (opts_.elastic) {
+    char tmpl[] = "/tmp/ddp_launch_elastic.XXXXXX";
+    if (!::mkdtemp(tmpl)) throw std::runtime_error(fmt::format("cannot create the elastic store's directory: {}",
+                                                               std::strerror(errno)));
+    store_dir_ = tmpl;
+    opts_.elastic_store = store_dir_ + "/store";
+  }
   if (g_stop_count > 0) say("interrupted before any rank was started");
   for (Rank& r : ranks_) {
     if (g_stop_count > 0) break;
@@ -311,6 +436,7 @@ int Supervisor::run() {
     reap();
     // Every rank is done. Whatever they left behind (a background process, a data-loader child)
     // gets the same SIGTERM-then-SIGKILL treatment; usually there is nothing and this costs nothing.
+    if (opts_.elastic) elastic_tick();
     if (phase_ == Phase::Running && all_reaped()) stop();
     if (all_reaped() && !any_stream_open() && !any_group_alive()) break;
 
@@ -326,6 +452,8 @@ int Supervisor::run() {
     wait_and_forward();
   }
   close_streams();
+  // Elastic: a stop we were asked for (a signal) or a usage error keeps its code; otherwise the run's outcome.
+  if (opts_.elastic && !(signals_handled_ > 0 || exit_code_ == kUsageErrorCode)) return elastic_exit_code();
   return exit_code_;
 }
 
