@@ -209,6 +209,9 @@ ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store
         "Are all {} ranks started, with the same MASTER_ADDR/MASTER_PORT? Raise --timeout if they start slowly",
         rank, opts.backend, world, opts.timeout.count() / 1000.0, why, world));
   }
+  // Again: reading the launch environment above (Gloo's interface) tagged lines with RANK, which is not this
+  // group's rank when the group is not the launch's (stage 09's generations, threads as ranks).
+  set_log_rank(rank, world);
   return pg;
 }
 

@@ -2,17 +2,17 @@
 # Regenerates the benchmark results behind docs/ on this machine, then the plots, timelines and tables.
 # Every result file records the exact command (launcher included) and the machine, row by row.
 #
-#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp features torch small zero ext06a ext06c ext07a lm (default:
+#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp features torch small zero ext06a ext06c ext07a lm elastic (default:
 #                                             all), or ext07a-memory, lm-speed (one table of those parts alone)
 #
 # The DDP runs use the tiny Transformer with 10 timed steps: once over loopback (where Gloo's
 # communication is CPU work that competes with backward for the two cores) and on a simulated cluster
 # (ddp_launch --net: every rank in its own network namespace behind a 1 or 10 Gbit/s link), where
 # communication costs wall time as on a real one. --net needs root and iproute2; without them the net
-# runs are skipped with the reason. About 95 minutes on 2 cores (ext07a alone: about 15, torch about 35).
+# runs are skipped with the reason. About 100 minutes on 2 cores (ext07a alone: about 15, torch about 35, elastic 6).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-parts=${*:-allreduce ddp features torch small zero ext06a ext06c ext07a lm}
+parts=${*:-allreduce ddp features torch small zero ext06a ext06c ext07a lm elastic}
 R=docs/results
 mkdir -p $R
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -212,12 +212,15 @@ for part in $parts; do
       files+=($runs/1gbit_ddp_2_2mb.json)
     fi
     $PY scripts/lm_results.py $R/lm_speed.json "${files[@]}" ;;
-  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, features, torch, small, zero, ext06a, ext06c, ext07a, ext07a-memory, lm, lm-speed)" >&2; exit 2 ;;
+  elastic)
+    echo "== stage 09: a rank killed, survived in memory or restarted from a checkpoint (about 6 minutes)"
+    $PY scripts/elastic_bench.py --out $R/elastic.json ;;
+  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, features, torch, small, zero, ext06a, ext06c, ext07a, ext07a-memory, lm, lm-speed, elastic)" >&2; exit 2 ;;
   esac
 done
 
 for f in $R/*.json; do
-  case $f in *.trace.json|*/alltoall.json|*/torch_compare.json|*/torch_ddp_*.json|*/ext07a_gather_in_time.json|*/lm_speed.json|*/margins.json) continue ;; esac
+  case $f in *.trace.json|*/gpu_*.json|*/alltoall.json|*/torch_compare.json|*/torch_ddp_*.json|*/ext07a_gather_in_time.json|*/lm_speed.json|*/margins.json) continue ;; esac
   $PY scripts/plot.py "$f"
 done
 $PY scripts/make_tables.py

@@ -77,6 +77,18 @@ def fsdp(doc, ax):
     ax.set_title(f"memory per rank, {rows[0]['world_size']} ranks: DDP 16P, ZeRO-1 8P + 8P/N, FSDP 16P/N + gathered units", fontsize=9)
     ax.legend(loc="upper right", fontsize=8)
 
+def diff_inset(ax, where, ref, curves, styles, title):
+    """An inset of how far each curve is from `ref`, step by step (log scale: from rounding to noise)."""
+    ins = ax.inset_axes(where)
+    for i, c in enumerate(curves, start=1):
+        d = [max(abs(a - b), 1e-9) for a, b in zip(ref, c)]
+        ins.plot(range(1, len(d) + 1), d, styles[i % len(styles)], lw=0.9, color=f"C{i}")
+    ins.set_yscale("log")
+    ins.set_ylim(1e-9, 1)
+    ins.set_title(title + " per step (1e-9: equal)", fontsize=7)
+    ins.tick_params(labelsize=6)
+
+
 def train_lm(doc, ax):
     """Loss curves: training loss (thin, smoothed over 10 steps) and validation loss (markers)."""
     styles = ["-", "--", ":", "-."]  # the curves coincide: dashes let each one show through the others
@@ -94,28 +106,69 @@ def train_lm(doc, ax):
         if r["val"]:
             ax.plot([v[0] + 1 for v in r["val"]], [v[1] for v in r["val"]], "o", ms=4, color=line.get_color(),
                     mfc="none", label=f"{label}: validation")
-    # Inset: how far each curve is from the first one, step by step (log scale: from rounding to noise).
-    ref = doc["rows"][0]["train"]
-    ins = ax.inset_axes([0.34, 0.2, 0.42, 0.4])
-    for i, r in enumerate(doc["rows"][1:], start=1):
-        d = [max(abs(a[1] - b[1]), 1e-9) for a, b in zip(ref, r["train"])]
-        ins.plot(range(1, len(d) + 1), d, styles[i % len(styles)], lw=0.9, color=f"C{i}")
-    ins.set_yscale("log")
-    ins.set_ylim(1e-9, 1)
-    ins.set_title("|loss - loss of the first run| per step (1e-9: equal)", fontsize=7)
-    ins.tick_params(labelsize=6)
+    losses = [[x[1] for x in r["train"]] for r in doc["rows"]]
+    diff_inset(ax, [0.34, 0.2, 0.42, 0.4], losses[0], losses[1:], styles, "|loss - loss of the first run|")
     ax.set_xlabel("optimizer step (global batch the same for every world size)")
     ax.set_ylabel("cross-entropy (nats per byte)")
     ax.set_title("stage 08, byte-level Transformer on Debian's fortunes: every run's curve coincides")
     ax.legend(fontsize=7)
+
+def elastic(doc, fig):
+    """Stage 09: the loss curves of a run that lost a rank (kept in memory, or restarted from a checkpoint) on
+    the uninterrupted run's; below, the timeline of every process of the elastic run (its --trace)."""
+    top, bottom = fig.subplots(2, 1, gridspec_kw={"height_ratios": [3, 2]})
+    rows = [r for r in doc["rows"] if r["link"] == "loopback"] or doc["rows"]
+    styles = ["-", "--", ":"]
+    for i, r in enumerate(rows):
+        top.plot(range(1, len(r["train"]) + 1), r["train"], styles[i % 3], lw=1.4, label=r["scenario"])
+    for r in rows:
+        if r.get("failed_step"):
+            top.axvline(r["failed_step"], color="C3", lw=0.8, ls=":")
+        if r.get("joined_at_step"):
+            top.axvline(r["joined_at_step"], color="C2", lw=0.8, ls=":")
+    diff_inset(top, [0.45, 0.45, 0.38, 0.3], rows[0]["train"], [r["train"] for r in rows[1:]], styles,
+               "|loss - uninterrupted loss|")
+    top.set_xlabel("optimizer step (red: a rank killed; green: its replacement joins)")
+    top.set_ylabel("cross-entropy (nats per byte)")
+    top.set_title("stage 09: a rank killed mid-run costs neither the curve nor the steps since a checkpoint", fontsize=10)
+    top.legend(fontsize=7, loc="upper right")
+    trace = pathlib.Path(doc.get("_path", ".")).parent / doc.get("trace", "")
+    if not trace.is_file():
+        bottom.set_axis_off()
+        return
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    colours = {"round": "#8C8C8C", "new group": "#8172B3", "heal": "#222222"}
+    generation = ["#4C72B0", "#DD8452", "#64B5CD", "#CCB974", "#DA8BC3", "#937860"]
+    for e in events:
+        if e["ph"] == "X":
+            kind = "step" if e["name"].startswith("step") else e["name"].split(" ")[0] if e["name"].startswith("round") else e["name"]
+            c = colours.get(kind, generation[e["args"].get("generation", 0) % len(generation)] if kind == "step" else "k")
+            bottom.barh(e["pid"], e["dur"] / 1e6, left=e["ts"] / 1e6, height=0.6, color=c, edgecolor="white", lw=0.3)
+        elif e["ph"] == "i":
+            bottom.plot(e["ts"] / 1e6, e["pid"], "X" if e["name"].startswith("DP_FAULT") else "v", ms=8,
+                        color="C3" if e["name"].startswith("DP_FAULT") else "k")
+    bottom.set_yticks(list(names), [names[p].replace("process ", "") for p in names], fontsize=7)
+    bottom.set_ylabel("process (slot.restart)")
+    bottom.set_xlabel("seconds; bars: steps (one colour per generation), rounds (grey), new groups (purple), heals "
+                      "(black); X: killed; v: failure seen", fontsize=7)
+    bottom.invert_yaxis()
+
+
+FIGURES = {"elastic": elastic}  # plots that draw their own axes on the whole figure
 
 PLOTS = {"train_lm": train_lm, "allreduce": allreduce, "sharded_optimizer": memory, "fsdp": fsdp}
 
 def main(paths):
     for p in map(pathlib.Path, paths):
         doc = json.loads(p.read_text())
-        fig, ax = plt.subplots(figsize=(8, 5))
-        PLOTS.get(doc["benchmark"].split(":")[0], ddp)(doc, ax)
+        kind = doc["benchmark"].split(":")[0]
+        if kind in FIGURES:
+            fig = plt.figure(figsize=(9, 8))
+            FIGURES[kind]({**doc, "_path": str(p)}, fig)
+        else:
+            fig, ax = plt.subplots(figsize=(8, 5))
+            PLOTS.get(kind, ddp)(doc, ax)
         fig.text(0.01, 0.01, doc.get("machine", ""), fontsize=7, color="gray")
         fig.tight_layout(rect=(0, 0.03, 1, 1))
         out = p.with_suffix(".png")

@@ -44,8 +44,10 @@ case "$config" in
     # #ifdef DP_WITH_CUDA in common/): one 2.x build instead of two. Left out there: the margin grid (its
     # kernel paths are measured on 1.13 here, and by scripts/margins.py on either), the bad-input refusals
     # (CLI and launcher, the same on both) and the emulated-network tests (the launcher's tc and the
-    # programs' overlap, not LibTorch's): so that CI stays well under its limit.
-    run_config cuda -LE 'margins|net' -E '^bad_input_'
+    # programs' overlap, not LibTorch's), and four of stage 09's whole runs (the launcher's and the rounds'
+    # logic; LibTorch 2.x's Gloo is seen failing, timing out and healing in the kill, shrink and hang runs):
+    # so that CI stays well under its limit.
+    run_config cuda -LE 'margins|net' -E '^(bad_input_|stage09_elastic_(twice|quorum|heal|minimum))'
     run_config default "$@"   # last, so CI's closing ctest line is the README's own test command
     echo "test.sh: all configurations passed:"; cat "$timings" ;;
 esac

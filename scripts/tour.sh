@@ -19,7 +19,7 @@ if [ $full = 1 ]; then
   bash scripts/build.sh
 else
   bash scripts/build.sh ddp_launch stage01_allreduce stage02_naive_ddp stage03_flat stage04_overlap \
-    stage05_bucketed stage06_sharded_opt stage07_fsdp stage08_train_lm
+    stage05_bucketed stage06_sharded_opt stage07_fsdp stage08_train_lm stage09_elastic
 fi
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
 # The ranks talk over a simulated cluster network (every rank in its own network namespace behind a
@@ -28,9 +28,11 @@ PY=/usr/bin/python3; [ -x $PY ] || PY=python3
 NET=${TOUR_NET:-1gbit}
 if [ "$NET" != none ] && [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v tc >/dev/null; then
   L="./build/bin/ddp_launch --nproc ${NPROC:-2} --net $NET --"
+  LE="./build/bin/ddp_launch --elastic --nproc ${NPROC:-2} --max-restarts 1 --net $NET --"
   link="a simulated $NET link per rank"
 else
   L="./build/bin/ddp_launch --nproc ${NPROC:-2} --"
+  LE="./build/bin/ddp_launch --elastic --nproc ${NPROC:-2} --max-restarts 1 --"
   link="loopback"
   [ "$NET" = none ] || echo "tour: running over loopback: the simulated network (ddp_launch --net) needs root and iproute2 (ip, tc)"
 fi
@@ -39,7 +41,7 @@ out=build/tour
 mkdir -p "$out"
 rm -f "$out"/*.json
 
-step() { echo; echo "==== [$1/8] $2"; }
+step() { echo; echo "==== [$1/9] $2"; }
 step 1 "stage 01: all-reduce (demo checked against the closed form, then a short benchmark)"
 $L $B/stage01_allreduce --bench --sizes 1MB,10MB,32MB --iters 5 --json $out/stage01.json
 T="--bench --preset tiny --context 128 --warmup 1 --steps 3"
@@ -57,6 +59,8 @@ step 7 "stage 07: FSDP, parameters, gradients and optimizer state sharded (both 
 $L $B/stage07_fsdp $T --json $out/stage07.json
 step 8 "stage 08: the capstone, a byte-level language model trained on real text (Debian's fortunes)"
 $L $B/stage08_train_lm --steps 100 --curve $out/stage08.json
+step 9 "stage 09: elastic, rank 1 killed (SIGKILL) as step 9 begins; the others go on, a replacement joins"
+DP_FAULT=die@1:step8 $LE $B/stage09_elastic --steps 20 --warmup 5 --curve $out/stage09.json
 
 echo
 echo "==== summary (tiny Transformer, ${NPROC:-2} ranks, $link, this machine)"

@@ -12,7 +12,7 @@ import json, pathlib, sys
 
 IDEAS = {"01": "all-reduce", "02": "naive DDP", "03": "one flat all-reduce", "04": "overlap with backward",
          "05": "buckets", "06": "ZeRO-1 sharded AdamW", "07": "FSDP (ZeRO-3)",
-         "08": "capstone: real text"}
+         "08": "capstone: real text", "09": "elastic: a rank dies, the run goes on"}
 
 def load(d, n):
     p = d / f"stage{n}.json"
@@ -62,6 +62,15 @@ def main(d):
         out.append(["08", IDEAS["08"], "PASS", f"{med:.3f}", "-", "-", "-", "-", "-",
                     f"{s8['config']['sync']}: loss {tr[0][1]:.2f} -> {tr[-1][1]:.2f} nats/byte in {len(tr)} steps"
                     + (f" (validation {val[-1][1]:.2f})" if val else "") + f", {tokens / med:.0f} tokens/s"])
+    s9 = load(d, "09")
+    if s9:
+        tr = s9["train"]
+        secs = sorted(x[2] for x in tr)
+        fail = next((e for e in s9["events"] if "recovery_s" in e), None)
+        out.append(["09", IDEAS["09"], "PASS", f"{secs[len(secs) // 2]:.3f}", "-", "-", "-", "-", "-",
+                    "ranks " + " -> ".join(str(e["ranks"]) for e in s9["events"])
+                    + (f"; failure -> next step done {fail['recovery_s']:.2f} s, 0 steps lost" if fail else "")
+                    + f"; loss {tr[0][1]:.2f} -> {tr[-1][1]:.2f}"])
     head = ["stage", "idea", "check", "step (s)", "vs no-comm", "vs stage 02", "exposed comm (s)",
             "overlap efficiency", "speedup vs 1 process", "notes"]
     print("| " + " | ".join(head) + " |")

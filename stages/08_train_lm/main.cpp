@@ -19,8 +19,9 @@
 // (about 2.0 after 500), validation losses, the time per phase, a few lines sampled from the model, and last
 // "PASS stage 08".
 //
-// What it leaves: this is where the tutorial ends. Tensor and pipeline parallelism (split the model
-// itself), sequence parallelism and real GPUs are the next steps; docs/08_train_lm.md lists them.
+// What it leaves: a dead rank still ends the run, and every step since the last checkpoint is done again;
+// stage 09 keeps the run alive through it. Beyond data parallelism (tensor, pipeline and sequence
+// parallelism) docs/08_train_lm.md lists the next steps.
 #include "common/cli.hpp"
 #include "common/dist.hpp"
 #include "common/launch_env.hpp"
@@ -41,19 +42,11 @@ using json = nlohmann::json;
 int main(int argc, char** argv) {
   Cli cli("stage08_train_lm", "Stage 08: train a Transformer on real text with DDP, ZeRO-1 or FSDP; resume it");
   RunOptions o;
-  cli.app().add_option("--corpus", o.corpus, "Text file or directory of text files (default: Debian's fortunes)");
-  cli.app().add_option("--preset", o.preset, "Transformer size (byte vocabulary 256)")
-      ->check(CLI::IsMember(TransformerConfig::preset_names()));
-  cli.app().add_option("--context", o.context, "Tokens (bytes) per sequence")->check(PositiveInt);
-  cli.app().add_option("--batch", o.batch, "Global batch: sequences per step over all ranks")->check(PositiveInt);
-  cli.app().add_option("--accumulate", o.accumulate, "Micro-batches per step on each rank")->check(PositiveInt);
+  add_training_options(cli.app(), o);  // --corpus, --preset, --context, --batch, --accumulate, --steps, --lr, --warmup
   cli.app().add_option("--sync", o.trainer.sync, "ddp (stage 05), zero1 (stage 06) or fsdp (stage 07)")
       ->check(CLI::IsMember(sync_names()));
   cli.app().add_option("--bucket-mb", o.trainer.bucket_mb, "DDP's bucket cap in MB (stage 05; default 25)")
       ->check(PositiveFinite);
-  cli.app().add_option("--steps", o.steps, "Optimizer steps in all (a resumed run counts from 0 too)")->check(PositiveInt);
-  cli.app().add_option("--lr", o.lr, "AdamW learning rate after warm-up")->check(PositiveFinite);
-  cli.app().add_option("--warmup", o.warmup, "Steps of linear learning-rate warm-up")->check(NonNegativeFinite);
   cli.app().add_option("--eval-every", o.eval_every, "Validation loss every N steps (and at the end)")->check(PositiveInt);
   cli.app().add_option("--checkpoint", o.checkpoint, "Checkpoint file (written atomically)");
   cli.app().add_option("--checkpoint-every", o.checkpoint_every, "Save every N steps (needs --checkpoint)")->check(PositiveInt);

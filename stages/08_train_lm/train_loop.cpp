@@ -29,6 +29,18 @@ json RunOptions::config() const {
           {"checkpoint_every", checkpoint_every}, {"bucket_mb", trainer.bucket_mb}};
 }
 
+void add_training_options(CLI::App& app, RunOptions& o) {
+  app.add_option("--corpus", o.corpus, "Text file or directory of text files (default: Debian's fortunes)");
+  app.add_option("--preset", o.preset, "Transformer size (byte vocabulary 256)")
+      ->check(CLI::IsMember(TransformerConfig::preset_names()));
+  app.add_option("--context", o.context, "Tokens (bytes) per sequence")->check(PositiveInt);
+  app.add_option("--batch", o.batch, "Global batch: sequences per step over all ranks")->check(PositiveInt);
+  app.add_option("--accumulate", o.accumulate, "Micro-batches per step on each rank")->check(PositiveInt);
+  app.add_option("--steps", o.steps, "Optimizer steps in all (a resumed run counts from 0 too)")->check(PositiveInt);
+  app.add_option("--lr", o.lr, "AdamW learning rate after warm-up")->check(PositiveFinite);
+  app.add_option("--warmup", o.warmup, "Steps of linear learning-rate warm-up")->check(NonNegativeFinite);
+}
+
 void validate_run_options(const RunOptions& o) {
   if ((o.checkpoint_every > 0 || o.resume) && o.checkpoint.empty())
     throw UsageError("--checkpoint-every and --resume need --checkpoint FILE");
@@ -67,8 +79,7 @@ TransformerLM make_byte_lm(const std::string& preset, int64_t context, uint64_t 
   return lm;
 }
 
-// Linear warm-up, then constant: a function of the step alone, so a resumed run continues it exactly.
-static double lr_at(const RunOptions& o, int64_t step) {
+double lr_at(const RunOptions& o, int64_t step) {
   return o.warmup > 0 ? o.lr * std::min(1.0, static_cast<double>(step + 1) / o.warmup) : o.lr;
 }
 

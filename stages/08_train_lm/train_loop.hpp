@@ -11,6 +11,10 @@
 #include <stdexcept>
 #include <string>
 
+namespace CLI {
+class App;  // CLI11's (<CLI/CLI.hpp>, included where the flags are added)
+}
+
 namespace dp {
 
 /// Everything stage08_train_lm is told on its command line.
@@ -39,6 +43,10 @@ struct RunOptions {
   nlohmann::json config() const;
 };
 
+/// Adds the flags of the model, the data and the schedule to `app` (--corpus, --preset, --context, --batch,
+/// --accumulate, --steps, --lr, --warmup), each writing its field of `o`: stage 09 takes them too.
+void add_training_options(CLI::App& app, RunOptions& o);
+
 /// Throws dp::UsageError (exit 2) on options that cannot work together, before anything starts:
 /// --checkpoint-every or --resume without --checkpoint, --resume with a checkpoint that does not exist,
 /// a --checkpoint or --curve file that cannot be written, --warmup beyond --steps.
@@ -54,6 +62,10 @@ std::vector<Batch> micro_batches(const TextCorpus& c, const std::vector<int64_t>
 /// The TransformerLM of `o.preset` with a byte vocabulary (256), initialised from `seed` on every rank, on
 /// `device` (pg.device(): the Strategies take the parameters where they are).
 TransformerLM make_byte_lm(const std::string& preset, int64_t context, uint64_t seed, torch::Device device);
+
+/// The learning rate of step `step`: linear warm-up over o.warmup steps, then o.lr. A function of the step
+/// alone, so a resumed run (or stage 09's, whatever its membership) continues it exactly.
+double lr_at(const RunOptions& o, int64_t step);
 
 /// The training loss stopped being a number (too large a learning rate, mostly): the run ends at that
 /// step with a hint (exit 1), and writes no checkpoint over the last good one.

@@ -156,3 +156,22 @@ dp_bad_input(stage08_checkpoint_unwritable 2 "--checkpoint /nonexistent-dir/lm.c
   ${S08} --checkpoint /nonexistent-dir/lm.ckpt)
 dp_bad_input(stage08_curve_unwritable 2 "--curve /nonexistent-dir/c.json: cannot write there" ${S08} --curve /nonexistent-dir/c.json)
 
+
+# Stage 09: what cannot be elastic, and memberships the global batch does not split into, are refused before
+# any work; so is a run outside ddp_launch --elastic and a malformed DP_FAULT.
+set(S09 $<TARGET_FILE:stage09_elastic>)
+set(ELASTIC_ENV env RANK=0 WORLD_SIZE=3 LOCAL_WORLD_SIZE=3 DP_ELASTIC_STORE=/tmp/dp_bad_input_elastic_store)
+dp_bad_input(stage09_zero1_refused 2 "--sync zero1: elastic training needs every rank to hold the whole model.*HSDP.*checkpoint"
+  ${S09} --sync zero1)
+dp_bad_input(stage09_fsdp_refused 2 "--sync fsdp: .*with FSDP a dead rank's shard dies with it" ${S09} --sync fsdp)
+dp_bad_input(stage09_batch_not_split 2 "--batch 10 does not split evenly over every membership from 1 to 3 ranks .*use a multiple of 6"
+  ${ELASTIC_ENV} ${S09} --batch 10)
+dp_bad_input(stage09_min_ranks_above_started 2 "--min-ranks 4 is above the 3 ranks started" ${ELASTIC_ENV} ${S09} --min-ranks 4)
+dp_bad_input(stage09_not_elastic 2 "DP_ELASTIC_STORE is unset.*ddp_launch --elastic" env RANK=0 WORLD_SIZE=2 ${S09})
+dp_bad_input(stage09_bad_fault 2 "DP_FAULT entry 'explode@1:step3' is not ACTION@SLOT:POINT" env DP_FAULT=explode@1:step3 ${S09})
+dp_bad_input(stage09_unknown_option 2 "--no-such-option" ${S09} --no-such-option)
+dp_bad_input(stage09_help 0 "Options" ${S09} --help)
+dp_bad_input(launcher_elastic_min_above_nproc 2 "--min-nproc must be 1..2, got '3'"
+  $<TARGET_FILE:ddp_launch> --elastic --nproc 2 --min-nproc 3 -- ${S09})
+dp_bad_input(launcher_elastic_negative_restarts 2 "--max-restarts must be 0..1000, got '-1'"
+  $<TARGET_FILE:ddp_launch> --elastic --max-restarts -1 -- ${S09})

@@ -1,0 +1,116 @@
+// Stage 09: elastic data parallelism. A rank dies, the others go on; a new one joins and catches up.
+//
+// What it adds: in stage 08 a dead rank ends the run, and everything since the last checkpoint is lost
+// when it restarts. Here the ranks train in generations. Each generation is a process group of fixed
+// members, formed in a store that no training rank hosts (a file the launcher owns). When a collective
+// fails (Gloo reports a dead peer at once; a hung one after --timeout) the survivors leave their group,
+// meet in the next round, form a new group, take the state of the member with the most steps, and redo
+// the step. A replacement the launcher starts (--max-restarts) waits in the store; the members notice it
+// at their next step boundary, form a generation with it, and send it the model, AdamW's moments, the
+// step and the curve. The global batch never changes (each generation splits it over its members), so
+// the loss curve is the uninterrupted run's, whatever happens. Only DDP can do this: with ZeRO-1 or FSDP a
+// dead rank's shard is gone, and --sync zero1|fsdp is refused.
+//
+// Run it:
+//   ./build/bin/ddp_launch --elastic --nproc 3 -- ./build/bin/stage09_elastic          # nothing fails
+//   DP_FAULT=die@1:step20 ./build/bin/ddp_launch --elastic --nproc 3 --max-restarts 1
+//       -- ./build/bin/stage09_elastic --curve elastic.json   # rank 1 killed at step 20; a replacement joins
+//   DP_FAULT=stop@2:step10 ./build/bin/ddp_launch --elastic --nproc 3 -- ./build/bin/stage09_elastic --timeout 5s
+// Correct output: "generation 0: 3 ranks ..."; after a failure "generation 1: 2 ranks ... after a failure at
+// step 21 (seen 0.00x s after it ...)", "step 21 done x s after the failure"; when the replacement joins
+// "generation 2: 3 ranks ... a newcomer waits ... state from rank 0 (x MB)"; the loss falling from 5.55 as
+// in stage 08; then "PASS replicas bit-identical going into every step" and last "PASS stage 09".
+//
+// What it leaves: one node (the store is a file; across machines it would be a TCP store in a process
+// that trains nothing, as torchrun's agent or torchft's lighthouse); replicated state only (HSDP would
+// heal a shard from its replica group); a failure costs a redone step, never the work since a checkpoint.
+#include "common/cli.hpp"
+#include "common/launch_env.hpp"
+#include "common/results.hpp"  // command_line
+#include "common/runtime.hpp"
+#include "stages/08_train_lm/trainer.hpp"
+#include "stages/09_elastic/elastic_loop.hpp"
+#include "stages/09_elastic/timeline.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+using namespace dp;
+using json = nlohmann::json;
+
+static int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+int main(int argc, char** argv) {
+  Cli cli("stage09_elastic", "Stage 09: elastic DDP; survives dead ranks and takes in new ones between steps");
+  ElasticOptions o;
+  RunOptions& r = o.run;
+  r.context = 64, r.batch = 12, r.steps = 60, r.warmup = 10, r.sample_bytes = 0;
+  o.min_ranks = env_int("DP_ELASTIC_MIN", 1);  // ddp_launch --min-nproc
+  add_training_options(cli.app(), r);  // stage 08's: --corpus, --preset, --context, --batch, --accumulate, --steps,
+                                       // --lr, --warmup
+  cli.app().add_option("--sync", r.trainer.sync, "ddp only (zero1 and fsdp are refused: a dead rank's shard is gone)")
+      ->check(CLI::IsMember(sync_names()));
+  cli.app().add_option("--checkpoint", r.checkpoint, "Checkpoint file: written at the end, or when too few ranks are left");
+  cli.app().add_flag("--resume", r.resume, "Start from --checkpoint (stage 08's or this stage's)");
+  cli.app().add_option("--curve", r.curve, "Write the loss curve and the membership changes as JSON");
+  cli.app().add_option("--min-ranks", o.min_ranks, "Stop (with a checkpoint) when fewer ranks are left "
+                                                   "(default: ddp_launch's --min-nproc, else 1)")->check(PositiveInt);
+  cli.app().add_option("--trace", o.trace, "Write every process's timeline (rounds, groups, heals, steps) as a "
+                                          "Chrome trace-event file");
+  cli.app().add_option("--settle", o.settle_s, "Seconds a round waits for more members after the first")
+      ->check(NonNegativeFinite);
+  if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
+  r.seed = cli.common().seed;
+
+  return run_main([&] {
+    r.command = command_line(argc, argv);
+    configure_cpu_threads();
+    const LaunchEnv env = LaunchEnv::from_environment();
+    const char* store = std::getenv("DP_ELASTIC_STORE");
+    if (env.launched && !(store && *store))
+      throw UsageError("stage 09 meets its peers in ddp_launch --elastic's store (DP_ELASTIC_STORE is unset); run "
+                       "ddp_launch --elastic --nproc N -- stage09_elastic");
+    // One process started by hand: a store file of its own, removed at the end.
+    const std::string path = store && *store ? store : fmt::format("/tmp/stage09_store.{}", ::getpid());
+    o.max_ranks = env.world_size;
+    const DistOptions dist = cli.dist_options();
+    if (dist.on_gpu()) throw UsageError("stage 09 runs on the CPU over Gloo; drop --device cuda / --backend nccl");
+    validate_elastic_options(o);
+    validate_run_options(r);
+    if (!o.trace.empty()) check_writable("--trace", o.trace);
+    r.world_size = env.world_size;
+    const TextCorpus corpus = load_corpus(r.corpus, (r.batch + 1) * (r.context + 1));
+
+    const int restart = env_int("DP_RESTART", 0);  // 0: one of the launcher's first processes
+    Membership members(path, fmt::format("{}.{}", env.rank, restart), o.max_ranks,
+                       std::chrono::milliseconds(static_cast<int64_t>(o.settle_s * 1000)), dist.timeout);
+    Faults faults(members, env.rank, restart);
+    if (!o.trace.empty()) timeline::open(o.trace, members.id());
+    json curve;
+    try {
+      curve = train_elastic(o, corpus, members, faults, dist, /*with_state=*/restart == 0);
+    } catch (...) {
+      if (!(store && *store)) std::filesystem::remove(path);
+      throw;
+    }
+    if (!(store && *store)) std::filesystem::remove(path);
+
+    // [verdict]
+    const auto& train = curve.at("train");
+    const double first = train.front().at(1).get<double>(), last = train.back().at(1).get<double>();
+    if (!std::isfinite(last) || last >= first)
+      throw CheckFailed(fmt::format("the training loss did not fall: {:.4f} at the first step, {:.4f} at the last",
+                                    first, last));
+    std::string sizes;
+    for (const auto& e : curve.at("events")) sizes += (sizes.empty() ? "" : " -> ") + std::to_string(e.at("ranks").get<int>());
+    print0("PASS replicas bit-identical going into every step (a hash of the parameters gathered before each)");
+    print0("PASS stage 09: {} steps, loss {:.3f} -> {:.3f}, ranks {}", r.steps, first, last, sizes);
+    // [verdict]
+    return 0;
+  });
+}

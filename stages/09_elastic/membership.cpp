@@ -1,0 +1,152 @@
+#include "stages/09_elastic/membership.hpp"
+
+#include "common/errors.hpp"
+#include "stages/09_elastic/timeline.hpp"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <fmt/format.h>
+
+#include <csignal>
+#include <fstream>
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace dp {
+
+namespace {
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+
+}  // namespace
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+Membership::Membership(const std::string& path, std::string id, int max_members, std::chrono::milliseconds settle,
+                       std::chrono::milliseconds timeout)
+    : id_(std::move(id)), max_members_(max_members), settle_(settle), timeout_(timeout) {
+  // LibTorch 1.13's FileStore waits for the file to exist before reading it: create it (empty) first.
+  std::ofstream(path, std::ios::app);
+  // numWorkers -1: no process removes the file on exit (they come and go); the launcher owns it.
+  store_ = c10::make_intrusive<c10d::FileStore>(path, -1);
+  store_->setTimeout(timeout);  // a generation's process group waits this long for a member that never comes
+}
+
+std::string Membership::key(int64_t round, const std::string& what) const { return fmt::format("r{}/{}", round, what); }
+
+int64_t Membership::first_open_round(int64_t from) {
+  while (store_->check({key(from, "closed")})) ++from;
+  return from;
+}
+
+bool Membership::someone_waiting(int64_t round) {
+  return store_->check({key(round, "m0")}) && !store_->check({key(round, "closed")});
+}
+
+c10::intrusive_ptr<c10d::Store> Membership::generation_store(int64_t round) {
+  return c10::make_intrusive<c10d::PrefixStore>(fmt::format("gen{}", round), store_);
+}
+
+// [join]
+Quorum Membership::join(int64_t from, int64_t step, int64_t generation, const std::function<void()>& on_claim) {
+  const std::string me = fmt::format("{} {}", step, id_);
+  const auto patience = 2 * timeout_ + settle_;
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  for (int64_t r = first_open_round(from);; r = first_open_round(r + 1)) {
+    // Claim the lowest free slot: compare-and-set succeeds for exactly one claimant, so slots are
+    // taken without gaps and each holds its claimant's step and id.
+    int idx = 0;
+    while (text(store_->compareSet(key(r, fmt::format("m{}", idx)), {}, bytes(me))) != me) ++idx;
+    if (on_claim) on_claim();
+    // The settle clock starts with the first member of the latest generation: newcomers, and processes left
+    // out of that generation, wait for its members (who find them at their next step boundary).
+    if (step >= 0 && generation == r - 1) store_->compareSet(key(r, "t0"), {}, bytes(fmt::format("{:.3f}", wall_seconds())));
+    const double settle = std::chrono::duration<double>(r == 0 ? timeout_ : settle_).count();
+    int seen = idx + 1, closed = -1;
+    while (closed < 0) {
+      if (store_->check({key(r, "closed")})) {
+        closed = std::stoi(text(store_->get(key(r, "closed"))));
+        break;
+      }
+      while (store_->check({key(r, fmt::format("m{}", seen))})) ++seen;
+      const bool settled = store_->check({key(r, "t0")}) &&
+                           wall_seconds() - std::stod(text(store_->get(key(r, "t0")))) >= settle;
+      if (seen >= max_members_ || settled) {  // close with the count seen; the first close wins
+        closed = std::stoi(text(store_->compareSet(key(r, "closed"), {}, bytes(std::to_string(seen)))));
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline)
+        throw std::runtime_error(fmt::format("round {}: no round closed within {:.1f} s: no member with state is "
+                                             "left to train with", r, std::chrono::duration<double>(patience).count()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (idx >= closed) continue;  // closed before this slot: wait in the next round
+
+    std::vector<std::pair<int, Member>> with_state, fresh;
+    for (int i = 0; i < closed; ++i) {
+      std::istringstream in(text(store_->get(key(r, fmt::format("m{}", i)))));
+      Member m;
+      in >> m.step >> m.id;
+      (m.fresh() ? fresh : with_state).emplace_back(i, m);
+    }
+    if (with_state.empty())
+      throw std::runtime_error(fmt::format("round {} closed with newcomers only: nobody holds the model", r));
+    Quorum q;
+    q.round = r;
+    for (const auto* list : {&with_state, &fresh})
+      for (const auto& [i, m] : *list) {
+        if (i == idx) q.rank = q.size();
+        if (!m.fresh() && (q.members.empty() || m.step > q.members[q.source].step)) q.source = q.size();
+        q.members.push_back(m);
+      }
+    return q;
+  }
+}
+// [join]
+
+Faults::Faults(Membership& m, int slot, int restart) : m_(m), slot_(slot), restart_(restart) {
+  const char* spec = std::getenv("DP_FAULT");
+  std::stringstream list(spec ? spec : "");
+  for (std::string item; std::getline(list, item, ',');) {
+    const auto at = item.find('@'), colon = item.find(':');
+    Entry e;
+    if (at != std::string::npos && colon != std::string::npos && colon > at)
+      e = {item.substr(0, at), item.substr(at + 1, colon - at - 1), item.substr(colon + 1)};
+    if (e.action != "die" && e.action != "stop" && e.action != "hang")
+      throw UsageError(fmt::format("DP_FAULT entry '{}' is not ACTION@SLOT:POINT with ACTION die, stop or hang "
+                                   "(e.g. die@1:step10, stop@2:step8, die@*:heal)", item));
+    entries_.push_back(e);
+  }
+}
+
+void Faults::at(const std::string& point) {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& e = entries_[i];
+    if (e.point != point) continue;
+    if (e.slot != "*" && (restart_ != 0 || e.slot != std::to_string(slot_))) continue;
+    const std::string me = m_.id();
+    if (text(m_.store()->compareSet(fmt::format("fault/{}", i), {}, bytes(me))) != me) continue;  // fired already
+    const double now = wall_seconds();
+    m_.store()->set("fault/time", bytes(fmt::format("{:.6f}", now)));
+    timeline::instant(fmt::format("DP_FAULT: {} at {}", e.action, point), now);
+    fmt::print("[slot {}] DP_FAULT: {} at {}\n", slot_, e.action, point);
+    std::fflush(stdout);
+    if (e.action == "die") std::raise(SIGKILL);
+    if (e.action == "stop") std::raise(SIGSTOP);
+    if (e.action == "hang")
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+}
+
+double Faults::last_fired() const {
+  if (!m_.store()->check({"fault/time"})) return -1;
+  return std::stod(text(m_.store()->get("fault/time")));
+}
+
+}  // namespace dp

@@ -1,0 +1,106 @@
+// Stage 09's membership: who trains in the next generation, agreed through a store that no training
+// rank hosts, so that no rank's death can take it down.
+//
+// A generation is a process group of fixed members. When one fails (a collective throws: a peer died,
+// or hung past --timeout) or a newcomer waits, the members leave it and meet in the next *round*: each
+// claims a numbered slot in the store (an atomic compare-and-set, so no two claim the same one), and the
+// first to see every slot taken, or the settle time run out since the first member of the latest
+// generation arrived, closes the round with the count it saw (compare-and-set again: one count wins). Those inside the count
+// are the next generation; one that arrives after the close waits in the round after it, where the
+// members will find it at their next step boundary. Each generation meets in a prefix of its own
+// ("gen<round>/"), so no collective ever mixes generations.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace dp {
+
+/// One participant of a round, as it announced itself.
+struct Member {
+  std::string id;     ///< "<slot>.<restart>": the launcher's rank slot and how many processes it had before
+  int64_t step = -1;  ///< optimizer steps its state has taken; -1: a newcomer, no state yet
+  bool fresh() const { return step < 0; }
+};
+
+/// A closed round: the members of generation `round`, this process's rank among them, and whose state
+/// everyone takes (the member with the most steps; ties: the lowest rank).
+struct Quorum {
+  int64_t round = -1;
+  std::vector<Member> members;  ///< rank order: members with state in arrival order, then newcomers
+  int rank = -1;
+  int source = 0;
+  int size() const { return static_cast<int>(members.size()); }
+};
+
+/// The store every generation meets in and the rounds that form them.
+class Membership {
+ public:
+  /// Opens the c10d::FileStore at `path` (ddp_launch --elastic creates it: DP_ELASTIC_STORE). `max_members`
+  /// closes a round at once when that many have arrived; `settle` is how long a round waits for more
+  /// after the first member with state arrived (round 0: `timeout`, every rank is expected); no round
+  /// waits longer than `timeout` for its close.
+  Membership(const std::string& path, std::string id, int max_members, std::chrono::milliseconds settle,
+             std::chrono::milliseconds timeout);
+
+  /// Waits in the first round at or after `from` that is still open, announcing `step` (-1: no state),
+  /// until a round closes with this process inside it. Throws std::runtime_error after 2 x `timeout` +
+  /// `settle` without a close (nobody with state is left to close one; members still waiting out a hung
+  /// peer's timeout come within it).
+  /// `generation`: the last round this process was a member of (-1: none yet). Only a member of the
+  /// latest generation (or anyone, in round 0) starts a round's settle clock: a process left out of that
+  /// generation, or a newcomer, waits until its members come, so that no process ever closes a round
+  /// alone beside a generation that is still training (two generations at once: a split brain).
+  /// `on_claim` runs once this process holds a slot (the tests inject a failure there).
+  Quorum join(int64_t from, int64_t step, int64_t generation, const std::function<void()>& on_claim = {});
+  /// True when someone waits in round `round` and it is still open: the members of the generation before
+  /// it re-form at their next step boundary (only one rank asks, and tells the others).
+  bool someone_waiting(int64_t round);
+  /// The store generation `round` forms its process group in ("gen<round>/").
+  c10::intrusive_ptr<c10d::Store> generation_store(int64_t round);
+  c10::intrusive_ptr<c10d::Store> store() { return store_; }
+  const std::string& id() const { return id_; }
+
+ private:
+  std::string key(int64_t round, const std::string& what) const;
+  int64_t first_open_round(int64_t from);
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string id_;
+  int max_members_;
+  std::chrono::milliseconds settle_, timeout_;
+};
+
+/// Faults injected on purpose for the tests and the page, from DP_FAULT: a comma-separated list of
+/// ACTION@SLOT:POINT, ACTION one of die (SIGKILL), stop (SIGSTOP), hang (blocks forever); SLOT the
+/// launcher's rank (the first process of that slot only; `*`: whichever rank reaches POINT first); POINT
+/// stepK (before step K's collectives), quorumN (after claiming a slot in the N-th round this process
+/// joins after its first) or heal (the member sending state to a newcomer, before it sends). Each entry
+/// fires once in the whole run (claimed through the store); the time it fired is stored, so that the
+/// survivors can say how long recovery took. Without DP_FAULT nothing happens.
+class Faults {
+ public:
+  Faults(Membership& m, int slot, int restart);
+  /// Fires the first matching entry for `point` that has not fired yet.
+  void at(const std::string& point);
+  /// Seconds since the epoch at which the last fault fired, or -1 when none has.
+  double last_fired() const;
+
+ private:
+  struct Entry {
+    std::string action, slot, point;
+  };
+  Membership& m_;
+  int slot_, restart_;
+  std::vector<Entry> entries_;
+};
+
+/// Seconds since the epoch (the store's clock: every process on this machine reads the same one).
+double wall_seconds();
+
+}  // namespace dp

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Stage 09 end to end: elastic runs with failures train the uninterrupted run's loss curve.
+
+  elastic.py SCENARIO LAUNCH PROGRAM WORKDIR [REFERENCE]
+
+Each scenario compares with the uninterrupted run (3 ranks): REFERENCE, the curve scenario `reference`
+wrote (ctest runs it first, as a fixture), or else a run of its own. It trains the same run with faults injected
+(DP_FAULT, stages/09_elastic/membership.hpp), and checks: the launcher's exit code, the lines that say
+what happened, the loss curve (every step's loss within TOL of the uninterrupted run's: the same global
+batch, split over other memberships, sums the same gradients in another order; TOL and its measurement
+are tests/train_lm.py's), that the program's own check of bit-identical replicas passed at every step,
+and that no process of the run is left.
+
+  kill      3 ranks, rank 1 killed (SIGKILL) at step 4, a replacement joins (--max-restarts 1)
+  shrink    3 ranks, rank 2 killed at step 4, no replacement: the run ends on 2
+  hang      3 ranks, rank 1 stopped (SIGSTOP) at step 4: left out after --timeout 5s, killed at the end
+  twice     4 ranks, rank 1 killed at step 3 and rank 2 at step 6: 4 -> 3 -> 2
+  quorum    4 ranks, rank 1 killed at step 3 and rank 2 in the round that follows: the round's group
+            cannot form, the next round goes on without it
+  heal      3 ranks, rank 1 killed at step 3 and replaced; the member sending the state to the
+            replacement is killed as it starts; replaced in turn (--max-restarts 2)
+  reference the uninterrupted run alone (WORKDIR/uninterrupted.json)
+  minimum   2 ranks, --min-nproc 2, rank 1 killed at step 4: the run stops (exit 1, the reason), with a
+            checkpoint of step 4 that one rank then resumes to the uninterrupted run's last loss
+
+Exit 0: pass; 1: fail; 77: skipped (Debian's fortunes, the corpus, is not installed).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+CORPUS = "/usr/share/games/fortunes"
+TOL = 1e-4  # tests/train_lm.py's envelope for curves of different world sizes
+STEPS = 10
+ARGS = ["--steps", str(STEPS), "--warmup", "2", "--batch", "12", "--context", "32"]
+
+
+def run(launch, prog, work, name, nproc, launcher_args=(), args=(), fault=None):
+    env = dict(os.environ)
+    env.pop("DP_FAULT", None)
+    if fault:
+        env["DP_FAULT"] = fault
+    curve = os.path.join(work, name + ".json")
+    if "--timeout" not in args:
+        args = [*args, "--timeout", "20s"]  # a hang shows as a failure long before ctest's own limit
+    cmd = [launch, "--elastic", "--nproc", str(nproc), *launcher_args, "--", prog, *ARGS, "--curve", curve, *args]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=150, env=env,
+                       start_new_session=True)
+    with open(os.path.join(work, name + ".log"), "w") as f:
+        f.write(" ".join(cmd) + "\n" + r.stdout)
+    return r.returncode, r.stdout, curve
+
+
+def left_running(work):
+    """Processes whose command line names this test's folder (the runs' --curve): none may be left."""
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if work in cmd and int(pid) != os.getpid() and "elastic.py" not in cmd:
+            left.append(f"{pid}: {cmd[:120]}")
+    return left
+
+
+class Check:
+    def __init__(self):
+        self.ok = True
+
+    def __call__(self, cond, msg):
+        print(("ok: " if cond else "FAIL: ") + msg)
+        self.ok = self.ok and bool(cond)
+        return cond
+
+
+def losses(path):
+    return [x[1] for x in json.load(open(path))["train"]]
+
+
+def compare(check, name, ref, path, steps=STEPS):
+    if not check(os.path.exists(path), f"{name}: the curve {path} was written"):
+        return
+    got = losses(path)
+    d = max((abs(a - b) for a, b in zip(ref, got)), default=float("inf"))
+    check(len(got) == steps and d <= TOL,
+          f"{name}: {len(got)} losses (want {steps}), max |diff| to the uninterrupted run {d:.2e} (allowed {TOL:g})")
+
+
+SCENARIOS = {
+    # name: (ranks, launcher args, program args, DP_FAULT, expected exit, lines that must appear)
+    "kill": (3, ["--max-restarts", "1"], [], "die@1:step4", 0,
+             ["rank 1 was killed by signal 9 (SIGKILL); elastic: 2 ranks go on, and a replacement starts",
+              "after a failure at step 5", " 1.1)", "ranks 3 -> "]),
+    "shrink": (3, [], [], "die@2:step4", 0,
+               ["rank 2 was killed by signal 9 (SIGKILL); elastic: 2 ranks go on", "generation 1: 2 ranks",
+                "ranks 3 -> 2"]),
+    "hang": (3, [], ["--timeout", "5s"], "stop@1:step4", 0,
+             ["Timed out waiting 5000ms", "generation 1: 2 ranks", "rank 1 is stopped (SIGSTOP) and the run is over "
+              "without it: killing it", "ranks 3 -> 2"]),
+    "twice": (4, [], [], "die@1:step3,die@2:step6", 0,
+              ["generation 1: 3 ranks", "generation 2: 2 ranks", "ranks 4 -> 3 -> 2"]),
+    "quorum": (4, [], ["--timeout", "5s"], "die@1:step3,die@2:quorum1", 0,
+               ["die at quorum1", "did not form within 5 s", "2 ranks", "PASS stage 09"]),
+    "heal": (3, ["--max-restarts", "2"], [], "die@1:step3,die@*:heal", 0,
+             ["die at heal", "restart 2 of 2", "a newcomer waits"]),
+}
+
+
+def scenario(name, launch, prog, work, reference=None):
+    check = Check()
+    if reference and os.path.exists(reference):
+        ref_path = reference
+        print(f"ok: the uninterrupted run's curve is {reference}")
+    else:
+        rc, out, ref_path = run(launch, prog, work, "uninterrupted", 3)
+        if not check(rc == 0 and "PASS stage 09" in out, f"the uninterrupted run passed (exit {rc})"):
+            print(out[-3000:])
+            return False
+        if name == "reference":
+            return check.ok
+    ref = losses(ref_path)
+    if name == "minimum":
+        ck = os.path.join(work, "min.ckpt")
+        rc, out, path = run(launch, prog, work, name, 2, ["--min-nproc", "2"], ["--checkpoint", ck], "die@1:step4")
+        check(rc == 1, f"below --min-nproc the run stops with exit 1 (exit {rc})")
+        check("1 rank left, fewer than --min-ranks 2: the run stops at step 4; checkpoint of step 4 written" in out,
+              "the reason, and the checkpoint, are said")
+        check(os.path.exists(ck), "the checkpoint is there")
+        rc, out, path = run(launch, prog, work, "resumed", 1, [], ["--checkpoint", ck, "--resume"])
+        check(rc == 0 and "PASS stage 09" in out, f"one rank resumes it to the end (exit {rc})")
+        compare(check, "resumed", ref, path)
+    else:
+        n, largs, args, fault, want, lines = SCENARIOS[name]
+        rc, out, path = run(launch, prog, work, name, n, largs, args, fault)
+        check(rc == want, f"{name}: the launcher exits {want} (exit {rc})")
+        for line in lines:
+            check(line in out, f"{name}: says '{line}'")
+        check("PASS replicas bit-identical going into every step" in out, f"{name}: replicas bit-identical")
+        compare(check, name, ref, path)
+    left = left_running(work)
+    check(not left, "nothing of the runs is left running" + ("".join("\n  " + x for x in left)))
+    if not check.ok:
+        print(f"logs: {work}/*.log")
+    return check.ok
+
+
+def main():
+    if len(sys.argv) not in (5, 6) or sys.argv[1] not in list(SCENARIOS) + ["minimum", "reference"]:
+        print(__doc__)
+        return 2
+    name, launch, prog, work = sys.argv[1:5]
+    reference = sys.argv[5] if len(sys.argv) == 6 and name != "reference" else None
+    if not os.path.isdir(CORPUS):
+        print(f"SKIP: the corpus {CORPUS} is not installed (apt-get install fortunes)")
+        return 77
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    ok = scenario(name, launch, prog, work, reference)
+    print(("PASS" if ok else "FAIL") + f" elastic {name}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+// Stage 09's membership rounds (stages/09_elastic/membership.hpp), with processes played by threads that
+// each open the same store file: who is in a generation, in which order, whose state everyone takes, and
+// what happens to one who comes late or alone. The whole elastic run is tested end to end by
+// tests/elastic.py (a rank killed, stopped, replaced; two failures; a failure in a round and in a heal).
+#include "common/errors.hpp"
+#include "stages/09_elastic/membership.hpp"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+using dp::Membership;
+using dp::Quorum;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct StoreFile {
+  std::string path = (std::filesystem::temp_directory_path() /
+                      ("test_elastic." + std::to_string(::getpid()) + "." + std::to_string(counter++)))
+                         .string();
+  ~StoreFile() { std::filesystem::remove(path); }
+  static inline int counter = 0;
+};
+
+// `n` processes join round `from` at once, announcing `steps[i]`; returns each one's quorum.
+std::vector<Quorum> join_together(const std::string& path, const std::vector<int64_t>& steps, int max_members,
+                                  int64_t from = 1, std::chrono::milliseconds settle = 200ms) {
+  std::vector<std::future<Quorum>> f;
+  for (size_t i = 0; i < steps.size(); ++i)
+    f.push_back(std::async(std::launch::async, [&, i] {
+      Membership m(path, std::to_string(i) + ".0", max_members, settle, 2000ms);
+      return m.join(from, steps[i], from - 1);  // members of the generation before
+    }));
+  std::vector<Quorum> out;
+  for (auto& x : f) out.push_back(x.get());
+  return out;
+}
+
+}  // namespace
+
+TEST(Membership, AFullRoundClosesAtOnceWithOneOrderEverywhere) {
+  StoreFile f;
+  const auto t0 = std::chrono::steady_clock::now();
+  // Round 0 waits for everyone (its settle time is the timeout): 3 of 3 close it without waiting.
+  const auto q = join_together(f.path, {7, 9, 9}, 3, /*from=*/0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms);
+  std::vector<bool> rank_seen(3, false);
+  for (const auto& x : q) {
+    EXPECT_EQ(x.round, 0);
+    ASSERT_EQ(x.size(), 3);
+    ASSERT_GE(x.rank, 0);
+    ASSERT_LT(x.rank, 3);
+    EXPECT_FALSE(rank_seen[x.rank]) << "two processes got rank " << x.rank;
+    rank_seen[x.rank] = true;
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(x.members[i].id, q[0].members[i].id) << "members in another order";
+    EXPECT_EQ(x.members[x.rank].id, std::to_string(&x - q.data()) + ".0") << "rank points at another member";
+    EXPECT_EQ(x.members[x.source].step, 9) << "the state comes from a member with the most steps";
+    EXPECT_EQ(x.source, q[0].source);
+  }
+}
+
+TEST(Membership, NewcomersComeAfterTheMembersWithState) {
+  StoreFile f;
+  const auto q = join_together(f.path, {-1, 4, -1, 4}, 4);
+  for (const auto& x : q) {
+    ASSERT_EQ(x.size(), 4);
+    EXPECT_FALSE(x.members[0].fresh());
+    EXPECT_FALSE(x.members[1].fresh());
+    EXPECT_TRUE(x.members[2].fresh());
+    EXPECT_TRUE(x.members[3].fresh());
+    EXPECT_EQ(x.source, 0) << "ties go to the lowest rank";
+  }
+}
+
+TEST(Membership, ARoundThatIsNotFullClosesAfterTheSettleTime) {
+  StoreFile f;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto q = join_together(f.path, {3, 3}, 4, 1, 300ms);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 1500ms);
+  EXPECT_EQ(q[0].size(), 2);
+}
+
+TEST(Membership, OneWhoComesLateWaitsInTheNextRoundWhereTheMembersFindIt) {
+  StoreFile f;
+  const auto q = join_together(f.path, {5, 5}, 3, 1, 100ms);
+  ASSERT_EQ(q[0].round, 1);
+  Membership member(f.path, "0.0", 3, 100ms, 2000ms);
+  EXPECT_FALSE(member.someone_waiting(2));
+  auto late = std::async(std::launch::async, [&] {
+    Membership m(f.path, "2.1", 3, 100ms, 2000ms);
+    return m.join(1, -1, -1);  // round 1 is closed: it claims a slot in round 2
+  });
+  for (int i = 0; i < 200 && !member.someone_waiting(2); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(member.someone_waiting(2)) << "the members would never know that someone waits";
+  const auto grown = join_together(f.path, {6, 6}, 3, 2, 100ms);  // the members re-form, in round 2
+  const Quorum newcomer = late.get();
+  EXPECT_EQ(newcomer.round, 2);
+  EXPECT_EQ(newcomer.size(), 3);
+  EXPECT_EQ(newcomer.rank, 2) << "the newcomer comes after the members with state";
+  EXPECT_EQ(grown[0].members[2].id, "2.1");
+}
+
+// A member of an older generation that was left out (it saw the failure late) has state, but must not close a
+// round alone while the latest generation trains: it waits until that generation's members come.
+TEST(Membership, ALateMemberWithStateWaitsForTheLatestGeneration) {
+  StoreFile f;
+  const auto q = join_together(f.path, {5, 5}, 3, 1, 100ms);  // generation 1: two of generation 0's members
+  ASSERT_EQ(q[0].size(), 2);
+  auto late = std::async(std::launch::async, [&] {
+    Membership m(f.path, "2.0", 3, 100ms, 2000ms);
+    return m.join(1, 5, /*generation=*/0);  // left out of round 1: waits in round 2
+  });
+  std::this_thread::sleep_for(400ms);  // four settle times: it would have closed round 2 alone by now
+  Membership probe(f.path, "probe", 3, 100ms, 2000ms);
+  ASSERT_TRUE(probe.someone_waiting(2)) << "the late member closed a round alone: two generations at once";
+  const auto grown = join_together(f.path, {6, 6}, 3, 2, 100ms);
+  EXPECT_EQ(late.get().size(), 3);
+  EXPECT_EQ(grown[0].size(), 3);
+  EXPECT_FALSE(probe.someone_waiting(2)) << "a closed round has nobody waiting";
+}
+
+TEST(Membership, NewcomersAloneNeverTrainAndSaySo) {
+  StoreFile f;
+  // A full round of newcomers: nobody holds the model.
+  EXPECT_THROW(join_together(f.path, {-1, -1}, 2), std::runtime_error);
+  // One newcomer alone waits for members with state, then gives up (2 x timeout + settle).
+  StoreFile g;
+  Membership m(g.path, "1.1", 3, 50ms, 100ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    m.join(1, -1, -1);
+    FAIL() << "a newcomer alone closed a round";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("no member with state is left"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2000ms);
+}
+
+TEST(Faults, AMalformedEntryIsBadInput) {
+  StoreFile f;
+  Membership m(f.path, "0.0", 1, 10ms, 1000ms);
+  ::setenv("DP_FAULT", "explode@1:step3", 1);
+  EXPECT_THROW(dp::Faults(m, 0, 0), dp::UsageError);
+  ::setenv("DP_FAULT", "die@1", 1);
+  EXPECT_THROW(dp::Faults(m, 0, 0), dp::UsageError);
+  ::setenv("DP_FAULT", "die@1:step3,stop@*:heal", 1);
+  dp::Faults ok(m, 0, 0);
+  ok.at("step3");  // slot 1's fault: nothing happens to slot 0
+  EXPECT_LT(ok.last_fired(), 0);
+  ::unsetenv("DP_FAULT");
+}
