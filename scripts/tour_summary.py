@@ -68,7 +68,7 @@ def main(d):
         secs = sorted(x[2] for x in tr)
         fail = next((e for e in s9["events"] if "recovery_s" in e), None)
         out.append(["09", IDEAS["09"], "PASS", f"{secs[len(secs) // 2]:.3f}", "-", "-", "-", "-", "-",
-                    "ranks " + " -> ".join(str(e["ranks"]) for e in s9["events"])
+                    "members (slot.restart) " + " -> ".join(e["members"] for e in s9["events"])
                     + (f"; failure -> next step done {fail['recovery_s']:.2f} s, 0 steps lost" if fail else "")
                     + f"; loss {tr[0][1]:.2f} -> {tr[-1][1]:.2f}"])
     head = ["stage", "idea", "check", "step (s)", "vs no-comm", "vs stage 02", "exposed comm (s)",
