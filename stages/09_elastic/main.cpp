@@ -38,6 +38,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 
 using namespace dp;
 using json = nlohmann::json;
@@ -77,8 +78,11 @@ int main(int argc, char** argv) {
     if (env.launched && !(store && *store))
       throw UsageError("stage 09 meets its peers in ddp_launch --elastic's store (DP_ELASTIC_STORE is unset); run "
                        "ddp_launch --elastic --nproc N -- stage09_elastic");
-    // One process started by hand: a store file of its own, removed at the end.
-    const std::string path = store && *store ? store : fmt::format("/tmp/stage09_store.{}", ::getpid());
+    // One process started by hand: a store file of its own, removed on every way out of this function.
+    const bool own_store = !(store && *store);
+    const std::string path = own_store ? fmt::format("/tmp/stage09_store.{}", ::getpid()) : store;
+    const std::unique_ptr<const std::string, void (*)(const std::string*)> remove_store(
+        own_store ? &path : nullptr, [](const std::string* p) { std::filesystem::remove(*p); });
     o.max_ranks = env.world_size;
     const DistOptions dist = cli.dist_options();
     if (dist.on_gpu()) throw UsageError("stage 09 runs on the CPU over Gloo; drop --device cuda / --backend nccl");
@@ -93,14 +97,7 @@ int main(int argc, char** argv) {
                        std::chrono::milliseconds(static_cast<int64_t>(o.settle_s * 1000)), dist.timeout);
     Faults faults(members, env.rank, restart);
     if (!o.trace.empty()) timeline::open(o.trace, members.id());
-    json curve;
-    try {
-      curve = train_elastic(o, corpus, members, faults, dist, /*with_state=*/restart == 0);
-    } catch (...) {
-      if (!(store && *store)) std::filesystem::remove(path);
-      throw;
-    }
-    if (!(store && *store)) std::filesystem::remove(path);
+    const json curve = train_elastic(o, corpus, members, faults, dist, /*with_state=*/restart == 0);
 
     // [verdict]
     const auto& train = curve.at("train");
