@@ -230,7 +230,7 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
 }
 
 void add_bench_options(CLI::App& app, BenchConfig& cfg) {
-  app.add_option("--preset", cfg.preset, "Transformer size: tiny, small, medium, large, xl, 2.7b");
+  app.add_option("--preset", cfg.preset, "Transformer size: nano, tiny, small, medium, large, xl, 2.7b");
   app.add_option("--batch", cfg.global_batch, "Global batch (sequences per step, split over ranks)")->check(PositiveInt);
   app.add_option("--context", cfg.context, "Context length (tokens per sequence)")->check(PositiveInt);
   app.add_option("--warmup", cfg.warmup, "Untimed steps per variant")->check(NonNegativeFinite);

@@ -24,7 +24,7 @@ int configure_cpu_threads();
 /// single-process step with every core between data-parallel steps that use a share of them.
 void set_cpu_threads(int n);
 
-/// Times a 1024x1024 float matmul and looks at which BLAS library is loaded. With Debian's reference
+/// Times a 512x512 float matmul and looks at which BLAS library is loaded. With Debian's reference
 /// BLAS (about 2 GFLOP/s instead of tens), or below `warn_below` GFLOP/s, it prints a warning with the
 /// remedy (install libopenblas0-pthread). Returns the measured GFLOP/s.
 double check_blas(double warn_below = 1.0, bool quiet = false);

@@ -9,7 +9,10 @@
 #                                 # the NCCL ones check the refusals
 #   bash scripts/test.sh all      # what CI runs, timed: cuda (LibTorch 2.x; without the margin grid, the
 #                                 # bad-input refusals and the emulated-network tests), then default in full
-# Extra arguments go to ctest (e.g. -R Stage05, -L e2e).
+# Extra arguments go to ctest (e.g. -R Stage05, -L e2e). ctest's presets set OPENBLAS_NUM_THREADS=1: OpenBLAS
+# then starts no spinning thread pool when it loads (about 0.1 s of CPU in each of the suite's ~1,000
+# processes); a program that multiplies matrices grows the pool to its share of the cores itself
+# (set_cpu_threads in common/runtime.cpp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config=default

@@ -89,13 +89,21 @@ failed=0
 job() {  # name, expected PASS regex, program and options
   local name=$1 expect=$2; shift 2
   local out=$tmp/$name.out
-  (cd "$root" && MASTER_PORT=$((port + 2)) sbatch --wait --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 \
-      --time=5 --output="$out" scripts/slurm_ddp.sbatch "$@") >/dev/null
-  local rc=$?
+  # Submitted, then polled every 0.2 s: `sbatch --wait` polls at growing intervals and returned 5-7 s after
+  # each job had ended (half of this test's time).
+  local id rc=1 state=""
+  id=$(cd "$root" && MASTER_PORT=$((port + 2)) sbatch --parsable --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 \
+      --time=5 --output="$out" scripts/slurm_ddp.sbatch "$@") || { echo "sbatch refused job $name"; failed=1; return; }
+  for _ in $(seq 1500); do  # at most 300 s, the test's own limit
+    state=$(scontrol show job -o "$id" 2>/dev/null)
+    [[ "$state" =~ JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE) ]] && break
+    sleep 0.2
+  done
+  [[ "$state" =~ JobState=COMPLETED ]] && [[ "$state" =~ ExitCode=0:0 ]] && rc=0
   if [ $rc = 0 ] && grep -qE "$expect" "$out"; then
     echo "slurm job $name: $(grep -E "$expect" "$out" | tail -n 1)"
   else
-    echo "slurm job $name failed (sbatch exit $rc); its output:"
+    echo "slurm job $name failed ($(grep -oE 'JobState=[A-Z_]+|ExitCode=[0-9:]+' <<<"$state" | tr '\n' ' ')); its output:"
     cat "$out" 2>/dev/null
     failed=1
   fi

@@ -18,9 +18,8 @@ Exit 0: pass; 1: fail; 77: skipped (the corpus, Debian's fortunes package, is no
 TOL: curves of different world sizes sum the same gradients in another order. This one bound is an
 envelope, not a derivation: over 30 AdamW steps a rounding difference is fed back through the loss's
 curvature, which the first-order analysis of common/tolerance.hpp does not bound (the program's own check,
-2 steps against one process, carries the derived bound). Measured: at most 7.2e-7 over every comparison
-below, on LibTorch 1.13 and 2.x (ratio 0.007 to TOL); a real bug (a wrong shard, a missing average) moves
-the loss by 1e-2 or more.
+2 steps against one process, carries the derived bound). Measured with the "nano" model: at most 8.3e-7
+(LibTorch 1.13) and 7.2e-7 (2.11) over every comparison below, a ratio of 0.008 to TOL.
 """
 import json
 import os
@@ -33,9 +32,10 @@ import time
 
 CORPUS = "/usr/share/games/fortunes"
 TOL = 1e-4
-# 8 sequences of 32 bytes per step (a quarter of the default's tokens): the curves still fall by more than 2
-# in 30 steps, and the two tests take about a minute each instead of two and a half.
-STEPS = ["--steps", "30", "--eval-every", "10", "--sample", "0", "--batch", "8", "--context", "32"]
+# 8 sequences of 32 bytes per step (a quarter of the default's tokens) through the "nano" model (164k
+# parameters; tiny has 4.3M): equal curves and bit-identical resumes do not need size. The curves still fall
+# by more than 2 in 30 steps (5.72 -> 3.35), and a 30-step run takes 1.5 s at 1 rank instead of 10.
+STEPS = ["--steps", "30", "--eval-every", "10", "--sample", "0", "--batch", "8", "--context", "32", "--preset", "nano"]
 
 
 def run(launch, prog, n, args, log):
@@ -92,18 +92,24 @@ def resume(launch, prog, work):
     for f in (ck, ck + ".tmp"):
         if os.path.exists(f):
             os.remove(f)
+    # The last 10 steps take about half a second: a run that ended before the kill landed (a loaded machine
+    # that did not schedule this script in time) is run again, up to three times.
     log = os.path.join(work, "killed.log")
     cmd = [launch, "--nproc", "2", "--", prog] + STEPS + ["--checkpoint", ck, "--checkpoint-every", "10"]
-    with open(log, "w") as f:
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 180
-    while time.time() < deadline and "checkpoint step 20 written" not in open(log).read():
-        if p.poll() is not None:
+    for attempt in range(3):
+        with open(log, "w") as f:
+            p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 180
+        while time.time() < deadline and "checkpoint step 20 written" not in open(log).read():
+            if p.poll() is not None:
+                break
+            time.sleep(0.01)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        out = open(log).read()
+        if "step    30/30" not in out:
             break
-        time.sleep(0.05)
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
-    out = open(log).read()
+        print(f"note: the run to kill reached step 30 before the kill (attempt {attempt + 1} of 3)")
     ok = must("checkpoint step 20 written" in out and "step    30/30" not in out,
               "killed with SIGKILL after the step-20 checkpoint, before the end")
     shutil.copy(ck, ck + ".saved")

@@ -121,13 +121,16 @@ TEST(ToyModels, SameSeedSameValuesAndUnknownNameThrows) {
 // --- Transformer ----------------------------------------------------------------------------------
 
 TEST(TransformerConfig, ClosedFormCountMatchesBuiltModels) {
-  for (const char* name : {"tiny", "small"}) {
+  for (const char* name : {"nano", "tiny", "small"}) {
     auto cfg = dp::TransformerConfig::preset(name, 64);
     dp::TransformerLM lm(cfg);
     auto params = dp::unique_parameters(*lm);
     EXPECT_EQ(dp::count_elements(params), cfg.num_parameters()) << name;
     EXPECT_EQ(int64_t(params.size()), cfg.num_parameter_tensors()) << name;
   }
+  auto nano = dp::TransformerConfig::preset("nano", 32);  // the end-to-end tests' model, on bytes (vocabulary 256)
+  nano.vocab_size = 256;
+  EXPECT_EQ(nano.num_parameters(), 164160);
   EXPECT_EQ(dp::TransformerConfig::preset("small").num_parameters(), 128625408);
   EXPECT_EQ(dp::TransformerConfig::preset("xl").num_parameters(), 1998235200);
   EXPECT_EQ(dp::TransformerConfig::preset("2.7b").num_parameters(), 3406809600);

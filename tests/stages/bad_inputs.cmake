@@ -56,7 +56,7 @@ foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed sta
 endforeach()
 # A budget that cuts the timed steps is said in the output, never silent. (Stage 05 with one row of its
 # own: its eight rows trained in turn took 30 s and say nothing more about the budget.)
-set(BUDGET_CUT --bench --preset tiny --context 16 --warmup 0 --steps 3 --budget 1ms)
+set(BUDGET_CUT --bench --preset nano --context 16 --warmup 0 --steps 3 --budget 1ms)
 dp_bad_input(stage02_naive_ddp_budget_cut_is_said 0 "--budget 1ms reached after 1 of 3 timed steps"
   $<TARGET_FILE:stage02_naive_ddp> ${BUDGET_CUT})
 dp_bad_input(stage05_bucketed_budget_cut_is_said 0 "--budget 1ms reached after 1 of 3 timed steps"
