@@ -66,7 +66,7 @@ step ctest_cuda check 120 "ctest --test-dir $build -R '^(Backends|GlooOnCuda|Cli
 # Stage 05's benchmark: the Transformer's step on the GPU (compute) beside the overhead model's prediction.
 step stage05_bench_nccl_w1 timed 120 "$L --nproc 1 -- $B/stage05_bucketed --backend nccl --bench --preset small --context 256 --batch 16 --warmup 2 --steps 10 --json $out/gpu_stage05_bench_nccl_w1.json"
 step stage05_bench_gloo_cuda_w2 timed 120 "$L --nproc 2 -- $B/stage05_bucketed --device cuda --bench --preset small --context 256 --batch 16 --warmup 2 --steps 10 --json $out/gpu_stage05_bench_gloo_cuda_w2.json"
-# The CPU page's own shape (docs/05_bucketed.md: small, context 128, global batch 4, caps 25 and 100 MB), for a
+# The CPU page's own shape (docs/05_measured.md: small, context 128, global batch 4, caps 25 and 100 MB), for a
 # like-for-like ratio of the GPU's step to the CPU's.
 step stage05_bench_cpu_shape_gloo_cuda_w2 timed 120 "$L --nproc 2 -- $B/stage05_bucketed --device cuda --bench --preset small --context 128 --warmup 1 --steps 5 --caps 25,100 --json $out/gpu_stage05_cpu_shape_gloo_cuda_w2.json"
 # Extension 07a: FSDP with bf16 compute on presets that the CPU machine here cannot train, in GPU memory.
