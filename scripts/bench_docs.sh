@@ -223,4 +223,5 @@ for f in $R/*.json; do
   case $f in *.trace.json|*/gpu_*.json|*/alltoall.json|*/torch_compare.json|*/torch_ddp_*.json|*/ext07a_gather_in_time.json|*/lm_speed.json|*/margins.json) continue ;; esac
   $PY scripts/plot.py "$f"
 done
+$PY scripts/figures.py  # the pictures of the ideas: two of them drawn from the traces just recorded
 $PY scripts/make_tables.py
