@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draws the four pictures of the course's ideas into docs/figures/ (issue 24).
+"""Draws the four pictures of the course's ideas into docs/figures/.
 
     /usr/bin/python3 scripts/figures.py           # writes docs/figures/*.png (about 2 s)
     /usr/bin/python3 scripts/figures.py --check   # draws them into a temporary folder (ctest docs_figures_render)
