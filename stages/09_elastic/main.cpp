@@ -36,6 +36,7 @@
 
 #include <fmt/format.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
@@ -70,6 +71,10 @@ int main(int argc, char** argv) {
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
   r.seed = cli.common().seed;
 
+  // A write to a peer that just died raises SIGPIPE, whose default kills this survivor too (seen with
+  // LibTorch 2.x's Gloo, a rank killed by signal 13 right after its peer's SIGKILL). Ignored, the write
+  // fails with EPIPE, the collective throws, and the survivor goes to the next round like the others.
+  std::signal(SIGPIPE, SIG_IGN);
   return run_main([&] {
     r.command = command_line(argc, argv);
     configure_cpu_threads();
