@@ -2,7 +2,7 @@
 # Regenerates the benchmark results behind docs/ on this machine, then the plots, timelines and tables.
 # Every result file records the exact command (launcher included) and the machine, row by row.
 #
-#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp features torch small zero ext06a ext06c ext07a lm elastic (default:
+#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp weak features torch small zero ext06a ext06c ext07a lm elastic (default:
 #                                             all), or ext07a-memory, lm-speed (one table of those parts alone)
 #
 # The DDP runs use the tiny Transformer with 10 timed steps: once over loopback (where Gloo's
@@ -12,7 +12,7 @@
 # runs are skipped with the reason. About 100 minutes on 2 cores (ext07a alone: about 15, torch about 35, elastic 6).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-parts=${*:-allreduce ddp features torch small zero ext06a ext06c ext07a lm elastic}
+parts=${*:-allreduce ddp weak features torch small zero ext06a ext06c ext07a lm elastic}
 R=docs/results
 mkdir -p $R
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -212,16 +212,24 @@ for part in $parts; do
       files+=($runs/1gbit_ddp_2_2mb.json)
     fi
     $PY scripts/lm_results.py $R/lm_speed.json "${files[@]}" ;;
+  weak)
+    echo "== stage 05, weak scaling: the same sequences per rank at 1, 2 and 4 ranks, 1 Gbit/s (about 12 minutes)"
+    if [ $net_ok = 1 ]; then $PY scripts/weak_scaling.py --out $R/weak_scaling.json --rounds 5 --per-rank 2; else
+      echo "(skipped: weak scaling runs on the simulated link: root and iproute2)"; fi ;;
   elastic)
     echo "== stage 09: a rank killed, survived in memory or restarted from a checkpoint (about 6 minutes)"
     $PY scripts/elastic_bench.py --out $R/elastic.json ;;
-  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, features, torch, small, zero, ext06a, ext06c, ext07a, ext07a-memory, lm, lm-speed, elastic)" >&2; exit 2 ;;
+  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, weak, features, torch, small, zero, ext06a, ext06c, ext07a, ext07a-memory, lm, lm-speed, elastic)" >&2; exit 2 ;;
   esac
 done
 
 for f in $R/*.json; do
-  case $f in *.trace.json|*/gpu_*.json|*/alltoall.json|*/torch_compare.json|*/torch_ddp_*.json|*/ext07a_gather_in_time.json|*/lm_speed.json|*/margins.json) continue ;; esac
+  case $f in *.trace.json|*/gpu_*.json|*/alltoall.json|*/torch_compare.json|*/torch_ddp_*.json|*/ext07a_gather_in_time.json|*/lm_speed.json|*/margins.json|*/weak_scaling.json) continue ;; esac
+  # No plot where it would repeat another picture: these runs measure speed, and their plot would draw only
+  # the tensor bytes that ext06c_cs336.png and ext07a_memory.png already show (ext07a_large: one bar).
+  case $f in */ext06c_designs.json|*/ext06c_tiny_1gbit.json|*/ext07a_large.json|*/ext07a_small_*.json) continue ;; esac
   $PY scripts/plot.py "$f"
 done
 $PY scripts/figures.py  # the pictures of the ideas: two of them drawn from the traces just recorded
+$PY scripts/trace_summary.py  # what the pages quote from the traces, as JSON for make_tables.py
 $PY scripts/make_tables.py

@@ -59,13 +59,7 @@ def pyplot():
 
 
 def load_trace(name):
-    """tracelib reads plain JSON; bench_docs.sh keeps the traces gzipped (Perfetto opens them so)."""
-    path = os.path.join(RESULTS, name)
-    with tempfile.TemporaryDirectory() as tmp:
-        plain = os.path.join(tmp, name[:-3] if name.endswith(".gz") else name)
-        with gzip.open(path) as src, open(plain, "wb") as dst:
-            dst.write(src.read())
-        return tl.load(plain)
+    return tl.load(os.path.join(RESULTS, name))  # bench_docs.sh keeps the traces gzipped (Perfetto opens them so)
 
 
 def median_step(t, variant, rank=0):

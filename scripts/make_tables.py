@@ -13,6 +13,10 @@ range of the rounds. Two variants differ only when the interval of their per-rou
 
     python3 scripts/make_tables.py            # rewrite the pages
     python3 scripts/make_tables.py --check    # exit 1 if any page is not what the JSON gives (ctest)
+    python3 scripts/make_tables.py [--check] docs/03_flat.md ...   # those pages only
+
+Numbers in prose are generated too (`<!-- n:FILE EXPR | FORMAT -->VALUE<!-- /n -->`, see NUMBER below), and
+--check fails on a measured-looking number in prose that no marker writes and no word in its sentence explains.
 """
 import json, pathlib, re, sys
 
@@ -49,6 +53,30 @@ def compare(a, b):
     return ci([x / y for x, y in zip(a["step_samples_s"], b["step_samples_s"])])
 
 
+def speedup(doc, r):
+    """One process's median step over the row's median step, both measured in this run: a shorter step in the
+    step column is always a larger speed-up beside it (a per-round median of ratios need not be)."""
+    sp = doc.get("single_process_samples_s")
+    return float(np.median(sp)) / r["step_s"] if sp and r.get("step_s") else r.get("speedup_vs_1proc")
+
+
+def ceiling_note(doc):
+    """The speed-up column's ceiling on this machine, said beside it: the no-communication row (ranks only
+    computing) is as fast as N ranks on these cores can be, and why that is not N."""
+    base = [r for r in doc["rows"] if r["variant"].startswith("no communication")]
+    if not base or not doc.get("single_process_samples_s"):
+        return None
+    w, c = base[0]["world_size"], speedup(doc, base[0])
+    if w < 2:
+        return None
+    gpu = "device" in base[0]  # scripts/gpu_check.sh: the ranks share one GPU
+    shared = "one GPU" if gpu else f"same {doc['machine'].split(', ')[1]}"
+    return (f"Speed-up = one process's median step / the row's median step. Its ceiling here is the "
+            f"no-communication row's {c:.2f}, not {w}: the {w} ranks share the {shared} that one process "
+            f"already keeps busy, so splitting the batch adds no compute" + ("." if gpu else
+            f"; with a GPU per rank it would be near {w}."))
+
+
 def ddp_table(doc):
     rows = doc["rows"]
     groups = len({r.get("group", 0) for r in rows}) > 1
@@ -64,7 +92,7 @@ def ddp_table(doc):
                   f"{r['exposed_comm_s']:+.3f}",
                   fmt_ci(r["overlap_samples"]) if "overlap_samples" in r else "-",
                   f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else "-",
-                  f"{r['speedup_vs_1proc']:.2f}" if "speedup_vs_1proc" in r else "-"]
+                  f"{speedup(doc, r):.2f}" if speedup(doc, r) else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     notes = []
     if "single_process_samples_s" in doc:
@@ -74,6 +102,8 @@ def ddp_table(doc):
                      f"One flat all-reduce of all gradients: {np.median(doc['flat_allreduce_samples_s']):.3f} s "
                      f"[{min(doc['flat_allreduce_samples_s']):.3f}-{max(doc['flat_allreduce_samples_s']):.3f}] "
                      f"(the communication time in the overlap efficiency).")
+        if ceiling_note(doc):
+            notes.append(ceiling_note(doc))
     # Each stage against the one before it, round by round (only rows measured in the same rounds).
     by = {r["variant"]: r for r in rows}
     buck = [r for r in rows if "(stage 05)" in r["variant"]]
@@ -179,6 +209,12 @@ COLUMNS = {
                        ("in_time", "weights already gathered", "{}"), ("median_wait_ms", "median wait (ms)", "{:.1f}"),
                        ("wait_per_step_ms", "waiting per step (ms)", "{:.0f}"),
                        ("forward_per_step_ms", "forward per step (ms)", "{:.0f}")],
+    "weak_scaling": [("world_size", "ranks", "{}"), ("per_rank", "sequences per rank", "{}"),
+                     ("global_batch", "global batch", "{}"), ("link", "link", "{}"),
+                     ("tokens_per_s_no_comm_samples", "tokens/s, no communication [95% CI]", "ci0"),
+                     ("efficiency_no_comm_samples", "its efficiency [95% CI]", "ci2"),
+                     ("tokens_per_s_bucketed_samples", "tokens/s, 1 MB buckets [95% CI]", "ci0"),
+                     ("efficiency_bucketed_samples", "its efficiency [95% CI]", "ci2")],
     "train_lm": [("sync", "sync", "{}"), ("world_size", "ranks", "{}"), ("threads", "threads per rank", "{}"),
                  ("accumulate", "micro-batches", "{}"),
                  ("link", "link", "{}"), ("steps", "steps", "{}"), ("step_s", "step (s), median [95% CI]", "ci"),
@@ -247,6 +283,8 @@ def cell(row, key, fmt):
         return "-"
     if fmt == "ci":  # per-round samples
         return fmt_ci(v, "{:.3f}")
+    if fmt in ("ci0", "ci2"):  # per-round samples, 0 or 2 decimals
+        return fmt_ci(v, "{:.0f}" if fmt == "ci0" else "{:.2f}")
     if fmt == "rss":  # -1: several variants shared the process, so its peak is no one's
         return "-" if v < 0 else f"{v:.0f}"
     if fmt == "ms":
@@ -293,10 +331,104 @@ def table(name):
     return "\n".join(out)
 
 
-def main(check):
+# A measured number in a sentence: `<!-- n:FILE EXPR | FORMAT -->VALUE<!-- /n -->`. EXPR is evaluated over
+# docs/results/FILE.json (names below), FORMAT is a str.format pattern ("{:.3f}", "x{0:.3f} [{1:.3f}, {2:.3f}]"
+# for a (median, low, high) tuple); VALUE is what the generator wrote, so a page reads the same on a Git host.
+NUMBER = re.compile(r"<!-- n:([\w.-]+) (.+?) -->(.*?)<!-- /n -->", re.S)
+
+
+def number_env(name):
+    doc = json.loads((RESULTS / f"{name}.json").read_text())
+    rows = doc.get("rows", []) if isinstance(doc, dict) else []
+
+    def find(**kw):
+        """The first row whose fields equal every keyword (a field named like a keyword: find(**{"a b": 1}))."""
+        for r in rows:
+            if all(r.get(k) == v for k, v in kw.items()):
+                return r
+        raise KeyError(f"no row of {name}.json with {kw}")
+
+    def row(variant):
+        return find(variant=variant)
+
+    return {"d": doc, "rows": rows, "find": find, "row": row, "med": lambda xs: float(np.median(xs)),
+            "ci": ci, "ratio": lambda a, b: compare(row(a), row(b)), "speedup": lambda v: speedup(doc, row(v)),
+            "J": lambda other: json.loads((RESULTS / f"{other}.json").read_text()), "np": np,
+            "min": min, "max": max, "abs": abs, "len": len, "sum": sum, "round": round}
+
+
+def number(name, body):
+    expr, _, fmt = body.rpartition(" | ") if " | " in body else (body, "", "{}")
+    if not (RESULTS / f"{name}.json").exists():
+        raise ValueError(f"docs/results/{name}.json is missing")
+    v = eval(expr, {"__builtins__": {}}, number_env(name))  # the repository's own pages, never user input
+    return fmt.format(*v) if isinstance(v, (tuple, list)) else fmt.format(v)
+
+
+# What reads as a measured number in prose: a decimal (0.812, x1.43) or a percentage. Versions (LibTorch 1.13.1,
+# Python 3.11) are not; a number that is arithmetic, cited or a setting says so in its sentence (the words below).
+MEASURED = re.compile(r"(?<![\w.\-/])[x×~]?\d+\.\d+(?![\d.]*\d)(?:\s?%)?|(?<![\w.])\d+\s?%")
+VERSION = re.compile(r"(LibTorch|torch|PyTorch|Python|CUDA|NCCL|Gloo|Debian|version|C\+\+|CMake|cmake|Doxygen|"
+                     r"GCC|gcc|clang|Slurm|OpenBLAS|FSDP|v|scipy|numpy|matplotlib|fmt|CLI11|GoogleTest)\W{0,2}$")
+SAID = re.compile(r"arithmetic|cited|published|formula|closed form|by construction|threshold|tolerance|"
+                  r"set by|setting|estimate|nominal|for example|e\.g\.", re.I)
+
+
+def unsourced(md, text):
+    """Measured-looking numbers in the prose of one page that no `n:` marker writes and no word explains."""
+    text = re.sub(r"<!-- table:([\w.-]+) -->.*?<!-- /table:\1 -->", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    text = NUMBER.sub("N", text)
+    # A passage whose every number is arithmetic, cited or a setting says so once, visibly, and is fenced:
+    # <!-- arithmetic: what computes it -->...<!-- /arithmetic --> (also cited:, settings:, and printed: for the
+    # exact printout of a deterministic check, naming the test that prints it).
+    text = re.sub(r"<!-- (arithmetic|cited|settings|printed): [^>]*?-->.*?<!-- /\1 -->",
+                  lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    text = re.sub(r"<!--.*?-->|```.*?```|\\code.*?\\endcode", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    out = []
+    for para_start, para, header in paragraphs(text):
+        for sentence in [para] if header is not None else re.split(r"(?<=[.;:!?])\s+(?=[A-Z(*\[])", para):
+            plain = re.sub(r"`[^`]*`|\]\([^)]*\)|https?://\S+", " ", sentence)
+            for m in MEASURED.finditer(plain):
+                if VERSION.search(plain[:m.start()]) or SAID.search(plain) or (header and SAID.search(header)):
+                    continue
+                out.append(f"{md}:{para_start}: '{m.group(0)}' in \"{' '.join(sentence.split())[:140]}\"")
+    return out
+
+
+def paragraphs(text):
+    """(first line, text, None) per paragraph or list item; (line, row, header row) per row of a hand-written
+    table, whose header may say for a whole column that it is arithmetic or a setting."""
+    start, buf, header = 0, [], None
+    for i, line in enumerate(text.splitlines() + [""], 1):
+        if line.lstrip().startswith("|"):
+            if buf:
+                yield start, " ".join(buf), None
+                buf = []
+            if header is None:
+                header = line
+            elif not re.fullmatch(r"[\s|:-]+", line):
+                yield i, line, header
+            continue
+        header = None
+        if line.strip():
+            if buf and re.match(r"\s*([-*]|\d+\.) ", line):  # a list item starts a block of its own
+                yield start, " ".join(buf), None
+                buf = []
+            if not buf:
+                start = i
+            buf.append(line)
+        elif buf:
+            yield start, " ".join(buf), None
+            buf = []
+
+
+def main(check, only):
     pattern = re.compile(r"(<!-- table:([\w.-]+) -->\n).*?(<!-- /table:\2 -->)", re.S)
-    stale = []
-    for md in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    stale, loose = [], []
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    if only:  # some pages only: make_tables.py [--check] docs/05_bucketed.md ...
+        pages = [p for p in pages if any(p.samefile(o) for o in only)]
+    for md in pages:
         text = md.read_text()
         def repl(m):
             name = m.group(2)
@@ -304,6 +436,20 @@ def main(check):
                 raise SystemExit(f"make_tables: {md.name} has a table '{name}' but docs/results/{name}.json is missing")
             return m.group(1) + table(name) + "\n" + m.group(3)
         new = pattern.sub(repl, text)
+        def num(m):
+            try:
+                return f"<!-- n:{m.group(1)} {m.group(2)} -->{number(m.group(1), m.group(2))}<!-- /n -->"
+            except Exception as e:  # a marker that cannot be evaluated is a broken source
+                raise SystemExit(f"make_tables: {md.name}: the number marker '{m.group(0)[:160]}' fails: {e!r}")
+        new = NUMBER.sub(num, new)
+        # A line that starts with `<!--` inside a paragraph starts an HTML block on a Git host (CommonMark), which
+        # shows the rest of the line raw: a marker that a line break left at a line's start joins the line above.
+        new = re.sub(r"(\S)[ \t]*\n[ \t]*(<!-- n:)", r"\1 \2", new)
+        if check:
+            loose += unsourced(md.relative_to(ROOT), new)
+            loose += [f"{md.relative_to(ROOT)}:{i}: a number marker starts the line (a Git host shows that line as raw "
+                      f"HTML): begin the sentence with a word" for i, line in enumerate(new.splitlines(), 1)
+                      if line.lstrip().startswith("<!-- n:")]
         if new != text:
             stale.append(str(md.relative_to(ROOT)))
             if not check:
@@ -313,10 +459,17 @@ def main(check):
         print("make_tables --check: these pages differ from docs/results/*.json: " + ", ".join(stale)
               + "; run python3 scripts/make_tables.py", file=sys.stderr)
         return 1
+    if check and loose:
+        print("\n".join(loose), file=sys.stderr)
+        print(f"make_tables --check: {len(loose)} measured-looking numbers in prose have no source: write each with "
+              f"<!-- n:FILE EXPR | FORMAT -->VALUE<!-- /n --> (docs/results/FILE.json), or say in its sentence that "
+              f"it is arithmetic, cited or a setting", file=sys.stderr)
+        return 1
     if check:
-        print("make_tables --check: every table matches its JSON")
+        print("make_tables --check: every table and every number in prose matches its JSON")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main("--check" in sys.argv[1:]))
+    args = sys.argv[1:]
+    sys.exit(main("--check" in args, [a for a in args if a != "--check"]))

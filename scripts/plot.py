@@ -4,43 +4,85 @@
     /usr/bin/python3 scripts/plot.py docs/results/allreduce.json docs/results/stage05.json ...
 Each file's "benchmark" field picks the plot; the PNG is written next to the JSON (same name, .png).
 """
-import json, sys, pathlib
+import json, re, sys, pathlib
 import matplotlib
+import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+def link_rate_GBps(link):
+    """A simulated link's nominal rate in GB/s ("simulated 1gbit link per rank" -> 0.125), None for loopback."""
+    m = re.search(r"(\d+(?:\.\d+)?)\s*gbit", link, re.I)
+    return float(m.group(1)) / 8 if m else None
+
 def allreduce(doc, ax):
+    """Bus bandwidth against tensor size: one colour per link, one line style per world size, and a dashed
+    line at each simulated link's nominal rate (its ceiling)."""
     rows = doc["rows"]
-    for link, w in sorted({(r.get("link", "loopback"), r["world_size"]) for r in rows}):
-        rs = sorted((r for r in rows if r["world_size"] == w and r.get("link", "loopback") == link),
-                    key=lambda r: r["bytes"])
-        ax.plot([r["bytes"] / 1e6 for r in rs], [r["busbw_GBps"] for r in rs], marker="o",
-                label=f"{rs[0]['backend']}, {w} ranks, {link}")
+    links = sorted({r.get("link", "loopback") for r in rows}, key=lambda l: -(link_rate_GBps(l) or 1e9))
+    worlds = sorted({r["world_size"] for r in rows})
+    for li, link in enumerate(links):
+        for w in worlds:
+            rs = sorted((r for r in rows if r["world_size"] == w and r.get("link", "loopback") == link),
+                        key=lambda r: r["bytes"])
+            if not rs:
+                continue
+            ax.plot([r["bytes"] / 1e6 for r in rs], [r["busbw_GBps"] for r in rs], color=f"C{li}",
+                    ls="-" if w == worlds[0] else ":", marker="o" if w == worlds[0] else "s",
+                    label=f"{rs[0]['backend']}, {w} ranks, {link}")
+        rate = link_rate_GBps(link)
+        if rate:
+            ax.axhline(rate, color=f"C{li}", ls="--", lw=1.2,
+                       label=f"{link.replace('simulated ', '').replace(' link per rank', '')} link's nominal rate "
+                             f"({rate * 8:g} Gbit/s = {rate:g} GB/s)")
+    sizes = sorted({r["bytes"] / 1e6 for r in rows})
     ax.set_xscale("log")
+    ax.set_xticks(sizes, [f"{s:g}" for s in sizes])
+    ax.minorticks_off()
     ax.set_xlabel("tensor size (MB, float32)")
-    ax.set_ylabel("bus bandwidth (GB/s)")
     ax.set_yscale("log")
-    ax.set_title("all-reduce bus bandwidth (a simulated link's rate is its ceiling)")
-    ax.legend()
+    top = max([r["busbw_GBps"] for r in rows] + [link_rate_GBps(l) or 0 for l in links])
+    bottom = min([r["busbw_GBps"] for r in rows] + [link_rate_GBps(l) or 1e9 for l in links])
+    ticks = [t for t in (0.05, 0.1, 0.125, 0.2, 0.3, 0.5, 0.75, 1, 1.25, 1.5, 2, 3, 5, 10, 20, 50)
+             if bottom / 1.5 <= t <= top * 1.5]
+    ax.set_ylim(bottom / 1.25, top * 1.25)
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.grid(True, which="major", axis="y", color="0.9")
+    ax.set_ylabel("bus bandwidth (GB/s, log scale)")
+    ax.set_title("all-reduce bus bandwidth (dashed: a simulated link's nominal rate, its ceiling)", fontsize=11)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
 
 def ddp(doc, ax):
+    """Per variant, the step (median, slowest rank) split into the optimizer step, the time waiting for the
+    gradient sync, and the rest (forward + backward). ZeRO-1's reduce-scatter and all-gather run inside its
+    optimizer step, so its communication shows in that segment."""
     rows = doc["rows"]
     names = [r["variant"] for r in rows]
     sync = [r.get("sync_s", r.get("comm_s", 0)) for r in rows]
-    compute = [r["step_s"] - c for r, c in zip(rows, sync)]
-    comm = sync
-    ax.barh(names, compute, label="forward + backward + optimizer")
-    ax.barh(names, comm, left=compute, label="waiting for gradient sync")
+    opt = [min(r.get("optimizer_s", 0), r["step_s"] - c) for r, c in zip(rows, sync)]
+    compute = [max(r["step_s"] - c - o, 0) for r, c, o in zip(rows, sync, opt)]
+    zero = any("zero" in n.lower() for n in names)
+    ax.barh(names, compute, color="C0", label="forward + backward" + (
+        " (gathers behind forward: with its all-gathers)" if any("behind forward" in n for n in names) else ""))
+    ax.barh(names, opt, left=compute, color="C2",
+            label="optimizer step" + (" (ZeRO-1: with its reduce-scatter + all-gather)" if zero else ""))
+    ax.barh(names, sync, left=[a + b for a, b in zip(compute, opt)], color="C1", label="waiting for gradient sync")
     # The ratio to the no-communication step of the same round is the comparable number.
     for i, r in enumerate(rows):
         ax.text(r["step_s"] * 1.01, i, f"x{r['ratio_to_no_comm']:.2f}", va="center", fontsize=8)
     ax.set_xlim(0, max(r["step_s"] for r in rows) * 1.15)
     ax.invert_yaxis()
     ax.set_xlabel("s per step (median, slowest rank); xN: step / no-comm step of the same round")
+    ax.set_ylabel("variant")
     r0 = rows[0]
     ax.set_title(f"{r0['preset']} Transformer, batch {r0['global_batch']}, context {r0['context']}, "
                  f"{r0['world_size']} ranks, {r0.get('link', 'loopback')}", fontsize=9)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13 - 0.4 / max(len(rows), 5)), ncol=1 if zero else 3,
+              fontsize=8)
+    # Long variant names and many rows: a figure wide and tall enough that the axes keep a readable size.
+    longest = max(len(n) for n in names)
+    ax.figure.set_size_inches(max(8, 6.5 + longest * 0.085), max(5, 2.2 + 0.3 * len(rows) + (0.5 if zero else 0)))
 
 def memory(doc, ax):
     rows = doc["rows"]
@@ -52,11 +94,14 @@ def memory(doc, ax):
         ax.barh(names, vals, left=left, label=label)
         left = [a + b for a, b in zip(left, vals)]
     ax.scatter([r["expected_MB"] for r in rows], names, color="k", marker="|", s=400, zorder=3,
-               label="4P + 4P + 8P/N")
+               label="formula: AdamW 16P, sharded 8P + 8P/N (P params, N ranks)")
     ax.invert_yaxis()
+    ax.set_xlim(0, max(max(left), max(r["expected_MB"] for r in rows)) * 1.08)
     ax.set_xlabel("MB per rank (tensor bytes)")
-    ax.set_title(f"{rows[0]['preset']} Transformer: memory per rank with and without ZeRO-1")
-    ax.legend(loc="lower right")
+    ax.set_ylabel("optimizer (world size)")
+    ax.set_title(f"{rows[0]['preset']} Transformer: memory per rank with and without ZeRO-1 (|: formula)",
+                 fontsize=10)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8)
 
 def fsdp(doc, ax):
     """Stage 07: per variant (and preset) the bytes one rank keeps, stacked, and the gathered peak."""
@@ -68,14 +113,19 @@ def fsdp(doc, ax):
         vals = [r[key] for r in rows]
         ax.barh(names, vals, left=left, label=label)
         left = [a + b for a, b in zip(left, vals)]
+    ax.scatter([r["expected_MB"] for r in rows], names, color="w", edgecolor="k", marker="D", s=40, zorder=4,
+               label="the title's formula (bytes; P parameters, N ranks)")
     rss = [(r["peak_rss_MB"], n) for r, n in zip(rows, names) if r.get("peak_rss_MB", -1) > 0]
     if rss:
         ax.scatter([v for v, _ in rss], [n for _, n in rss], color="k", marker="|", s=400, zorder=3,
                    label="peak RSS (one variant per process)")
     ax.invert_yaxis()
+    ax.set_xlim(0, max(left + [r["expected_MB"] for r in rows] + [v for v, _ in rss]) * 1.08)
     ax.set_xlabel("MB per rank")
+    ax.set_ylabel("variant, preset, compute dtype")
     ax.set_title(f"memory per rank, {rows[0]['world_size']} ranks: DDP 16P, ZeRO-1 8P + 8P/N, FSDP 16P/N + gathered units", fontsize=9)
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, fontsize=8)
+    ax.figure.set_size_inches(9, max(5, 2.6 + 0.45 * len(rows)))
 
 def diff_inset(ax, where, ref, curves, styles, title):
     """An inset of how far each curve is from `ref`, step by step (log scale: from rounding to noise)."""
@@ -157,6 +207,8 @@ def elastic(doc, fig):
 
 FIGURES = {"elastic": elastic}  # plots that draw their own axes on the whole figure
 
+FIGSIZE = {"allreduce": (11, 5)}  # room for the legend beside the axes
+
 PLOTS = {"train_lm": train_lm, "allreduce": allreduce, "sharded_optimizer": memory, "fsdp": fsdp}
 
 def main(paths):
@@ -167,7 +219,7 @@ def main(paths):
             fig = plt.figure(figsize=(9, 8))
             FIGURES[kind]({**doc, "_path": str(p)}, fig)
         else:
-            fig, ax = plt.subplots(figsize=(8, 5))
+            fig, ax = plt.subplots(figsize=FIGSIZE.get(kind, (8, 5)))
             PLOTS.get(kind, ddp)(doc, ax)
         fig.text(0.01, 0.01, doc.get("machine", ""), fontsize=7, color="gray")
         fig.tight_layout(rect=(0, 0.03, 1, 1))

@@ -10,6 +10,7 @@ Within one rank the step spans never overlap, so every compute event belongs to 
 window contains it, and every collective to the step in which it was launched.
 """
 import bisect
+import gzip
 import json
 import os
 import statistics
@@ -64,13 +65,14 @@ def _num(ev, key):
 
 
 def load(path):
-    """Reads a trace; raises TraceError when it is missing or not one written by --trace."""
+    """Reads a trace (plain, or gzipped as bench_docs.sh keeps them: NAME.json.gz); raises TraceError when it
+    is missing or not one written by --trace."""
     if not os.path.isfile(path):
         raise TraceError(f"no such file: {path}")
     try:
-        with open(path) as f:
+        with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
             doc = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise TraceError(f"{path} is not a JSON trace file ({e})")
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc  # the bare-array form is legal too
     if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
