@@ -18,13 +18,20 @@ range of the rounds. Two variants differ only when the interval of their per-rou
 Numbers in prose are generated too (`<!-- n:FILE EXPR | FORMAT -->VALUE<!-- /n -->`, see NUMBER below), and
 --check fails on a measured-looking number in prose that no marker writes and no word in its sentence explains.
 """
-import json, pathlib, re, sys
+import functools, json, pathlib, re, sys
 
 import numpy as np
 from scipy import stats
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
+
+
+@functools.lru_cache(maxsize=None)
+def load(name):
+    """docs/results/NAME.json, parsed once per run (tables and number markers read the same files many times;
+    callers only read it)."""
+    return json.loads((RESULTS / f"{name}.json").read_text())
 
 
 def ci(samples):
@@ -92,7 +99,7 @@ def ddp_table(doc):
                   f"{r['exposed_comm_s']:+.3f}",
                   fmt_ci(r["overlap_samples"]) if "overlap_samples" in r else "-",
                   f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else "-",
-                  f"{speedup(doc, r):.2f}" if speedup(doc, r) else "-"]
+                  f"{speedup(doc, r):.2f}" if speedup(doc, r) is not None else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     notes = []
     if "single_process_samples_s" in doc:
@@ -102,8 +109,7 @@ def ddp_table(doc):
                      f"One flat all-reduce of all gradients: {np.median(doc['flat_allreduce_samples_s']):.3f} s "
                      f"[{min(doc['flat_allreduce_samples_s']):.3f}-{max(doc['flat_allreduce_samples_s']):.3f}] "
                      f"(the communication time in the overlap efficiency).")
-        if ceiling_note(doc):
-            notes.append(ceiling_note(doc))
+        notes += [n for n in [ceiling_note(doc)] if n]
     # Each stage against the one before it, round by round (only rows measured in the same rounds).
     by = {r["variant"]: r for r in rows}
     buck = [r for r in rows if "(stage 05)" in r["variant"]]
@@ -307,8 +313,8 @@ def samples(doc):
 
 def table(name):
     if name.endswith(".sample"):  # <!-- table:FILE.sample -->: the text sampled by the runs of FILE
-        return samples(json.loads((RESULTS / f"{name[:-7]}.json").read_text()))
-    doc = json.loads((RESULTS / f"{name}.json").read_text())
+        return samples(load(name[:-7]))
+    doc = load(name)
     kind = doc["benchmark"].split(":")[0]
     if name in COLUMNS_BY_FILE:
         lines, notes = plain_table(doc, COLUMNS_BY_FILE[name])
@@ -337,8 +343,9 @@ def table(name):
 NUMBER = re.compile(r"<!-- n:([\w.-]+) (.+?) -->(.*?)<!-- /n -->", re.S)
 
 
+@functools.lru_cache(maxsize=None)
 def number_env(name):
-    doc = json.loads((RESULTS / f"{name}.json").read_text())
+    doc = load(name)
     rows = doc.get("rows", []) if isinstance(doc, dict) else []
 
     def find(**kw):
@@ -353,7 +360,7 @@ def number_env(name):
 
     return {"d": doc, "rows": rows, "find": find, "row": row, "med": lambda xs: float(np.median(xs)),
             "ci": ci, "ratio": lambda a, b: compare(row(a), row(b)), "speedup": lambda v: speedup(doc, row(v)),
-            "J": lambda other: json.loads((RESULTS / f"{other}.json").read_text()), "np": np,
+            "J": load, "np": np,
             "min": min, "max": max, "abs": abs, "len": len, "sum": sum, "round": round}
 
 
@@ -427,7 +434,12 @@ def main(check, only):
     stale, loose = [], []
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     if only:  # some pages only: make_tables.py [--check] docs/05_bucketed.md ...
-        pages = [p for p in pages if any(p.samefile(o) for o in only)]
+        unknown = [o for o in only if not any(pathlib.Path(o).resolve() == p for p in pages)]
+        if unknown:
+            print(f"make_tables: {', '.join(unknown)}: not a page (README.md or docs/*.md); give pages by path, "
+                  f"e.g. docs/03_flat.md", file=sys.stderr)
+            return 2
+        pages = [p for p in pages if any(pathlib.Path(o).resolve() == p for o in only)]
     for md in pages:
         text = md.read_text()
         def repl(m):

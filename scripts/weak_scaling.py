@@ -78,7 +78,7 @@ def main():
                "context": a.context, "link": f"simulated {a.net} link per rank", "launch": cmds[n], "bucket_cap_MB": a.cap}
         for v in ("no_comm", "bucketed"):
             tok = [s[v] for s in samples[n]]
-            eff = [s[v] / (n * one["no_comm" if v == "no_comm" else "bucketed"]) for s, one in zip(samples[n], samples[1])]
+            eff = [s[v] / (n * one[v]) for s, one in zip(samples[n], samples[1])]  # against 1 rank, same round
             row[f"tokens_per_s_{v}"] = float(np.median(tok))
             row[f"tokens_per_s_{v}_samples"] = tok
             row[f"efficiency_{v}"] = float(np.median(eff))
