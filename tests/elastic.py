@@ -105,7 +105,9 @@ SCENARIOS = {
     "quorum": (4, [], ["--timeout", "5s"], "die@1:step3,die@2:quorum1", 0,
                ["die at quorum1", "did not form within 5 s", "2 ranks", "PASS stage 09"]),
     "heal": (3, ["--max-restarts", "2"], [], "die@1:step3,die@*:heal", 0,
-             ["die at heal", "restart 2 of 2", "a newcomer waits"]),
+             # The first replacement either waits for the 2-rank generation to notice it ("a newcomer waits") or
+             # arrives before that generation's round closes and is in it: either way a source dies healing it.
+             ["die at heal", "restart 2 of 2", ("a newcomer waits", "before this newcomer had the state")]),
 }
 
 
@@ -136,8 +138,9 @@ def scenario(name, launch, prog, work, reference=None):
         n, largs, args, fault, want, lines = SCENARIOS[name]
         rc, out, path = run(launch, prog, work, name, n, largs, args, fault)
         check(rc == want, f"{name}: the launcher exits {want} (exit {rc})")
-        for line in lines:
-            check(line in out, f"{name}: says '{line}'")
+        for line in lines:  # a tuple: any one of the lines (the run took one of several legitimate paths)
+            alts = line if isinstance(line, tuple) else (line,)
+            check(any(a in out for a in alts), f"{name}: says " + " or ".join(f"'{a}'" for a in alts))
         check("PASS replicas bit-identical going into every step" in out, f"{name}: replicas bit-identical")
         compare(check, name, ref, path)
     left = left_running(work)
