@@ -9,6 +9,21 @@ function(dp_program_optimization target)
   endif()
 endfunction()
 
+# dp_stage_sources(<dir-name> <out-var> <files>...)
+#   The stage's source files; in a workbook build (DP_WORKBOOK) a file the learner has a copy of,
+#   workbook/stages/<dir-name>/<file>, is taken from there.
+function(dp_stage_sources dir out)
+  set(files)
+  foreach(f ${ARGN})
+    if(DP_WORKBOOK AND EXISTS ${PROJECT_SOURCE_DIR}/workbook/stages/${dir}/${f})
+      list(APPEND files ${PROJECT_SOURCE_DIR}/workbook/stages/${dir}/${f})
+    else()
+      list(APPEND files ${CMAKE_CURRENT_SOURCE_DIR}/${f})
+    endif()
+  endforeach()
+  set(${out} ${files} PARENT_SCOPE)
+endfunction()
+
 # dp_add_stage(<dir-name> SOURCES <main.cpp> [LIB_SOURCES <files>...])
 #   Adds executable <dir-name> (e.g. 01_allreduce -> stage01_allreduce) linked to dp_common.
 #   LIB_SOURCES (optional) become a small library stageNN_lib so the tests can link the stage's classes.
@@ -18,6 +33,8 @@ function(dp_add_stage dir)
   string(SUBSTRING "${dir}" 0 2 num)
   string(SUBSTRING "${dir}" 3 -1 name)
   set(exe "stage${num}_${name}")
+  dp_stage_sources(${dir} S_SOURCES ${S_SOURCES})
+  dp_stage_sources(${dir} S_LIB_SOURCES ${S_LIB_SOURCES})
   if(S_LIB_SOURCES)
     add_library(stage${num}_lib STATIC ${S_LIB_SOURCES})
     target_link_libraries(stage${num}_lib PUBLIC dp_common)

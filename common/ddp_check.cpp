@@ -3,6 +3,7 @@
 #include "common/ddp_check.hpp"
 
 #include "common/data.hpp"
+#include "common/hints.hpp"
 #include "common/models.hpp"
 #include "common/params.hpp"
 #include "common/runtime.hpp"
@@ -80,6 +81,9 @@ Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_
   Margin worst;
 
   for (int step = 0; step < s.steps; ++step) {
+    std::vector<torch::Tensor> ddp_before, base_before;  // what a failed comparison's hint compares
+    for (auto& [name, p] : ddp_params) ddp_before.push_back(p.detach().clone());
+    for (auto& [name, p] : base_params) base_before.push_back(p.detach().clone());
     strategy.zero_grad();
     base_opt.zero_grad();
     // Reference: one process, every row.
@@ -108,8 +112,12 @@ Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_
         problem = fmt::format("step {}: parameter {} differs from single-process training by {:.3g}, over the rounding "
                               "bound {:.3g} (lr {} x {} steps x {:.0f} roundings x u(fp32) x max|g| {:.3g}, plus {} ulps "
                               "of max|w| {:.3g})", step, name, m.diff, bound, s.lr, step + 1,
-                              double(s.x.size(0)) + pg.world_size() + 2.0 * (layers + 1), G, step + 1, max_weight);
+                              double(s.x.size(0)) + pg.world_size() + 2.0 * (layers + 1), G, step + 1, max_weight) +
+                  update_hint(ddp_before[i], p, base_before[i], base_params[i].second, pg.world_size());
     }
+    // Every step, whatever was found (a collective): ranks that disagree name the cause of a mismatch.
+    if (!parameters_identical_across_ranks(pg, *ddp_model) && !problem.empty())
+      problem = problem.substr(0, problem.find("; hint [")) + ranks_differ_hint();
     fail_together(pg, problem);
     if (s.shuffle) {
       auto idx = torch::randperm(s.x.size(0), torch::make_generator<at::CPUGeneratorImpl>(42 + step + 1000 * s.seed))
@@ -177,7 +185,7 @@ Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, con
     bool same = torch::equal(now[i].second, mine[i].second);
     if (pg.rank() == 0 && !same) problem = "rank 0's parameter " + now[i].first + " changed at construction";
     if (pg.rank() != 0 && same && !seed_independent[i])
-      problem = "parameter " + now[i].first + " was not broadcast from rank 0";
+      problem = "parameter " + now[i].first + " was not broadcast from rank 0" + not_broadcast_hint();
   }
   fail_together(pg, problem);
   if (!parameters_identical_across_ranks(pg, *ddp_model))
@@ -220,6 +228,10 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uin
   // Compares full_parameters() with the reference: within `bound` (0: bit for bit), and the same on every
   // rank (rank 0's values broadcast and compared). Every rank votes, so all fail together.
   Margin worst;
+  // The parameters before the step being checked, ours (full) and the reference's: a failure's hint compares
+  // the two updates.
+  std::vector<std::pair<std::string, torch::Tensor>> ours_before;
+  std::vector<torch::Tensor> ref_before;
   auto compare = [&](const std::string& when, double bound, const std::string& derivation) {
     auto full = strategy->full_parameters();
     std::string problem;
@@ -232,20 +244,29 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uin
                               shape_text(full[i].second.sizes()), ref_params[i].first,
                               shape_text(ref_params[i].second.sizes()));
     fail_together(pg, problem);  // the same structure everywhere before any collective over it
+    bool differs = false;  // from rank 0's copy, in some tensor
     for (size_t i = 0; i < full.size(); ++i) {
       const auto& [name, p] = full[i];
       const Margin m{(p.to(torch::kFloat32) - ref_params[i].second.detach()).abs().max().item<double>(), bound};
       if (bound > 0 && m.ratio() >= worst.ratio()) worst = m;
       if (!m.ok() && problem.empty())
         problem = bound == 0 ? fmt::format("{}: parameter {} is not rank 0's (max |diff| {:.3g}): rank 0's weights "
-                                           "were not broadcast", when, name, m.diff)
+                                           "were not broadcast{}", when, name, m.diff, not_broadcast_hint())
                              : fmt::format("{}: parameter {} differs from single-process training by {:.3g}, over the "
-                                           "rounding bound {:.3g} ({})", when, name, m.diff, bound, derivation);
+                                           "rounding bound {:.3g} ({}){}", when, name, m.diff, bound, derivation,
+                                           ours_before.empty() ? "" : update_hint(ours_before[i].second, p, ref_before[i],
+                                                                                  ref_params[i].second, W));
       auto zero = p.detach().clone();
       pg.broadcast(zero, 0);  // every rank, every tensor: the same collectives whatever was found
-      if (problem.empty() && !torch::equal(zero, p))
-        problem = fmt::format("{}: parameter {} differs between rank 0 and rank {}", when, name, r);
+      if (!torch::equal(zero, p)) {
+        differs = true;
+        if (problem.empty()) problem = fmt::format("{}: parameter {} differs between rank 0 and rank {}", when, name, r);
+      }
     }
+    // Whether any rank differs from rank 0 (a collective, whatever was found): the cause of a mismatch.
+    const auto votes = pg.all_gather(differs ? 1.0 : 0.0);
+    if (std::count(votes.begin(), votes.end(), 1.0) > 0 && !problem.empty() && bound > 0)
+      problem = problem.substr(0, problem.find("; hint [")) + ranks_differ_hint();
     fail_together(pg, problem);
   };
   compare("after construction", 0.0, "");
@@ -265,6 +286,8 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uin
     auto gen = at::make_generator<at::CPUGeneratorImpl>(7000 + 1000 * seed + step);  // the same draw on every rank
     auto tokens = torch::randint(0, kVocab, {kRows * W, kT}, gen).to(pg.device());
     auto labels = torch::randint(0, kVocab, {kRows * W}, gen).to(pg.device());
+    ref_before.clear();
+    for (auto& [name, p] : ref_params) ref_before.push_back(p.detach().clone());
     ref_opt.zero_grad();
     last_token_loss(ref->forward(tokens), labels).backward();
     G = std::max(G, max_abs_grad(unique_parameters(*ref, true)));
@@ -272,6 +295,8 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uin
 
     // This rank's rows, in K micro-batches of rows / K: each mean loss / K, so that they add up to the
     // mean over the rank's rows; only the last backward must synchronize.
+    ours_before = strategy->full_parameters();  // a gather for sharded strategies: every rank, every step
+    for (auto& [name, p] : ours_before) p = p.detach().clone();
     strategy->zero_grad();
     const int64_t micro = kRows / accumulate;
     for (int k = 0; k < accumulate; ++k) {

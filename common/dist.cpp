@@ -59,7 +59,15 @@ void Work::wait() {
   try {
     w->wait();
   } catch (const std::exception& e) {
-    throw std::runtime_error(fmt::format("{} failed: {}", what_, first_line(e.what())));
+    const std::string why = first_line(e.what());
+    // A timeout is what a dead or hung peer looks like, and also ranks that issued different collectives.
+    const bool timeout = why.find("Timed out") != std::string::npos || why.find("timed out") != std::string::npos;
+    throw std::runtime_error(fmt::format(
+        "{} failed: {}{}", what_, why,
+        timeout ? "; hint [collective-timeout]: another rank is dead or hung, or the ranks issued different "
+                  "collectives (a hook fired in another order on one rank; TORCH_DISTRIBUTED_DEBUG=DETAIL names "
+                  "both sides: docs/debugging.md)"
+                : ""));
   }
   trace::collective_done(trace_id_);  // no-op when the completion callback already recorded it
 }
@@ -294,6 +302,18 @@ Work ProcessGroup::broadcast_async(torch::Tensor& t, int root, const std::string
   o.rootRank = root;
   const int64_t id = trace_launch("broadcast", t, label);
   return wrap(impl_->comm->broadcast(v, o), describe("broadcast", t), id);
+}
+
+Work ProcessGroup::send_async(torch::Tensor& t, int peer, int tag, const std::string& label) {
+  std::vector<at::Tensor> v{t};
+  const int64_t id = trace_launch("send", t, label);
+  return wrap(impl_->comm->send(v, peer, tag), describe("send", t) + " to rank " + std::to_string(peer), id);
+}
+
+Work ProcessGroup::recv_async(torch::Tensor& t, int peer, int tag, const std::string& label) {
+  std::vector<at::Tensor> v{t};
+  const int64_t id = trace_launch("recv", t, label);
+  return wrap(impl_->comm->recv(v, peer, tag), describe("recv", t) + " from rank " + std::to_string(peer), id);
 }
 
 void ProcessGroup::broadcast(torch::Tensor& t, int root, const std::string& label) {

@@ -85,6 +85,12 @@ class ProcessGroup {
   /// rank j, and `out`'s chunk i receives rank i's piece. `out` and `in` have the same shape and must not
   /// overlap. Asynchronous.
   Work all_to_all_async(torch::Tensor& out, torch::Tensor& in, const std::string& label = {});
+  /// Point to point: sends `t` (contiguous) to rank `peer`, which posts recv_async() with the same `tag`.
+  /// Returns at once; `t` must stay unchanged until wait() returns. Stage 01's ring all-reduce is built of these.
+  Work send_async(torch::Tensor& t, int peer, int tag, const std::string& label = {});
+  /// Point to point: receives into `t` (contiguous, the sender's shape and dtype) from rank `peer`'s
+  /// send_async() with the same `tag`. Returns at once; read `t` after wait().
+  Work recv_async(torch::Tensor& t, int peer, int tag, const std::string& label = {});
   /// True when this backend has a reduce_scatter of its own (NCCL); Gloo has none (common/shard_comm.hpp
   /// builds one from all_to_all_async).
   bool has_native_reduce_scatter() const;

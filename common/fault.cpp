@@ -32,6 +32,16 @@ void maybe_inject_fault(int rank) {
 }
 
 void maybe_inject_collective_fault(ProcessGroup& pg) {
+  const char* f = std::getenv("DP_FAULT");
+  if (f && std::string(f).rfind("missize@", 0) == 0) {  // every rank takes part; rank R with twice the elements
+    const bool odd = fault_requested("missize", pg.rank());
+    if (odd)
+      fmt::print(stderr, "[rank {}/{}] DP_FAULT: missize: an all-reduce of 8 int64 where every other rank's has 4\n",
+                 pg.rank(), pg.world_size());
+    std::fflush(stderr);
+    auto t = torch::zeros({odd ? 8 : 4}, torch::kInt64);
+    pg.all_reduce(t, "DP_FAULT missize");
+  }
   if (!fault_requested("misorder", pg.rank())) return;
   fmt::print(stderr, "[rank {}/{}] DP_FAULT: misorder: one extra broadcast that no other rank issues\n", pg.rank(),
              pg.world_size());

@@ -18,6 +18,8 @@ void maybe_inject_fault(int rank);
 /// rank R pairs with a different one on the others: collectives in different orders on different ranks.
 /// Every other rank, and every run without it, does nothing. With TORCH_DISTRIBUTED_DEBUG=DETAIL the
 /// process group checks each collective against the other ranks' first and names the mismatch.
+/// DP_FAULT=missize@R: every rank all-reduces 4 int64 here, rank R 8 (one collective, two sizes): Gloo
+/// aborts the rank that receives more than it expects, and the launcher names the mistake.
 void maybe_inject_collective_fault(ProcessGroup& pg);
 
 /// True when DP_FAULT is ACTION@R with `action` and R == `rank`.

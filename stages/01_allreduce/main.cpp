@@ -2,7 +2,8 @@
 //
 // What it adds: W processes ("ranks") join one process group through a rendezvous store, then call
 // all_reduce: every rank hands in a tensor and every rank gets back the element-wise sum of all of them.
-// Every later stage is built from this one call.
+// Every later stage is built from this one call. ring_allreduce.cpp builds the same sum from sends and
+// receives alone, the ring that Gloo and NCCL run inside, and the program checks it against all_reduce.
 //
 // Run it (two ranks on this machine, through the launcher):
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage01_allreduce
@@ -10,7 +11,7 @@
 // On a GPU (a CUDA build): --backend nccl (one rank per GPU), or --device cuda with Gloo (ranks may share
 // one GPU; Gloo copies through host memory); timings then come from CUDA events.
 // Correct output: each rank prints its tensor before and after; after, all ranks print the same sums;
-// the last line is "PASS all-reduce ...". The benchmark then prints latency and bandwidth per size.
+// then "PASS ring all-reduce ..."; the last line is "PASS all-reduce ...". The benchmark then prints latency and bandwidth per size.
 // The whole grid (sizes x 2/4/6 processes, one table and plot) is scripts/bench_allreduce.sh.
 //
 // What it leaves for the next stage: nothing is trained yet. Stage 02 uses all_reduce to average
@@ -21,6 +22,7 @@
 #include "common/results.hpp"
 #include "common/runtime.hpp"
 #include "common/timing.hpp"
+#include "stages/01_allreduce/ring_allreduce.hpp"
 
 #include <fmt/ranges.h>
 
@@ -46,6 +48,23 @@ static bool demo(ProcessGroup& pg, uint64_t seed) {
   auto expected = torch::stack(inputs).sum(0);
   bool ok = torch::equal(data, expected);
   if (!ok) print_rank("MISMATCH: expected {}", show(expected));
+  return ok;
+}
+
+// The ring all-reduce of ring_allreduce.cpp, written with sends and receives only, must give all_reduce's
+// answer. Integer-valued float32 entries (each below 2^24 / W) make every sum exact in any order, so the two
+// must be equal bit for bit; 1,001 elements leave chunks of unequal size at every W from 2 to 7.
+static bool check_ring(ProcessGroup& pg, uint64_t seed) {
+  torch::manual_seed(seed + 1000 + pg.rank());
+  auto mine = torch::randint(0, 1000, {1001}, torch::kFloat32).to(pg.device());
+  auto library = mine.clone(), input = mine.clone();
+  ring_all_reduce(pg, mine);
+  pg.all_reduce(library);
+  const bool ok = torch::equal(mine, library);
+  const std::string hint = ring_mismatch_hint(pg, input, mine);  // a collective: every rank, always
+  if (!ok)
+    print_rank("MISMATCH: ring_all_reduce differs from all_reduce at {} of 1001 elements{}",
+               (mine != library).sum().item<int64_t>(), hint.empty() ? "; no named hint fits" : hint);
   return ok;
 }
 
@@ -125,6 +144,11 @@ int main(int argc, char** argv) {
     auto oks = pg.all_gather(ok ? 1.0 : 0.0);  // every rank learns whether every rank passed
     if (std::count(oks.begin(), oks.end(), 1.0) != pg.world_size())
       throw CheckFailed("all_reduce result differs from the sum of the inputs on some rank");
+    const bool ring_ok = check_ring(pg, cli.common().seed);
+    auto ring_oks = pg.all_gather(ring_ok ? 1.0 : 0.0);
+    if (std::count(ring_oks.begin(), ring_oks.end(), 1.0) != pg.world_size())
+      throw CheckFailed("the ring all-reduce (ring_allreduce.cpp) differs from all_reduce on some rank");
+    print0("PASS ring all-reduce from sends and receives equals all_reduce ({} ranks, 1001 elements)", pg.world_size());
 
     if (run_bench) {
       Results results("allreduce");

@@ -12,6 +12,7 @@ FlatDdp::FlatDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) : modul
 
 // [after_backward]
 void FlatDdp::after_backward() {
+  // [exercise 03.1: flatten the gradients, all-reduce once, copy the averages back]
   // A parameter without a gradient contributes zeros, so every rank packs the same layout.
   std::vector<torch::Tensor> grads;
   for (auto& p : params_)
@@ -25,6 +26,7 @@ void FlatDdp::after_backward() {
     if (p.grad().defined()) p.mutable_grad().copy_(slice);
     offset += p.numel();
   }
+  // [/exercise 03.1]
   // Weakness: nothing is sent until backward has finished, so the network idles during backward
   // and the CPU/GPU idles during the all-reduce. Stage 04 starts sending while backward still runs.
 }

@@ -59,14 +59,16 @@ void OverlapDdp::on_gradient_ready(size_t i) {
 // hooks fire in the same order everywhere.
 void OverlapDdp::launch(size_t i, bool during_backward) {
   // [launch]
+  // [exercise 04.1: launch this gradient's all-reduce without waiting, and keep its handle]
   torch::Tensor grad = params_[i].grad();  // shares storage with .grad(): reduced in place
   // The weakness left for stage 05: one collective per parameter tensor. Every collective has a fixed
   // cost however small the tensor (messages between the ranks, scheduling on Gloo's thread), and we pay
   // it N times per step; with hundreds of small tensors that overhead, not the bytes, dominates.
   // Stage 05 packs the gradients into a few buckets and launches one collective per bucket.
   Work work = pg_.all_reduce_async(grad, names_[i]);  // the name labels its span in a --trace timeline
+  pending_.push_back({std::move(work), grad});  // finish_gradient_synchronization() waits on it
+  // [/exercise 04.1]
   // [launch]
-  pending_.push_back({std::move(work), grad});
   launched_[i] = 1;
   launches_.push_back({i, std::chrono::steady_clock::now(), during_backward});
   ++launched_total_;
@@ -86,11 +88,13 @@ void OverlapDdp::finish_gradient_synchronization() {
     if (!params_[i].grad().defined()) params_[i].mutable_grad() = torch::zeros_like(params_[i]);
     launch(i, /*during_backward=*/false);
   }
+  // [exercise 04.2: wait for every launched all-reduce, then average]
   const int world = pg_.world_size();
   for (auto& p : pending_) {
     p.work.wait();     // Gloo: blocks until this sum arrived
     p.grad.div_(world);  // Gloo has no AVG: sum, then divide
   }
+  // [/exercise 04.2]
   // [finish]
   pending_.clear();
   std::fill(launched_.begin(), launched_.end(), 0);

@@ -214,17 +214,23 @@ void BucketedDdp::on_gradient_ready(size_t i) {
 // happen to match, an error or a hang if not.
 void BucketedDdp::launch_complete_buckets_in_order(bool during_backward) {
   // [launch]
+  // [exercise 05.2: launch every complete bucket, strictly in bucket order]
   while (next_to_launch_ < buckets_.size()) {
-    Bucket& b = buckets_[next_to_launch_];
+    const Bucket& b = buckets_[next_to_launch_];
     if (b.ready < b.params.size()) break;  // not complete: later buckets wait for it
-    if (trace::recording()) trace::instant(fmt::format("bucket {} ready", next_to_launch_));
-    b.work = hook_(pg_, b.buffer, fmt::format("bucket {}", next_to_launch_));  // one collective, all its gradients
-    wire_bytes_total_ += b.work.wire_bytes;
-    launches_.push_back({next_to_launch_, std::chrono::steady_clock::now(), during_backward});
-    ++launched_total_;
-    ++next_to_launch_;
+    launch_bucket(next_to_launch_++, during_backward);
   }
+  // [/exercise 05.2]
   // [launch]
+}
+
+void BucketedDdp::launch_bucket(size_t bi, bool during_backward) {
+  Bucket& b = buckets_[bi];
+  if (trace::recording()) trace::instant(fmt::format("bucket {} ready", bi));
+  b.work = hook_(pg_, b.buffer, fmt::format("bucket {}", bi));  // one collective, all its gradients
+  wire_bytes_total_ += b.work.wire_bytes;
+  launches_.push_back({bi, std::chrono::steady_clock::now(), during_backward});
+  ++launched_total_;
 }
 
 void BucketedDdp::finish_gradient_synchronization() {

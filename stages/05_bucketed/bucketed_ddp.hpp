@@ -160,6 +160,7 @@ class BucketedDdp : public GradSync {
   bool synchronize();                   // finish's work, under the lock; false when there was nothing to do
   void build_buffers();             // buckets_ and slots_ from assignment_
   void launch_complete_buckets_in_order(bool during_backward);
+  void launch_bucket(size_t bucket, bool during_backward);  // its collective (through hook_) and its record
 
   struct Bucket {
     std::vector<size_t> params;  // indices into params_

@@ -18,6 +18,7 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<int64_t>& para
     throw std::invalid_argument("assign_buckets: param_bytes and trainable differ in length");
   const double cap_bytes = bucket_cap_mb * 1e6;
 
+  // [exercise 05.1: cut the parameters into buckets of at most the cap, last registered first]
   // [assign]
   std::vector<std::vector<size_t>> buckets;
   std::vector<size_t> current;
@@ -37,6 +38,7 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<int64_t>& para
   if (!current.empty()) buckets.push_back(std::move(current));
   // [assign]
   return buckets;
+  // [/exercise 05.1]
 }
 
 }  // namespace dp

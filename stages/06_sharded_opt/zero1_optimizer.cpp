@@ -69,12 +69,14 @@ void Zero1Optimizer::gather_gradients() {
 // [step]
 void Zero1Optimizer::step() {
   torch::NoGradGuard no_grad;
+  // [exercise 06.1: reduce-scatter the gradients, step this rank's chunk, all-gather the parameters]
   gather_gradients();
   auto grad = shard_.mutable_grad();
   reduce_scatter(*pg_, flat_grads_, grad, algo_, "gradients", scratch_);  // my chunk of the sum
   grad.div_(pg_->world_size());                                          // the DDP average
   local_->step();                                                        // 1/N of the optimizer's work
   all_gather_flat(*pg_, shard_, flat_params_, "parameters", AllGatherAlgo::automatic, scratch_);  // into the model
+  // [/exercise 06.1]
 }
 // [step]
 

@@ -166,6 +166,7 @@ void Fsdp::wait_gathered(size_t u) {
 
 torch::Tensor Fsdp::run_unit(size_t u, const std::function<torch::Tensor()>& body) {
   if (u >= units_.size()) throw std::invalid_argument(fmt::format("Fsdp: unit {} of {}", u, units_.size()));
+  // [exercise 07.1: gather the unit (and prefetch the next) before its forward, free it after]
   torch::Tensor y;
   {
     trace::Span span("forward unit", {{"unit", u}});  // from when compute reached u: waiting counts
@@ -181,6 +182,7 @@ torch::Tensor Fsdp::run_unit(size_t u, const std::function<torch::Tensor()>& bod
   const bool last = u + 1 == units_.size();
   if (!y.requires_grad() || (opts_.reshard_after_forward && !last)) free_full(u);
   return y;
+  // [/exercise 07.1]
 }
 
 void Fsdp::before_unit_backward(size_t u) {
@@ -233,6 +235,7 @@ void Fsdp::launch_reduce_scatter(size_t u) {
 void Fsdp::complete_reduce_scatter(size_t u) {
   Unit& U = units_[u];
   if (!U.grad_flat.defined()) return;
+  // [exercise 07.2: wait for the unit's reduce-scatter, average, add it to the shard's gradient]
   U.rs.wait();  // rs_out = sum over ranks of this rank's chunk
   U.grad_flat = torch::Tensor();
   torch::NoGradGuard no_grad;
@@ -241,6 +244,7 @@ void Fsdp::complete_reduce_scatter(size_t u) {
   if (g.defined()) g.add_(U.rs_out);  // a later micro-batch, or zeroed by zero_grad(): 0 + x is x exactly
   else g = U.grad_shard.copy_(U.rs_out);
   U.rs_out = torch::Tensor();
+  // [/exercise 07.2]
 }
 // [reduce_scatter]
 

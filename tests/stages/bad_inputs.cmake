@@ -119,7 +119,13 @@ dp_add_test(hardening_hung_rank LABELS "hardening;e2e" TIMEOUT 60 COMMAND
 # rank 1's broadcast with rank 0's all_gather and both wait out --timeout; under TORCH_DISTRIBUTED_DEBUG=DETAIL
 # c10d's ProcessGroupWrapper names both collectives at once. An unknown debug level is bad input.
 dp_add_test(hardening_misorder_times_out LABELS "hardening;e2e" TIMEOUT 60 COMMAND
-  env DP_FAULT=misorder@1 ${EXPECT} 1 "(broadcast|all_gather) of 32 bytes failed" -- ${LAUNCH} --nproc 2 -- ${S01} --timeout 3s)
+  env DP_FAULT=misorder@1 ${EXPECT} 1 "(broadcast|all_gather) of 32 bytes failed: .* hint \\[collective-timeout\\]"
+  -- ${LAUNCH} --nproc 2 -- ${S01} --timeout 3s)
+# One collective, two sizes (DP_FAULT=missize@1): Gloo aborts the rank that receives more than it expects, and
+# the launcher names the mistake from Gloo's words (the workbook's hint [collective-mismatch]).
+dp_add_test(hardening_missize_named LABELS "hardening;e2e" TIMEOUT 60 COMMAND
+  env DP_FAULT=missize@1 ${EXPECT} "134|1" "ddp_launch: hint \\[collective-mismatch\\]: Gloo received more bytes"
+  -- ${LAUNCH} --nproc 2 -- ${S01} --timeout 5s)
 dp_add_test(hardening_misorder_detail LABELS "hardening;e2e" TIMEOUT 60 COMMAND
   env DP_FAULT=misorder@1 TORCH_DISTRIBUTED_DEBUG=DETAIL
   ${EXPECT} 1 "Detected mismatch between collectives on ranks. Rank 1 is running collective: CollectiveFingerPrint.*OpType=BROADCAST"

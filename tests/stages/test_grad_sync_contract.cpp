@@ -111,6 +111,49 @@ struct SumOnly : ScaledAllReduce {
   double scale(int) const override { return 1; }
 };
 
+// Divides by the world size twice (once in the loss, once after the all-reduce, say).
+struct AveragedTwice : ScaledAllReduce {
+  using ScaledAllReduce::ScaledAllReduce;
+  double scale(int world_size) const override { return 1.0 / (world_size * world_size); }
+};
+
+// Averages a flat copy of the gradients and never copies the averages back: every rank steps with its own.
+struct NotCopiedBack : GradSync {
+  NotCopiedBack(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) : pg(pg), module(std::move(m)) {
+    dp::broadcast_parameters(pg, *module);
+  }
+  int64_t calls_per_step() const override { return 1; }
+  void after_backward() override {
+    std::vector<torch::Tensor> grads;
+    for (auto& p : dp::unique_parameters(*module, true)) grads.push_back(p.grad().reshape(-1));
+    auto flat = torch::cat(grads);
+    pg.all_reduce(flat);
+    flat.div_(pg.world_size());  // ...and the loop that copies `flat` back into each .grad() is missing
+  }
+  ProcessGroup& pg;
+  std::shared_ptr<torch::nn::Module> module;
+};
+
+// A bucket launched before its last gradient arrived: the first parameter's slot still held zeros when it
+// was sent, so its averaged gradient is zero on every rank.
+struct SentBeforeReady : GradSync {
+  SentBeforeReady(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) : pg(pg), module(std::move(m)) {
+    dp::broadcast_parameters(pg, *module);
+  }
+  int64_t calls_per_step() const override { return 0; }
+  void after_backward() override {
+    auto params = dp::unique_parameters(*module, true);
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto g = params[i].mutable_grad();
+      if (i == 0) g.zero_();  // what the early launch sent for it
+      pg.all_reduce(g);
+      g.div_(pg.world_size());
+    }
+  }
+  ProcessGroup& pg;
+  std::shared_ptr<torch::nn::Module> module;
+};
+
 // Averages, but with a relative error of 1e-4 (a float16 division, a stale scale): 1,700 times fp32's u,
 // and more than the derived bound (ddp_check.cpp) allows for sums in another order.
 struct SlightlyOffAverage : ScaledAllReduce {
@@ -152,9 +195,38 @@ std::unique_ptr<GradSync> make(ProcessGroup& pg, std::shared_ptr<torch::nn::Modu
   return std::make_unique<Sync>(pg, std::move(m));
 }
 
+// Each rank's dp::CheckFailed message from the CS336 check of `make` on `model` (every rank throws, together).
+std::vector<std::string> failures(const dp::MakeGradSync& make, const char* model = "toy", int world = 2) {
+  std::vector<std::string> messages(world);
+  run_ranks(world, [&](ProcessGroup& pg) {
+    try {
+      dp::check_cs336_scenario(pg, model, make);
+      ADD_FAILURE() << "the mutant passed on rank " << pg.rank();
+    } catch (const dp::CheckFailed& e) {
+      messages[pg.rank()] = e.what();
+    }
+  });
+  return messages;
+}
+
+// The workbook's named hints: the rank that found the fault names the mistake ("[summed-not-averaged]").
+void expect_hint(const std::vector<std::string>& messages, const std::string& name) {
+  std::string all;
+  for (const auto& m : messages) all += m + " | ";
+  EXPECT_NE(all.find(name), std::string::npos) << "no rank named " << name << ": " << all;
+}
+
 TEST(CheckCanFail, MissingDivisionIsCaught) {
-  EXPECT_THROW(run_ranks(2, [&](ProcessGroup& pg) { dp::check_cs336_scenario(pg, "toy", make<SumOnly>); }),
-               dp::CheckFailed);
+  for (int world : {2, 4}) expect_hint(failures(make<SumOnly>, "toy", world), "hint [summed-not-averaged]");
+}
+TEST(CheckCanFail, DividingTwiceIsCaught) {
+  for (int world : {2, 4}) expect_hint(failures(make<AveragedTwice>, "toy", world), "hint [averaged-twice]");
+}
+TEST(CheckCanFail, AveragesNotCopiedBackAreCaught) {
+  expect_hint(failures(make<NotCopiedBack>), "hint [ranks-differ]");
+}
+TEST(CheckCanFail, BucketSentBeforeItsLastGradientIsCaught) {
+  expect_hint(failures(make<SentBeforeReady>), "hint [gradient-never-arrived]");
 }
 TEST(CheckCanFail, AverageOffBy1e4IsCaught) {
   for (const char* model : {"toy", "tied"})
@@ -164,8 +236,7 @@ TEST(CheckCanFail, AverageOffBy1e4IsCaught) {
                dp::CheckFailed);
 }
 TEST(CheckCanFail, MissingBroadcastIsCaught) {
-  EXPECT_THROW(run_ranks(2, [&](ProcessGroup& pg) { dp::check_cs336_scenario(pg, "toy", make<NoBroadcast>); }),
-               dp::CheckFailed);
+  expect_hint(failures(make<NoBroadcast>), "hint [not-broadcast]");
 }
 
 // ToyModel's frozen fc2.fc.bias is drawn from the RNG, so it differs across ranks until broadcast: the check

@@ -391,17 +391,22 @@ void expect_caught(const MakeStrategy& mutant, const std::string& words) {
   EXPECT_TRUE(named) << "no rank said \"" << words << "\": " << messages[0] << " | " << messages[1];
 }
 
+// Each is caught, and named by the workbook's hint for that mistake (common/hints.hpp).
 TEST(StrategyContractCanFail, SkippedSynchronisation) {
   expect_caught(skipped_sync(), "differs from single-process training");
+  expect_caught(skipped_sync(), "hint [ranks-differ]");
 }
 TEST(StrategyContractCanFail, SummedNotAveraged) {
   expect_caught(mutant_of<SummedNotAveraged>(dp::ddp_strategy(Naive::make)), "differs from single-process training");
+  expect_caught(mutant_of<SummedNotAveraged>(dp::ddp_strategy(Naive::make)), "hint [summed-not-averaged]");
+  expect_caught(mutant_of<SummedNotAveraged>(dp::zero1_strategy()), "hint [summed-not-averaged]");  // ZeRO-1's step
 }
 TEST(StrategyContractCanFail, WrongShard) {
-  expect_caught(mutant_of<OwnShardOnly>(dp::zero1_strategy()), "differs");
+  expect_caught(mutant_of<OwnShardOnly>(dp::zero1_strategy()), "hint [ranks-differ]");  // the all-gather missing
 }
 TEST(StrategyContractCanFail, NotBroadcast) {
   expect_caught(mutant_of<NotBroadcast>(dp::zero1_strategy()), "were not broadcast");
+  expect_caught(mutant_of<NotBroadcast>(dp::zero1_strategy()), "hint [not-broadcast]");
 }
 TEST(StrategyContractCanFail, StateForgotten) {
   for (const auto& make : {dp::zero1_strategy(), dp::fsdp_strategy({})}) {

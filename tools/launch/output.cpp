@@ -44,6 +44,16 @@ void LineForwarder::finish() {
   pending_.clear();
 }
 
+// What a rank printed in the backend's words, not ours, for a classic mistake: a named hint, once per run.
+static void hint_for(std::string_view line) {
+  static bool said = false;
+  if (said || line.find("op.preamble.length <= op.nbytes") == std::string_view::npos) return;
+  said = true;
+  say("hint [collective-mismatch]: Gloo received more bytes than this collective expects: the ranks issued "
+      "collectives of different sizes, or in different orders (a hook that fired in another order on one rank, "
+      "a bucket launched out of index order, ranks that built different models)");
+}
+
 void LineForwarder::emit(std::string_view line) {
   std::string out;
   const bool tagged = tag_.empty() || line.substr(0, kOwnTag.size()) == kOwnTag;
@@ -52,6 +62,7 @@ void LineForwarder::emit(std::string_view line) {
   out += line;
   out += '\n';
   write_all(fd_, out);  // one write per line: the launcher's output is flushed line by line
+  hint_for(line);
 }
 
 }  // namespace ddp_launch

@@ -1,0 +1,476 @@
+#!/usr/bin/env python3
+"""The workbook: a learner writes each stage's core; the stage's own tests check it (docs/workbook.md).
+
+The exercises are regions of the stages' own sources (the stage code is the reference solution):
+    // [exercise 02.1: average every gradient over the ranks]
+    ...
+    // [/exercise 02.1]
+with their page, hint and ctest label in scripts/workbook.toml. This script writes the learner's copy of
+the stage sources that hold exercises into workbook/stages/ (ignored by git) with every region replaced by a
+stub that throws dp::NotImplemented naming the exercise, what to read and a hint. `cmake --preset workbook`
+builds the programs and tests with those files in place of the stages' own (every other file, headers
+included, comes from stages/), so `ctest --preset workbook -L stage02` checks the learner's code with the
+same suites that check the reference.
+
+    python3 scripts/workbook.py init [--force]   # write workbook/ (refuses to overwrite without --force)
+    python3 scripts/workbook.py status           # each exercise: stub, written, or the reference's code
+    python3 scripts/workbook.py diff [NN ...]    # the learner's regions against the reference
+    python3 scripts/workbook.py reset NN [NN ...]  # stage NN's stubs again (the files replaced are backed up)
+    python3 scripts/workbook.py solve NN [NN ...]  # stage NN's reference code (backed up likewise)
+    python3 scripts/workbook.py update NN [NN ...] # the course changed stage NN: its new files, your code kept
+    python3 scripts/workbook.py pages            # each stage page's exercises and folded hints, from the above
+    python3 scripts/workbook.py check            # CI: regions, metadata and pages agree; stubs round-trip
+    python3 scripts/workbook.py self-test        # CI: the check catches broken regions and metadata
+    python3 scripts/workbook.py compile-stubs build  # CI: each exercise file, stubbed, compiles (build's flags)
+(scripts/workbook.sh runs this script with the same arguments.)
+"""
+import argparse
+import difflib
+import re
+import shlex
+import shutil
+import signal
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGES = ROOT / "stages"
+BOOK = ROOT / "workbook"
+META = ROOT / "scripts" / "workbook.toml"
+SOURCES = (".cpp", ".hpp")
+BEGIN = re.compile(r"^(?P<indent>[ \t]*)// \[exercise (?P<id>\d\d\.\d+): (?P<title>[^\]]+)\][ \t]*$")
+END = re.compile(r"^[ \t]*// \[/exercise (?P<id>\d\d\.\d+)\][ \t]*$")
+INCLUDE = '#include "common/errors.hpp"  // dp::NotImplemented: the workbook\'s stubs\n'
+
+
+class Bad(Exception):
+    """Bad input or a broken region: the message names it; exit 2 (input) or 1 (check)."""
+
+
+class Region:
+    def __init__(self, path, id, title, indent, begin, end, body):
+        self.path, self.id, self.title, self.indent = path, id, title, indent
+        self.begin, self.end, self.body = begin, end, body  # line indices of the markers; the lines between
+
+    @property
+    def stage(self):
+        return self.id[:2]
+
+
+def regions_of(path, lines):
+    """The exercise regions of one file (a list of lines with their ends), in order."""
+    found, open_ = [], None
+    for i, line in enumerate(lines):
+        b, e = BEGIN.match(line), END.match(line)
+        if b:
+            if open_:
+                raise Bad(f"{path}:{i + 1}: exercise {b['id']} begins inside exercise {open_[1]['id']}")
+            open_ = (i, b)
+        elif e:
+            if not open_ or open_[1]["id"] != e["id"]:
+                raise Bad(f"{path}:{i + 1}: '[/exercise {e['id']}]' closes no open exercise {e['id']}")
+            j, b = open_
+            found.append(Region(path, b["id"], b["title"], b["indent"], j, i, lines[j + 1:i]))
+            open_ = None
+    if open_:
+        raise Bad(f"{path}:{open_[0] + 1}: exercise {open_[1]['id']} is never closed ('// [/exercise {open_[1]['id']}]')")
+    return found
+
+
+def source_files(root):
+    return sorted(p for p in root.rglob("*") if p.suffix in SOURCES and p.is_file())
+
+
+def read_lines(path):
+    return path.read_text().splitlines(keepends=True)
+
+
+def load_meta():
+    return tomllib.loads(META.read_text()).get("exercise", {})
+
+
+def all_regions(root=STAGES):
+    """{id: Region} over every source file under `root`; duplicate ids are an error."""
+    out = {}
+    for path in source_files(root):
+        for r in regions_of(path, read_lines(path)):
+            if r.id in out:
+                raise Bad(f"exercise {r.id} is marked twice: {out[r.id].path} and {path}")
+            out[r.id] = r
+    return out
+
+
+def cxx_string(text):
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def stub_lines(region, meta):
+    m = meta[region.id]
+    i = region.indent
+    return [
+        f"{i}// Exercise {region.id}: {region.title}. Your code replaces the throw below; check it with\n",
+        f"{i}//   cmake --build --preset workbook && ctest --preset workbook -L {m['check']}\n",
+        f"{i}throw dp::NotImplemented({cxx_string(region.id)}, {cxx_string(region.title)}, {cxx_string(m['read'])},\n",
+        f"{i}                         {cxx_string(m['hint'])});\n",
+    ]
+
+
+def filled(path, meta, bodies=None):
+    """The text of `path` (a stage source) with each exercise region holding `bodies[id]` (the learner's
+    code) or, for an exercise `bodies` lacks, its stub."""
+    lines = read_lines(path)
+    regions = regions_of(path, lines)
+    if not regions:
+        return "".join(lines)
+    out, last = [], 0
+    for r in regions:
+        out += lines[last:r.begin + 1] + (bodies or {}).get(r.id, stub_lines(r, meta))
+        last = r.end
+    out += lines[last:]
+    if INCLUDE not in out:  # after the file's first #include: dp::NotImplemented must be declared
+        first = next(k for k, line in enumerate(out) if line.startswith("#include"))
+        out.insert(first + 1, INCLUDE)
+    return "".join(out)
+
+
+def stubbed(path, meta):
+    """The text of `path` (a stage source) with every exercise region replaced by its stub."""
+    return filled(path, meta)
+
+
+def stage_dir(num):
+    dirs = [d for d in STAGES.iterdir() if d.is_dir() and d.name.startswith(num + "_")]
+    if len(dirs) != 1:
+        names = ", ".join(sorted(d.name[:2] for d in STAGES.iterdir() if d.is_dir()))
+        raise Bad(f"no stage '{num}': give a stage number ({names})")
+    return dirs[0]
+
+
+def write_stage(num, meta, with_stubs, bodies=None):
+    """The learner's copy of stage `num`: its source files that hold exercises, stubbed, or the reference
+    (`with_stubs` false), or the current reference with the learner's `bodies` in its regions. Files without
+    an exercise are not copied: the build takes them from stages/, so they never go stale."""
+    src = stage_dir(num)
+    dst = BOOK / "stages" / src.name
+    if dst.exists():
+        shutil.rmtree(dst)
+    for path in source_files(src):
+        if not regions_of(path, read_lines(path)):
+            continue
+        target = dst / path.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(filled(path, meta, bodies) if with_stubs else path.read_text())
+
+
+def backup(num):
+    """Copies the learner's stage folder aside before it is overwritten; returns where it went."""
+    src = BOOK / "stages" / stage_dir(num).name
+    if not src.exists():
+        return None
+    dst = BOOK / ".backup" / time.strftime("%Y%m%d-%H%M%S") / src.name
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    return dst
+
+
+def need_book():
+    if not (BOOK / "stages").is_dir():
+        raise Bad("there is no workbook yet: run 'bash scripts/workbook.sh init' first")
+
+
+def check_meta(regions, meta):
+    problems = []
+    for id, r in sorted(regions.items()):
+        m = meta.get(id)
+        if m is None:
+            problems.append(f"{r.path.relative_to(ROOT)}: exercise {id} has no [exercise.\"{id}\"] in {META.relative_to(ROOT)}")
+            continue
+        for key in ("read", "hint", "check", "hints"):
+            if not m.get(key):
+                problems.append(f"{META.relative_to(ROOT)}: exercise {id} lacks '{key}'")
+        if m.get("check") and m["check"] != f"stage{r.stage}":
+            problems.append(f"{META.relative_to(ROOT)}: exercise {id} is checked by '{m['check']}', not stage{r.stage}")
+        if len(m.get("hints", [])) < 2:
+            problems.append(f"{META.relative_to(ROOT)}: exercise {id} has {len(m.get('hints', []))} hints; give 2-3")
+        page, _, section = m.get("read", "").partition(", ")
+        section = section.strip("'")
+        if not (ROOT / page).is_file():
+            problems.append(f"{META.relative_to(ROOT)}: exercise {id} sends the learner to {page}, which does not exist")
+        elif not re.search(r"^#+ " + re.escape(section) + r"( \{#\w+\})?$", (ROOT / page).read_text(), re.M):
+            problems.append(f"{META.relative_to(ROOT)}: exercise {id}: {page} has no heading '{section}'")
+        if not r.body or all(not line.strip() for line in r.body):
+            problems.append(f"{r.path.relative_to(ROOT)}: exercise {id} is empty")
+    for id in sorted(set(meta) - set(regions)):
+        problems.append(f"{META.relative_to(ROOT)}: exercise {id} is marked in no stage source")
+    return problems
+
+
+def cmd_init(args, meta):
+    if BOOK.exists() and not args.force:
+        raise Bad(f"{BOOK.relative_to(ROOT)}/ exists and may hold your work: 'reset NN' restubs one stage, "
+                  "'init --force' rewrites it all")
+    regions = all_regions()
+    problems = check_meta(regions, meta)
+    if problems:
+        raise Bad("\n".join(problems))
+    if BOOK.exists():
+        for d in sorted((BOOK / "stages").iterdir()) if (BOOK / "stages").exists() else []:
+            backup(d.name[:2])
+        shutil.rmtree(BOOK / "stages", ignore_errors=True)
+    for d in sorted(p for p in STAGES.iterdir() if p.is_dir()):
+        write_stage(d.name[:2], meta, with_stubs=True)
+    print(f"workbook: wrote {BOOK.relative_to(ROOT)}/stages/ with {len(regions)} exercises to write:")
+    for id, r in sorted(regions.items()):
+        print(f"  {id}  {r.title:<86} {r.path.relative_to(STAGES)}")
+    print("next: cmake --preset workbook && cmake --build --preset workbook && ctest --preset workbook -L stage01")
+
+
+def cmd_status(args, meta):
+    need_book()
+    ref = all_regions()
+    mine = all_regions(BOOK / "stages")
+    stale = set()
+    for path in source_files(BOOK / "stages"):
+        ref_path = STAGES / path.relative_to(BOOK / "stages")
+        bodies = {r.id: r.body for r in regions_of(path, read_lines(path))}
+        drop = lambda text: text.replace(INCLUDE, "")  # the stubs' include comes and goes with the stubs
+        if not ref_path.exists() or drop(filled(ref_path, meta, bodies)) != drop(path.read_text()):
+            stale.add(path.relative_to(BOOK / "stages").parts[0][:2])
+    for s in sorted(stale):
+        print(f"stage {s}: the course changed this stage's files since your copy was made: "
+              f"'bash scripts/workbook.sh update {s}' carries your code into the new files")
+    for id, r in sorted(ref.items()):
+        m = mine.get(id)
+        if m is None:
+            state = "missing (its markers were removed: 'reset %s' restores them)" % r.stage
+        elif "".join(m.body) == "".join(stub_lines(r, meta)):
+            state = "not written (the stub)"
+        elif "".join(m.body) == "".join(r.body):
+            state = "the reference's code"
+        else:
+            state = "written"
+        print(f"{id}  {state:<24} {r.title}")
+
+
+def cmd_diff(args, meta):
+    need_book()
+    ref = all_regions()
+    mine = all_regions(BOOK / "stages")
+    wanted = set(args.stages) or {r.stage for r in ref.values()}
+    for s in wanted:
+        stage_dir(s)
+    for id, r in sorted(ref.items()):
+        if r.stage not in wanted or id not in mine:
+            continue
+        a, b = r.body, mine[id].body
+        lines = list(difflib.unified_diff(a, b, f"reference {id} ({r.path.relative_to(ROOT)})",
+                                          f"yours {id} ({mine[id].path.relative_to(ROOT)})"))
+        sys.stdout.write("".join(lines) if lines else f"exercise {id}: the same as the reference\n")
+
+
+def cmd_reset(args, meta, with_stubs):
+    need_book()
+    for s in args.stages:
+        saved = backup(s)
+        write_stage(s, meta, with_stubs=with_stubs)
+        what = "stubs" if with_stubs else "reference code"
+        print(f"workbook: stage {s} has its {what} again" + (f" (your files are in {saved.relative_to(ROOT)})" if saved else ""))
+
+
+def cmd_update(args, meta):
+    """The stages' current files with the learner's code carried into their regions."""
+    need_book()
+    for s in args.stages:
+        mine = {r.id: r.body for r in all_regions(BOOK / "stages" / stage_dir(s).name).values()} \
+            if (BOOK / "stages" / stage_dir(s).name).exists() else {}
+        saved = backup(s)
+        write_stage(s, meta, with_stubs=True, bodies=mine)
+        print(f"workbook: stage {s} is the course's current code with your {len(mine)} exercise region(s) in it"
+              + (f" (your old files are in {saved.relative_to(ROOT)})" if saved else ""))
+
+
+STAGE_PAGE = {"01": "01_allreduce.md", "02": "02_naive_ddp.md", "03": "03_flat.md", "04": "04_overlap.md",
+              "05": "05_bucketed.md", "06": "06_sharded_opt.md", "07": "07_fsdp.md"}
+
+
+def page_block(stage, regions, meta):
+    """The workbook's part of a stage page: its exercises, where to write them, their hints folded."""
+    mine = [r for id, r in sorted(regions.items()) if r.stage == stage]
+    out = [f"<!-- workbook:{stage} -->", "### Write it yourself", "",
+           f"In [the workbook](workbook.md) (`bash scripts/workbook.sh init`) this stage's core is yours to write; "
+           f"`ctest --preset workbook -L stage{stage}` checks it with the tests that check the code above.", ""]
+    for r in mine:
+        m = meta[r.id]
+        out += [f"- `{r.id}`: {r.title}, in `workbook/{r.path.relative_to(ROOT)}`.", ""]
+        out += ["<details><summary>Hints</summary>", ""]
+        out += [f"{k}. {h}" for k, h in enumerate(m["hints"], 1)]
+        out += ["", "</details>", ""]
+    out.append(f"<!-- /workbook:{stage} -->")
+    return "\n".join(out) + "\n"
+
+
+def pages_text(regions, meta):
+    """{page path: its text with the workbook block current}, for every stage page with exercises."""
+    out = {}
+    for stage in sorted({r.stage for r in regions.values()}):
+        path = ROOT / "docs" / STAGE_PAGE[stage]
+        text = path.read_text()
+        block = page_block(stage, regions, meta)
+        pattern = re.compile(rf"<!-- workbook:{stage} -->\n.*?<!-- /workbook:{stage} -->\n", re.S)
+        if pattern.search(text):
+            new = pattern.sub(lambda _: block, text)
+        else:  # first time: before the page's closing "Next:" line
+            at = text.rindex("\nNext:")
+            new = text[:at + 1] + block + "\n" + text[at + 1:]
+        out[path] = new
+    return out
+
+
+def cmd_pages(args, meta):
+    for path, text in pages_text(all_regions(), meta).items():
+        if path.read_text() != text:
+            path.write_text(text)
+            print(f"updated {path.relative_to(ROOT)}")
+
+
+def compile_command(build, path):
+    """The compiler's argument list that `build` (its compile_commands.json) uses for `path`, directly or through
+    the unity file that includes it, and the directory to run it in."""
+    import json
+    for e in json.loads((build / "compile_commands.json").read_text()):
+        src = Path(e["file"])
+        if src == path or (src.name.startswith("unity_") and f'"{path}"' in src.read_text()):
+            return shlex.split(e["command"]), e["directory"]
+    raise Bad(f"{build}/compile_commands.json compiles no {path.relative_to(ROOT)}: is {build} built?")
+
+
+def cmd_compile_stubs(args, meta):
+    """Every exercise file, stubbed, compiles with the flags of a built tree (-fsyntax-only: no objects)."""
+    import concurrent.futures
+    import subprocess
+    import tempfile
+    build = Path(args.build).resolve()
+    files = [p for p in source_files(STAGES) if regions_of(p, read_lines(p))]
+    with tempfile.TemporaryDirectory() as tmp:
+        def one(path):
+            argv, cwd = compile_command(build, path)
+            out = []
+            skip = False
+            for a in argv:  # drop the output and the input; keep every flag
+                if skip:
+                    skip = False
+                elif a in ("-o", "-c", "-MF", "-MT"):
+                    skip = True
+                elif a not in ("-MD",):
+                    out.append(a)
+            stub = Path(tmp) / f"{path.parent.name}_{path.name}"
+            stub.write_text(stubbed(path, meta))
+            r = subprocess.run(out + ["-fsyntax-only", "-c", str(stub)], cwd=cwd, capture_output=True, text=True)
+            return path, r.returncode, r.stderr
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            results = list(pool.map(one, files))
+    failed = [(p, err) for p, rc, err in results if rc != 0]
+    for p, err in failed:
+        print(f"{p.relative_to(ROOT)}, stubbed, does not compile:\n{err}", file=sys.stderr)
+    if failed:
+        raise Bad(f"{len(failed)} of {len(files)} stubbed files do not compile")
+    print(f"workbook compile-stubs: PASS: the {len(files)} exercise files compile with their stubs ({build.name})")
+
+
+def cmd_check(args, meta):
+    """Every region has its metadata and page section; stubbing changes only the regions (and one include)."""
+    regions = all_regions()
+    problems = check_meta(regions, meta)
+    for path, text in pages_text(regions, meta).items():
+        if path.read_text() != text:
+            problems.append(f"{path.relative_to(ROOT)}: its workbook hints differ from {META.relative_to(ROOT)}: "
+                            "run python3 scripts/workbook.py pages")
+    page = (ROOT / "docs" / "workbook.md").read_text()
+    problems += [f"docs/workbook.md: exercise {id} is not in its table" for id in sorted(regions) if f"| `{id}` |" not in page]
+    for path in source_files(STAGES):
+        ref = read_lines(path)
+        stub = stubbed(path, meta).splitlines(keepends=True)
+        if stub == ref:
+            continue
+        # Put the reference's regions back into the stubbed text: the original must come out.
+        back_regions = regions_of(path, stub)
+        out, last = [], 0
+        for r, orig in zip(back_regions, regions_of(path, ref)):
+            out += stub[last:r.begin + 1] + orig.body
+            last = r.end
+        out += stub[last:]
+        out = [line for line in out if line != INCLUDE or INCLUDE in ref]
+        if out != ref:
+            problems.append(f"{path.relative_to(ROOT)}: stubbing changes more than its exercise regions")
+        if "throw dp::NotImplemented(" not in "".join(stub):
+            problems.append(f"{path.relative_to(ROOT)}: a stub does not throw dp::NotImplemented")
+    if problems:
+        raise Bad("\n".join(problems))
+    stages = sorted({r.stage for r in regions.values()})
+    print(f"workbook check: PASS: {len(regions)} exercises in stages {', '.join(stages)}; each has its page section, "
+          "hint and hints, and its stub round-trips to the reference")
+
+
+def cmd_self_test(args, meta):
+    """The check can fail: each broken input below must be reported."""
+    regions = all_regions()
+    r = regions["02.1"]
+    caught = []
+    try:  # a region never closed
+        regions_of(Path("x.cpp"), ["  // [exercise 02.1: t]\n", "  x();\n"])
+    except Bad as e:
+        caught.append(("unclosed region", "never closed" in str(e)))
+    try:  # a close without an open
+        regions_of(Path("x.cpp"), ["  // [/exercise 02.1]\n"])
+    except Bad as e:
+        caught.append(("stray close", "closes no open" in str(e)))
+    broken = {k: dict(v) for k, v in meta.items() if k != "02.1"}
+    caught.append(("no metadata", any("has no [exercise" in p for p in check_meta(regions, broken))))
+    broken = {k: dict(v) for k, v in meta.items()}
+    broken["02.1"]["read"] = "docs/02_naive_ddp.md, 'No such section'"
+    caught.append(("missing section", any("has no heading" in p for p in check_meta(regions, broken))))
+    broken["02.1"] = dict(meta["02.1"], hints=["one"])
+    caught.append(("one hint", any("give 2-3" in p for p in check_meta(regions, broken))))
+    broken["02.1"] = dict(meta["02.1"], check="stage03")
+    caught.append(("wrong label", any("not stage02" in p for p in check_meta(regions, broken))))
+    text = stubbed(r.path, meta)
+    caught.append(("stub throws", "throw dp::NotImplemented(\"02.1\"" in text and "".join(r.body) not in text))
+    missed = [name for name, ok in caught if not ok]
+    if len(caught) != 7 or missed:
+        raise Bad(f"the workbook check misses: {', '.join(missed) or 'a case that raised nothing'}")
+    print(f"workbook self-test: PASS: {len(caught)} broken inputs caught")
+
+
+def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `workbook.sh status | head`: stop quietly
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("init", help="write workbook/ with every exercise stubbed")
+    p.add_argument("--force", action="store_true", help="rewrite an existing workbook (its stages are backed up)")
+    sub.add_parser("status", help="each exercise: stub, written, or the reference's code")
+    p = sub.add_parser("diff", help="your regions against the reference")
+    p.add_argument("stages", nargs="*", help="stage numbers, e.g. 02 (default: all)")
+    for name, what in (("reset", "stub stage NN's exercises again"), ("solve", "put stage NN's reference code back"),
+                       ("update", "take the course's current files for stage NN, your exercise code carried in")):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("stages", nargs="+", help="stage numbers, e.g. 02")
+    sub.add_parser("pages", help="write each stage page's exercises and hints from the regions and the metadata")
+    sub.add_parser("check", help="CI: regions, metadata and pages agree; stubs round-trip")
+    sub.add_parser("self-test", help="CI: the check catches broken regions and metadata")
+    p = sub.add_parser("compile-stubs", help="CI: every exercise file compiles with its stubs, with a build's flags")
+    p.add_argument("build", help="a configured and built tree, e.g. build")
+    args = ap.parse_args()
+    commands = {"init": cmd_init, "status": cmd_status, "diff": cmd_diff, "update": cmd_update,
+                "reset": lambda a, m: cmd_reset(a, m, with_stubs=True),
+                "solve": lambda a, m: cmd_reset(a, m, with_stubs=False), "pages": cmd_pages,
+                "compile-stubs": cmd_compile_stubs, "self-test": cmd_self_test, "check": cmd_check}
+    try:
+        commands[args.command](args, load_meta())
+    except Bad as e:
+        print(f"workbook: {e}", file=sys.stderr)
+        sys.exit(1 if args.command in ("check", "self-test", "compile-stubs") else 2)
+
+
+if __name__ == "__main__":
+    main()
