@@ -238,8 +238,9 @@ def cmd_status(args, meta):
         if not ref_path.exists() or drop(filled(ref_path, meta, bodies)) != drop(path.read_text()):
             stale.add(path.relative_to(BOOK / "stages").parts[0][:2])
     for s in sorted(stale):
-        print(f"stage {s}: the course changed this stage's files since your copy was made: "
-              f"'bash scripts/workbook.sh update {s}' carries your code into the new files")
+        print(f"stage {s}: outside its exercise regions your copy differs from stages/ (the course changed since "
+              f"init, or you edited there): 'bash scripts/workbook.sh update {s}' takes the course's files and "
+              "keeps your regions")
     for id, r in sorted(ref.items()):
         m = mine.get(id)
         if m is None:
