@@ -117,10 +117,10 @@ def stub_lines(region, meta):
     ]
 
 
-def filled(path, meta, bodies=None):
-    """The text of `path` (a stage source) with each exercise region holding `bodies[id]` (the learner's
-    code) or, for an exercise `bodies` lacks, its stub."""
-    lines = read_lines(path)
+def filled(path, meta, bodies=None, lines=None):
+    """The text of `path` (a stage source; or its `lines`, when given) with each exercise region holding
+    `bodies[id]` (the learner's code) or, for an exercise `bodies` lacks, its stub."""
+    lines = read_lines(path) if lines is None else lines
     regions = regions_of(path, lines)
     if not regions:
         return "".join(lines)
@@ -335,11 +335,10 @@ def cmd_pages(args, meta):
             print(f"updated {path.relative_to(ROOT)}")
 
 
-def compile_command(build, path):
-    """The compiler's argument list that `build` (its compile_commands.json) uses for `path`, directly or through
-    the unity file that includes it, and the directory to run it in."""
-    import json
-    for e in json.loads((build / "compile_commands.json").read_text()):
+def compile_command(build, entries, path):
+    """The compiler's argument list that `build` (its compile_commands.json `entries`) uses for `path`, directly
+    or through the unity file that includes it, and the directory to run it in."""
+    for e in entries:
         src = Path(e["file"])
         if src == path or (src.name.startswith("unity_") and f'"{path}"' in src.read_text()):
             return shlex.split(e["command"]), e["directory"]
@@ -351,11 +350,13 @@ def cmd_compile_stubs(args, meta):
     import concurrent.futures
     import subprocess
     import tempfile
+    import json
     build = Path(args.build).resolve()
+    entries = json.loads((build / "compile_commands.json").read_text())
     files = [p for p in source_files(STAGES) if regions_of(p, read_lines(p))]
     with tempfile.TemporaryDirectory() as tmp:
         def one(path):
-            argv, cwd = compile_command(build, path)
+            argv, cwd = compile_command(build, entries, path)
             out = []
             skip = False
             for a in argv:  # drop the output and the input; keep every flag
@@ -395,13 +396,8 @@ def cmd_check(args, meta):
         if stub == ref:
             continue
         # Put the reference's regions back into the stubbed text: the original must come out.
-        back_regions = regions_of(path, stub)
-        out, last = [], 0
-        for r, orig in zip(back_regions, regions_of(path, ref)):
-            out += stub[last:r.begin + 1] + orig.body
-            last = r.end
-        out += stub[last:]
-        out = [line for line in out if line != INCLUDE or INCLUDE in ref]
+        back = filled(path, meta, {r.id: r.body for r in regions_of(path, ref)}, lines=stub)
+        out = [line for line in back.splitlines(keepends=True) if line != INCLUDE or INCLUDE in ref]
         if out != ref:
             problems.append(f"{path.relative_to(ROOT)}: stubbing changes more than its exercise regions")
         if "throw dp::NotImplemented(" not in "".join(stub):

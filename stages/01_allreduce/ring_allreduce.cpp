@@ -1,7 +1,5 @@
 #include "stages/01_allreduce/ring_allreduce.hpp"
 
-#include "common/errors.hpp"
-
 #include <fmt/format.h>
 
 #include <stdexcept>
@@ -53,10 +51,12 @@ std::string ring_mismatch_hint(ProcessGroup& pg, const torch::Tensor& input, con
   if (torch::equal(got, input.reshape({-1})))
     return "; hint [ring-nothing-received]: the result is this rank's own input: nothing that arrived was used";
   const auto got_c = got.tensor_split(W), want_c = want.tensor_split(W);
+  std::vector<std::vector<torch::Tensor>> inputs_c;  // [rank][chunk]
+  for (const auto& x : inputs) inputs_c.push_back(x.tensor_split(W));
   bool own_summed = torch::equal(got_c[(r + 1) % W], want_c[(r + 1) % W]), one_rank_each = true;
   for (int c = 0; c < W; ++c) {
     bool from_one = false;
-    for (const auto& x : inputs) from_one = from_one || torch::equal(got_c[c], x.tensor_split(W)[c]);
+    for (const auto& x : inputs_c) from_one = from_one || torch::equal(got_c[c], x[c]);
     one_rank_each = one_rank_each && from_one;
   }
   if (own_summed)  // and some other chunk not: the result is not the sum
