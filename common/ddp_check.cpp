@@ -79,6 +79,11 @@ Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_
   const int layers = static_cast<int>(baseline.children().size());
   double G = 0, max_weight = 0;
   Margin worst;
+  struct Tracking {  // remember every asynchronous collective while the check runs (ProcessGroup::track_async)
+    ProcessGroup& pg;
+    explicit Tracking(ProcessGroup& g) : pg(g) { pg.track_async(true); }
+    ~Tracking() { pg.track_async(false); }
+  } tracking(pg);
 
   for (int step = 0; step < s.steps; ++step) {
     std::vector<torch::Tensor> ddp_before, base_before;  // what a failed comparison's hint compares
@@ -95,6 +100,12 @@ Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_
     auto x = s.x.narrow(0, pg.rank() * local, local), y = s.y.narrow(0, pg.rank() * local, local);
     torch::mse_loss(ddp_model->forward(x), y).backward();
     strategy.after_backward();
+    // A collective that after_backward() launched and left running races with the step: it still writes
+    // the gradients the optimizer reads. On a fast link it may end first, and the mistake hide: so ask.
+    const auto running = pg.unfinished_async();
+    fail_together(pg, running.empty() ? "" : fmt::format("step {}: after_backward() returned while {} collective(s) "
+                                                         "it launched were still running, the first: {}{}", step,
+                                                         running.size(), running.front(), not_waited_hint()));
     strategy.step();
 
     const double bound = ddp_bound(s, pg.world_size(), layers, step + 1, G, max_weight);
@@ -117,7 +128,7 @@ Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_
     }
     // Every step, whatever was found (a collective): ranks that disagree name the cause of a mismatch.
     if (!parameters_identical_across_ranks(pg, *ddp_model) && !problem.empty())
-      problem = problem.substr(0, problem.find("; hint [")) + ranks_differ_hint();
+      problem = with_ranks_differ_hint(problem);
     fail_together(pg, problem);
     if (s.shuffle) {
       auto idx = torch::randperm(s.x.size(0), torch::make_generator<at::CPUGeneratorImpl>(42 + step + 1000 * s.seed))
@@ -266,7 +277,7 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uin
     // Whether any rank differs from rank 0 (a collective, whatever was found): the cause of a mismatch.
     const auto votes = pg.all_gather(differs ? 1.0 : 0.0);
     if (std::count(votes.begin(), votes.end(), 1.0) > 0 && !problem.empty() && bound > 0)
-      problem = problem.substr(0, problem.find("; hint [")) + ranks_differ_hint();
+      problem = with_ranks_differ_hint(problem);
     fail_together(pg, problem);
   };
   compare("after construction", 0.0, "");

@@ -16,8 +16,11 @@
 #endif
 #include <net/if.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 namespace dp {
 namespace {
@@ -83,6 +86,11 @@ struct ProcessGroup::Impl {
   compat::CommPtr comm;
   std::string where;  // "gloo rank 1/4" for messages
   std::unique_ptr<detail::ExchangeQueue> exchanges;  // Gloo's all-to-alls, one at a time (made on first use)
+  // The correctness checks' record of asynchronous collectives (track_async); hooks launch from
+  // autograd's threads, hence the lock.
+  std::atomic<bool> tracking{false};
+  std::mutex tracked_mu;
+  std::vector<std::pair<Work, std::string>> tracked;
 };
 
 bool backend_available(const std::string& backend) {
@@ -277,6 +285,29 @@ static Work wrap(compat::WorkPtr w, std::string what, int64_t trace_id = -1) {
   return Work(std::make_shared<compat::WorkPtr>(std::move(w)), std::move(what), trace_id);
 }
 
+Work ProcessGroup::tracked(Work w, const std::string& label) {
+  if (impl_->tracking.load()) {
+    std::lock_guard<std::mutex> lock(impl_->tracked_mu);
+    impl_->tracked.emplace_back(w, label.empty() ? w.what() : fmt::format("{} ({})", w.what(), label));
+  }
+  return w;
+}
+
+void ProcessGroup::track_async(bool on) {
+  std::lock_guard<std::mutex> lock(impl_->tracked_mu);
+  impl_->tracking = on;
+  if (!on) impl_->tracked.clear();
+}
+
+std::vector<std::string> ProcessGroup::unfinished_async() {
+  std::lock_guard<std::mutex> lock(impl_->tracked_mu);
+  auto& t = impl_->tracked;
+  t.erase(std::remove_if(t.begin(), t.end(), [](const auto& w) { return w.first.completed(); }), t.end());
+  std::vector<std::string> out;
+  for (const auto& w : t) out.push_back(w.second);
+  return out;
+}
+
 static std::string describe(const char* op, const torch::Tensor& t) {
   return fmt::format("{} of {} bytes", op, t.numel() * t.element_size());
 }
@@ -291,7 +322,7 @@ Work ProcessGroup::all_reduce_async(torch::Tensor& t, const std::string& label) 
   c10d::AllreduceOptions o;
   o.reduceOp = c10d::ReduceOp::SUM;
   const int64_t id = trace_launch("all_reduce", t, label);
-  return wrap(impl_->comm->allreduce(v, o), describe("all_reduce", t), id);
+  return tracked(wrap(impl_->comm->allreduce(v, o), describe("all_reduce", t), id), label);
 }
 
 void ProcessGroup::all_reduce(torch::Tensor& t, const std::string& label) { all_reduce_async(t, label).wait(); }
@@ -301,19 +332,21 @@ Work ProcessGroup::broadcast_async(torch::Tensor& t, int root, const std::string
   c10d::BroadcastOptions o;
   o.rootRank = root;
   const int64_t id = trace_launch("broadcast", t, label);
-  return wrap(impl_->comm->broadcast(v, o), describe("broadcast", t), id);
+  return tracked(wrap(impl_->comm->broadcast(v, o), describe("broadcast", t), id), label);
 }
 
 Work ProcessGroup::send_async(torch::Tensor& t, int peer, int tag, const std::string& label) {
   std::vector<at::Tensor> v{t};
   const int64_t id = trace_launch("send", t, label);
-  return wrap(impl_->comm->send(v, peer, tag), describe("send", t) + " to rank " + std::to_string(peer), id);
+  const std::string what = describe("send", t) + " to rank " + std::to_string(peer);
+  return tracked(wrap(impl_->comm->send(v, peer, tag), what, id), label);
 }
 
 Work ProcessGroup::recv_async(torch::Tensor& t, int peer, int tag, const std::string& label) {
   std::vector<at::Tensor> v{t};
   const int64_t id = trace_launch("recv", t, label);
-  return wrap(impl_->comm->recv(v, peer, tag), describe("recv", t) + " from rank " + std::to_string(peer), id);
+  const std::string what = describe("recv", t) + " from rank " + std::to_string(peer);
+  return tracked(wrap(impl_->comm->recv(v, peer, tag), what, id), label);
 }
 
 void ProcessGroup::broadcast(torch::Tensor& t, int root, const std::string& label) {
@@ -335,7 +368,7 @@ Work ProcessGroup::all_gather_async(std::vector<torch::Tensor>& outs, torch::Ten
   std::vector<at::Tensor> input{in};
   std::vector<std::vector<at::Tensor>> output{outs};
   const int64_t id = trace_launch("all_gather", in, label);
-  return wrap(impl_->comm->allgather(output, input), describe("all_gather", in), id);
+  return tracked(wrap(impl_->comm->allgather(output, input), describe("all_gather", in), id), label);
 }
 
 // [all_to_all]
@@ -346,7 +379,8 @@ Work ProcessGroup::all_to_all_async(torch::Tensor& out, torch::Tensor& in, const
   const int64_t id = trace_launch("all_to_all", in, label);
   if (backend_ != "gloo") {
     std::vector<int64_t> equal_splits;  // empty: world_size equal chunks
-    return wrap(impl_->comm->alltoall_base(out, in, equal_splits, equal_splits), describe("all_to_all", in), id);
+    auto work = impl_->comm->alltoall_base(out, in, equal_splits, equal_splits);
+    return tracked(wrap(std::move(work), describe("all_to_all", in), id), label);
   }
   // Gloo's alltoall moves the pieces at half the link's rate (scripts/torch_alltoall.py, 2 ranks at
   // 1 Gbit/s: 307 ms for 37.3 MB per rank, where one send and one receive posted together take 156 ms,
@@ -354,7 +388,8 @@ Work ProcessGroup::all_to_all_async(torch::Tensor& out, torch::Tensor& in, const
   // Exchanges go on the wire one at a time, in the order issued, so that the first one issued is the
   // first one done (common/exchange.hpp).
   if (!impl_->exchanges) impl_->exchanges = std::make_unique<detail::ExchangeQueue>(impl_->comm, rank_, world_);
-  return wrap(impl_->exchanges->post(out, in, [id] { trace::collective_done(id); }), describe("all_to_all", in), id);
+  auto work = impl_->exchanges->post(out, in, [id] { trace::collective_done(id); });
+  return tracked(wrap(std::move(work), describe("all_to_all", in), id), label);
 }
 // [all_to_all]
 
@@ -369,7 +404,7 @@ Work ProcessGroup::reduce_scatter_native_async(torch::Tensor& out, torch::Tensor
     throw std::invalid_argument(fmt::format("reduce_scatter: input of {} elements is not {} x {}", in.numel(),
                                             world_, out.numel()));
   const int64_t id = trace_launch("reduce_scatter", in, label);
-  return wrap(compat::reduce_scatter_flat(impl_->comm, out, in), describe("reduce_scatter", in), id);
+  return tracked(wrap(compat::reduce_scatter_flat(impl_->comm, out, in), describe("reduce_scatter", in), id), label);
 }
 
 std::vector<std::vector<double>> ProcessGroup::all_gather(const std::vector<double>& v) {

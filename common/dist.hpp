@@ -40,6 +40,8 @@ class Work {
   bool completed() const;
   /// True when this handle refers to a collective.
   bool valid() const { return impl_ != nullptr; }
+  /// What the collective carries, for messages ("all_reduce of 400 bytes").
+  const std::string& what() const { return what_; }
 
  private:
   std::shared_ptr<void> impl_;
@@ -106,12 +108,21 @@ class ProcessGroup {
   /// Waits for outstanding work and releases the backend; safe to call twice.
   void shutdown();
 
+  /// For the correctness checks (common/ddp_check.cpp): while on, every asynchronous collective launched
+  /// through this group is remembered until unfinished_async() sees it complete. Off unless a check runs:
+  /// a remembered handle keeps its tensors alive.
+  void track_async(bool on);
+  /// The remembered collectives that are still running, each as "all_reduce of 400 bytes (fc1.weight)";
+  /// the completed ones are forgotten.
+  std::vector<std::string> unfinished_async();
+
   ProcessGroup(ProcessGroup&&) noexcept;
   ProcessGroup& operator=(ProcessGroup&&) noexcept;
   ~ProcessGroup();
 
  private:
   ProcessGroup() = default;
+  Work tracked(Work w, const std::string& label);  // remembered while track_async(true)
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int rank_ = 0, world_ = 1;

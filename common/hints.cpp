@@ -33,10 +33,17 @@ std::string update_hint(const torch::Tensor& ours_before, const torch::Tensor& o
   return "";
 }
 
-std::string ranks_differ_hint() {
-  return "; hint [ranks-differ]: after this step the ranks hold different parameters, so some rank stepped with "
+std::string with_ranks_differ_hint(const std::string& problem) {
+  return problem.substr(0, problem.find("; hint [")) +
+         "; hint [ranks-differ]: after this step the ranks hold different parameters, so some rank stepped with "
          "a gradient the others did not have: an all-reduce missing, its result not copied back into .grad(), "
          "a gradient read before its wait() returned, or (ZeRO) the all-gather after the step missing";
+}
+
+std::string not_waited_hint() {
+  return "; hint [not-waited]: the optimizer would read gradients that a collective is still writing: wait() on "
+         "every handle you launched before the step (a wait on one handle does not wait for another; a handle "
+         "dropped unwaited is a collective nobody waits for)";
 }
 
 std::string not_broadcast_hint() {

@@ -18,10 +18,14 @@ namespace dp {
 std::string update_hint(const torch::Tensor& ours_before, const torch::Tensor& ours_after,
                         const torch::Tensor& ref_before, const torch::Tensor& ref_after, int world_size);
 
-/// "; hint [ranks-differ]: ..." for a check that found the ranks holding different parameters after a step.
-std::string ranks_differ_hint();
+/// `problem` with its hint, if any, replaced by "; hint [ranks-differ]: ...": for a check that found the ranks
+/// holding different parameters after a step, which explains a mismatch better than the update's shape.
+std::string with_ranks_differ_hint(const std::string& problem);
 
 /// "; hint [not-broadcast]: ..." for a check that found a rank still holding its own initial weights.
 std::string not_broadcast_hint();
+
+/// "; hint [not-waited]: ..." for a check that found collectives still running when the step began.
+std::string not_waited_hint();
 
 }  // namespace dp

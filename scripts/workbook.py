@@ -21,7 +21,7 @@ same suites that check the reference.
     python3 scripts/workbook.py pages            # each stage page's exercises and folded hints, from the above
     python3 scripts/workbook.py check            # CI: regions, metadata and pages agree; stubs round-trip
     python3 scripts/workbook.py self-test        # CI: the check catches broken regions and metadata
-    python3 scripts/workbook.py compile-stubs build  # CI: each exercise file, stubbed, compiles (build's flags)
+    python3 scripts/workbook.py stubs-fail build   # CI: stubbed, each stage's contract test fails (build's flags)
 (scripts/workbook.sh runs this script with the same arguments.)
 """
 import argparse
@@ -335,49 +335,161 @@ def cmd_pages(args, meta):
             print(f"updated {path.relative_to(ROOT)}")
 
 
-def compile_command(build, entries, path):
-    """The compiler's argument list that `build` (its compile_commands.json `entries`) uses for `path`, directly
-    or through the unity file that includes it, and the directory to run it in."""
+def compile_entry(entries, path):
+    """The entry of a build's compile_commands.json (`entries`) that compiles `path`, directly or through the
+    unity file that includes it (the stages' libraries are unity builds: one object per library)."""
     for e in entries:
         src = Path(e["file"])
         if src == path or (src.name.startswith("unity_") and f'"{path}"' in src.read_text()):
-            return shlex.split(e["command"]), e["directory"]
-    raise Bad(f"{build}/compile_commands.json compiles no {path.relative_to(ROOT)}: is {build} built?")
+            return e
+    raise Bad(f"compile_commands.json compiles no {path.relative_to(ROOT)}: is the build configured and built?")
 
 
-def cmd_compile_stubs(args, meta):
-    """Every exercise file, stubbed, compiles with the flags of a built tree (-fsyntax-only: no objects)."""
+# The contract test that each stage's stubs must fail: (test executable, its suite, or a typed suite's
+# TypeParam; a trailing '<' matches every instance of a template). Every stage with exercises has a row.
+STUB_CHECKS = {
+    "01": ("test_ring", "RingAllReduce"),
+    "02": ("test_strategy_contract", "Ddp<Naive>"),
+    "03": ("test_strategy_contract", "Ddp<Flat>"),
+    "04": ("test_strategy_contract", "Ddp<Overlap>"),
+    "05": ("test_strategy_contract", "Ddp<Bucketed<"),
+    "06": ("test_strategy_contract", "Zero1"),
+    "07": ("test_strategy_contract", "Fsdp<"),
+}
+STUB_TIMEOUT_S = 180  # one stage's filtered run: a stub throws at the first step, so seconds; a hang fails
+
+
+def gtest_filter(listing, want):
+    """The --gtest_filter of the suites in a `--gtest_list_tests` listing named `want`, or whose TypeParam is
+    `want` (or starts with it, when it ends in '<')."""
+    suites = []
+    for line in listing.splitlines():
+        m = re.match(r"^(\S+)\.(?:\s+# TypeParam = (.*))?$", line)
+        if not m:
+            continue
+        suite, param = m.group(1), (m.group(2) or "").strip()
+        if suite == want or param == want or (want.endswith("<") and param.startswith(want)):
+            suites.append(f"{suite}.*")
+    return ":".join(suites)
+
+
+def cmd_stubs_fail(args, meta):
+    """CI: the workbook is live. Each stage library that holds exercises is compiled again with its exercise
+    files stubbed (the build's own flags, at -O1), the contract tests are relinked against those objects, and
+    each stage's contract test must then fail with that stage's NotImplemented (docs/workbook.md). The same
+    tests pass on the reference code in the suite itself."""
     import concurrent.futures
+    import json
+    import os
     import subprocess
     import tempfile
-    import json
+    t0 = time.time()
     build = Path(args.build).resolve()
+    if not (build / "compile_commands.json").exists():
+        raise Bad(f"{build} has no compile_commands.json: configure and build it first")
     entries = json.loads((build / "compile_commands.json").read_text())
-    files = [p for p in source_files(STAGES) if regions_of(p, read_lines(p))]
-    with tempfile.TemporaryDirectory() as tmp:
-        def one(path):
-            argv, cwd = compile_command(build, entries, path)
-            out = []
-            skip = False
-            for a in argv:  # drop the output and the input; keep every flag
+    regions = all_regions()
+    stages = sorted({r.stage for r in regions.values()})
+    unchecked = [s for s in stages if s not in STUB_CHECKS]
+    if unchecked:
+        raise Bad(f"stage(s) {', '.join(unchecked)} hold exercises but have no row in STUB_CHECKS (scripts/workbook.py)")
+    units = {}  # compile_commands file -> (entry, [exercise files it compiles])
+    for path in sorted({r.path for r in regions.values()}):
+        e = compile_entry(entries, path)
+        units.setdefault(e["file"], (e, []))[1].append(path)
+    with tempfile.TemporaryDirectory(prefix="workbook-stubs-") as tmp:
+        tmp = Path(tmp)
+
+        def compile_unit(item):
+            """Compiles one unit with its exercise files stubbed; returns (archive it belongs in, object)."""
+            file, (e, paths) = item
+            argv, skip, obj = [], False, None
+            for a in shlex.split(e["command"]):  # keep every flag; drop the output, the input, the dependency file
                 if skip:
+                    obj = a if skip == "-o" else obj
                     skip = False
                 elif a in ("-o", "-c", "-MF", "-MT"):
-                    skip = True
-                elif a not in ("-MD",):
-                    out.append(a)
-            stub = Path(tmp) / f"{path.parent.name}_{path.name}"
-            stub.write_text(stubbed(path, meta))
-            r = subprocess.run(out + ["-fsyntax-only", "-c", str(stub)], cwd=cwd, capture_output=True, text=True)
-            return path, r.returncode, r.stderr
-        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-            results = list(pool.map(one, files))
-    failed = [(p, err) for p, rc, err in results if rc != 0]
-    for p, err in failed:
-        print(f"{p.relative_to(ROOT)}, stubbed, does not compile:\n{err}", file=sys.stderr)
-    if failed:
-        raise Bad(f"{len(failed)} of {len(files)} stubbed files do not compile")
-    print(f"workbook compile-stubs: PASS: the {len(files)} exercise files compile with their stubs ({build.name})")
+                    skip = a
+                elif a != "-MD":
+                    argv.append("-O1" if a in ("-O2", "-O3") else a)  # -O1 keeps __OPTIMIZE__: the same PCH
+            m = re.match(r"^(.*)/CMakeFiles/(\w+)\.dir/", obj)
+            if not m:
+                raise Bad(f"{obj}: not an object of a CMake target")
+            archive = Path(e["directory"]) / m.group(1) / f"lib{m.group(2)}.a"
+            if not archive.exists():
+                raise Bad(f"{archive} is not built: build {build.name} first")
+            text = Path(file).read_text()
+            src = tmp / f"{m.group(2)}_{Path(file).name}"
+            for p in paths:
+                stub = tmp / f"{p.parent.name}_{p.name}"
+                stub.write_text(stubbed(p, meta))
+                text = stub.read_text() if Path(file) == p else text.replace(f'"{p}"', f'"{stub}"')
+            src.write_text(text)
+            out = tmp / m.group(2) / Path(obj).name  # the archive member's own name, so that `ar r` replaces it
+            out.parent.mkdir()
+            r = subprocess.run(argv + ["-c", str(src), "-o", str(out)], cwd=e["directory"], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise Bad(f"{', '.join(str(p.relative_to(ROOT)) for p in paths)}, stubbed, does not compile:\n{r.stderr}")
+            return archive, out
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            objects = list(pool.map(compile_unit, units.items()))
+        t1 = time.time()
+        stubbed_archives = {}
+        for archive, obj in objects:
+            copy = tmp / "lib" / archive.name
+            copy.parent.mkdir(exist_ok=True)
+            if not copy.exists():
+                shutil.copy(archive, copy)
+            subprocess.run(["ar", "r", str(copy), str(obj)], check=True, capture_output=True)
+            stubbed_archives[archive] = copy
+
+        exes = {}
+        for exe in sorted({exe for exe, _ in STUB_CHECKS.values()}):
+            r = subprocess.run(["ninja", "-C", str(build), "-t", "commands", f"tests/{exe}"], capture_output=True, text=True)
+            link = r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else ""
+            if f"-o tests/{exe} " not in link:
+                raise Bad(f"ninja knows no link command for tests/{exe} in {build}: {r.stderr.strip()}")
+            link = link.removeprefix(": && ").split(" && cd ")[0]  # the link alone, not the suite listing after it
+            link = link.replace(f"-o tests/{exe} ", f"-o {tmp / exe} ")
+            for archive, copy in stubbed_archives.items():
+                link = re.sub(rf"(?<=\s){re.escape(str(archive.relative_to(build)))}(?=\s)", str(copy), link)
+            r = subprocess.run(["bash", "-c", link], cwd=build, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise Bad(f"tests/{exe}, relinked with the stubs, does not link:\n{r.stderr}")
+            exes[exe] = tmp / exe
+        t2 = time.time()
+
+        problems = []
+        for stage in stages:
+            exe, want = STUB_CHECKS[stage]
+            listing = subprocess.run([str(exes[exe]), "--gtest_list_tests"], capture_output=True, text=True).stdout
+            flt = gtest_filter(listing, want)
+            if not flt:
+                problems.append(f"stage {stage}: {exe} has no suite '{want}'")
+                continue
+            try:
+                r = subprocess.run([str(exes[exe]), f"--gtest_filter={flt}"], cwd=tmp, capture_output=True, text=True,
+                                   timeout=STUB_TIMEOUT_S, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+            except subprocess.TimeoutExpired:
+                problems.append(f"stage {stage}: {exe} --gtest_filter={flt} with the stubs ran past {STUB_TIMEOUT_S} s")
+                continue
+            out = r.stdout + r.stderr
+            named = sorted(set(re.findall(rf"NotImplemented: workbook exercise ({stage}\.\d+)", out)))
+            failed = re.search(r"(\d+) FAILED TESTS?", out)
+            if r.returncode == 0 or not named:
+                problems.append(f"stage {stage}: {exe} --gtest_filter={flt} with the stubs "
+                                + ("passed" if r.returncode == 0 else f"failed (exit {r.returncode}) without "
+                                   f"'NotImplemented: workbook exercise {stage}.K'") + f":\n{out[-2000:]}")
+                continue
+            print(f"workbook stubs-fail: stage {stage}: {exe} --gtest_filter={flt}: "
+                  f"{failed.group(1) if failed else 'its'} test(s) fail with NotImplemented "
+                  f"(exercise {', '.join(named)})")
+        if problems:
+            raise Bad("\n".join(problems))
+    print(f"workbook stubs-fail: PASS: with every exercise stubbed, a contract test of each of stages "
+          f"{', '.join(stages)} fails with NotImplemented ({build.name}; {len(objects)} libraries compiled in "
+          f"{t1 - t0:.0f} s, {len(exes)} tests linked in {t2 - t1:.0f} s, run in {time.time() - t2:.0f} s)")
 
 
 def cmd_check(args, meta):
@@ -455,18 +567,18 @@ def main():
     sub.add_parser("pages", help="write each stage page's exercises and hints from the regions and the metadata")
     sub.add_parser("check", help="CI: regions, metadata and pages agree; stubs round-trip")
     sub.add_parser("self-test", help="CI: the check catches broken regions and metadata")
-    p = sub.add_parser("compile-stubs", help="CI: every exercise file compiles with its stubs, with a build's flags")
+    p = sub.add_parser("stubs-fail", help="CI: with the stubs compiled in, each stage's contract test fails with NotImplemented")
     p.add_argument("build", help="a configured and built tree, e.g. build")
     args = ap.parse_args()
     commands = {"init": cmd_init, "status": cmd_status, "diff": cmd_diff, "update": cmd_update,
                 "reset": lambda a, m: cmd_reset(a, m, with_stubs=True),
                 "solve": lambda a, m: cmd_reset(a, m, with_stubs=False), "pages": cmd_pages,
-                "compile-stubs": cmd_compile_stubs, "self-test": cmd_self_test, "check": cmd_check}
+                "stubs-fail": cmd_stubs_fail, "self-test": cmd_self_test, "check": cmd_check}
     try:
         commands[args.command](args, load_meta())
     except Bad as e:
         print(f"workbook: {e}", file=sys.stderr)
-        sys.exit(1 if args.command in ("check", "self-test", "compile-stubs") else 2)
+        sys.exit(1 if args.command in ("check", "self-test", "stubs-fail") else 2)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,13 @@ namespace dp {
 
 void ring_all_reduce(ProcessGroup& pg, torch::Tensor& t) {
   if (!t.is_contiguous()) throw std::invalid_argument("ring_all_reduce: the tensor must be contiguous");
-  const int W = pg.world_size(), r = pg.rank();
+  const int W = pg.world_size();
   if (W == 1) return;  // the sum over one rank is the tensor itself
   // [exercise 01.1: the ring's two phases, from sends and receives]
   // [ring]
   std::vector<torch::Tensor> chunk = t.view({-1}).tensor_split(W);  // views: writing a chunk writes t
   torch::Tensor incoming = torch::empty_like(chunk[0]);              // chunk 0 is the largest
-  const int next = (r + 1) % W, prev = (r + W - 1) % W;
+  const int r = pg.rank(), next = (r + 1) % W, prev = (r + W - 1) % W;
   // One step: send chunk `out` to the next rank while receiving chunk `in` from the previous one; both are
   // in flight together (Gloo pairs a send with the receive of the same peer and tag).
   // With fewer elements than ranks some chunks are empty: they travel nowhere (sender and receiver agree,

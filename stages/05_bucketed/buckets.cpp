@@ -16,10 +16,10 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<int64_t>& para
                                  bucket_cap_mb));
   if (param_bytes.size() != trainable.size())
     throw std::invalid_argument("assign_buckets: param_bytes and trainable differ in length");
-  const double cap_bytes = bucket_cap_mb * 1e6;
 
   // [exercise 05.1: cut the parameters into buckets of at most the cap, last registered first]
   // [assign]
+  const double cap_bytes = bucket_cap_mb * 1e6;
   std::vector<std::vector<size_t>> buckets;
   std::vector<size_t> current;
   double current_bytes = 0;

@@ -193,8 +193,20 @@ void Fsdp::before_unit_backward(size_t u) {
 }
 // [gather]
 
+// Whatever run_unit does, the unit's forward must find its weights whole: a rank holds only its shard.
+void Fsdp::require_gathered(size_t u) const {
+  if (units_[u].state == State::gathered) return;
+  throw std::logic_error(fmt::format(
+      "Fsdp: unit {}'s forward began while its weights were {}; hint [shard-not-gathered]: launch the unit's "
+      "all-gather (launch_gather) and wait for it (wait_gathered) before its forward runs", u,
+      units_[u].state == State::freed ? "not gathered (this rank holds only its shard)"
+                                      : "still arriving (their all-gather launched, never waited on)"));
+}
+
 UnitRunner Fsdp::runner() {
-  return [this](size_t u, const std::function<torch::Tensor()>& body) { return run_unit(u, body); };
+  return [this](size_t u, const std::function<torch::Tensor()>& body) {
+    return run_unit(u, [this, u, &body] { require_gathered(u); return body(); });
+  };
 }
 
 // --- Gradients ------------------------------------------------------------------------------------

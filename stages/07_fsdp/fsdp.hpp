@@ -56,7 +56,7 @@ class Fsdp {
   /// Broadcasts rank 0's parameters, shards every unit and frees the full weights. Throws
   /// std::invalid_argument when a trainable parameter is in no unit or in two, or units are empty.
   Fsdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const ModuleUnits& units, FsdpOptions opts = {});
-  ~Fsdp();
+  virtual ~Fsdp();
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
 
@@ -100,6 +100,15 @@ class Fsdp {
   /// Multi-line: one line per unit (sharded elements, padded, chunk, replicated elements).
   std::string describe() const;
 
+ protected:
+  // A unit's forward: gather it (and prefetch the next) before `body`, free it after (the workbook's
+  // exercise 07.1; virtual so that a test can plant the classic slips). runner() checks that `body` finds
+  // the unit gathered.
+  virtual torch::Tensor run_unit(size_t u, const std::function<torch::Tensor()>& body);
+  void launch_gather(size_t u);
+  void wait_gathered(size_t u);
+  void free_full(size_t u);
+
  private:
   enum class State { freed, in_flight, gathered };
   struct Unit {
@@ -119,11 +128,8 @@ class Fsdp {
     ReduceScatterWork rs;
   };
 
-  void launch_gather(size_t u);
-  void wait_gathered(size_t u);
-  void free_full(size_t u);
   void allocate_full(size_t u);
-  torch::Tensor run_unit(size_t u, const std::function<torch::Tensor()>& body);
+  void require_gathered(size_t u) const;
   void before_unit_backward(size_t u);
   void on_gradient_ready(size_t hooked);
   void launch_reduce_scatter(size_t u);

@@ -190,6 +190,40 @@ TYPED_TEST(FsdpContract, SecondBackwardRefused) {
   });
 }
 
+// Exercise 07.1's classic slips (docs/workbook.md), planted: a unit's forward that runs with its all-gather
+// launched but never waited on, or never launched. Whatever run_unit does, the runner checks that the unit is
+// whole before its forward and names the mistake, on every rank, at the first unit.
+struct NoWaitFsdp : Fsdp {
+  using Fsdp::Fsdp;
+  torch::Tensor run_unit(size_t u, const std::function<torch::Tensor()>& body) override {
+    launch_gather(u);  // ...and no wait_gathered(u): the forward would read weights still arriving
+    return body();
+  }
+};
+struct NoGatherFsdp : Fsdp {
+  using Fsdp::Fsdp;
+  torch::Tensor run_unit(size_t, const std::function<torch::Tensor()>& body) override { return body(); }
+};
+
+template <typename Mutant>
+void expect_shard_not_gathered(const std::string& how) {
+  run_ranks(2, [&](ProcessGroup& pg) {
+    auto model = seeded_toy(1);
+    Mutant fsdp(pg, model.ptr(), model->units(), {});
+    try {
+      model->forward_units(torch::randint(0, 100, {2, 8}), fsdp.runner());
+      ADD_FAILURE() << "rank " << pg.rank() << ": a forward with unit 0 " << how << " ran";
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find("hint [shard-not-gathered]"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("unit 0"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(how), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(FsdpCanFail, GatherNotWaitedIsNamed) { expect_shard_not_gathered<NoWaitFsdp>("never waited on"); }
+TEST(FsdpCanFail, GatherNotLaunchedIsNamed) { expect_shard_not_gathered<NoGatherFsdp>("not gathered"); }
+
 TEST(Fsdp, ComputeDtypeNamesAndRefusals) {
   EXPECT_EQ(dp::parse_compute_dtype("bf16"), torch::kBFloat16);
   EXPECT_EQ(dp::parse_compute_dtype("float32"), torch::kFloat32);

@@ -13,9 +13,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -154,6 +156,31 @@ struct SentBeforeReady : GradSync {
   std::shared_ptr<torch::nn::Module> module;
 };
 
+// Launches every gradient's all-reduce, then waits on one handle only (the first) and divides: a wait on one
+// handle does not wait for another. Rank 1 launches its last all-reduce 200 ms late, as a slower rank would,
+// so on rank 0 that collective is certainly still running when the step begins (on an idle machine it might
+// finish first, and the mistake would hide until a busy day).
+struct WaitsOnWrongHandle : GradSync {
+  WaitsOnWrongHandle(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) : pg(pg), module(std::move(m)) {
+    dp::broadcast_parameters(pg, *module);
+  }
+  int64_t calls_per_step() const override { return 0; }
+  void after_backward() override {
+    auto params = dp::unique_parameters(*module, true);
+    std::vector<dp::Work> handles;
+    std::vector<torch::Tensor> grads;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (pg.rank() == 1 && i + 1 == params.size()) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      grads.push_back(params[i].mutable_grad());
+      handles.push_back(pg.all_reduce_async(grads.back(), "gradient " + std::to_string(i)));
+    }
+    handles.front().wait();  // should be: every handle
+    for (auto& g : grads) g.div_(pg.world_size());
+  }
+  ProcessGroup& pg;
+  std::shared_ptr<torch::nn::Module> module;
+};
+
 // Averages, but with a relative error of 1e-4 (a float16 division, a stale scale): 1,700 times fp32's u,
 // and more than the derived bound (ddp_check.cpp) allows for sums in another order.
 struct SlightlyOffAverage : ScaledAllReduce {
@@ -227,6 +254,9 @@ TEST(CheckCanFail, AveragesNotCopiedBackAreCaught) {
 }
 TEST(CheckCanFail, BucketSentBeforeItsLastGradientIsCaught) {
   expect_hint(failures(make<SentBeforeReady>), "hint [gradient-never-arrived]");
+}
+TEST(CheckCanFail, WaitOnTheWrongHandleIsCaught) {
+  expect_hint(failures(make<WaitsOnWrongHandle>), "hint [not-waited]");
 }
 TEST(CheckCanFail, AverageOffBy1e4IsCaught) {
   for (const char* model : {"toy", "tied"})
