@@ -79,9 +79,12 @@ Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_
   const int layers = static_cast<int>(baseline.children().size());
   double G = 0, max_weight = 0;
   Margin worst;
-  struct Tracking {  // remember every asynchronous collective while the check runs (ProcessGroup::track_async)
+  // Remember every asynchronous collective while the check runs (ProcessGroup::track_async), on Gloo: its
+  // wait() returns once the collective is done. NCCL's wait() only orders the GPU stream after it, so a
+  // correctly waited collective may still be running as far as the host can tell.
+  struct Tracking {
     ProcessGroup& pg;
-    explicit Tracking(ProcessGroup& g) : pg(g) { pg.track_async(true); }
+    explicit Tracking(ProcessGroup& g) : pg(g) { pg.track_async(pg.backend() == "gloo"); }
     ~Tracking() { pg.track_async(false); }
   } tracking(pg);
 
