@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # net_bandwidth.sh LAUNCHER STAGE01 NPROC RATE EXPECTED_GBPS [TOLERANCE]
 # Runs stage01's all-reduce benchmark (10 MB) on NPROC ranks under `ddp_launch --net RATE` and checks
-# the measured bus bandwidth against the closed form RATE/8 (EXPECTED_GBPS, GB = 10^9 B) within
+# the bus bandwidth of its fastest round against the closed form RATE/8 (EXPECTED_GBPS, GB = 10^9 B) within
 # TOLERANCE (default 0.15). A ring all-reduce moves 2(n-1)/n of the buffer over every link in each
 # direction, so its bus bandwidth is the link rate whatever n is. What it cannot reach: Ethernet, IP
 # and TCP headers take ~4.4% of each 1514-byte frame, and ACKs share the links.
@@ -17,19 +17,22 @@ for tool in ip tc python3; do command -v $tool >/dev/null || skip "'$tool' is no
 
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 # 10 MB per all-reduce: 80 ms a round at 1 Gbit/s, long enough that the token bucket's burst and
-# the per-call latency hardly count; 3 warm-up and 10 timed rounds keep the test under ~10 s.
+# the per-call latency hardly count; 3 warm-up and 20 timed rounds keep the test under ~10 s. The check
+# takes the fastest round: what the link allows. Anything else only adds time to a round (4 ranks share
+# 2 cores; the VM's host is busy at times): in a clean-clone CI run the median round of 4 ranks came out
+# 36% slow, its fastest round 5% slow, the same as on an idle machine.
 timeout -k 5 150 "$launch" --nproc "$nproc" --net "$rate" -- \
-  "$prog" --bench --sizes 10MB --warmup 3 --iters 10 --json "$dir/out.json" >"$dir/log" 2>&1
+  "$prog" --bench --sizes 10MB --warmup 3 --iters 20 --json "$dir/out.json" >"$dir/log" 2>&1
 rc=$?
 [ $rc = 0 ] || { echo "ddp_launch exited with $rc:"; cat "$dir/log"; exit 1; }
 python3 - "$dir/out.json" "$nproc" "$rate" "$want" "$tol" <<'PY'
 import json, sys
 path, nproc, rate, want, tol = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
-rows = json.load(open(path))["rows"]
-got = rows[0]["busbw_GBps"]
+row = json.load(open(path))["rows"][0]
+got = row["busbw_GBps"] * row["latency_median_s"] / row["latency_min_s"]  # the fastest round's
 off = (got - want) / want
-ms, iters = rows[0]["latency_median_s"] * 1e3, rows[0]["iters"]
-print(f"{nproc} ranks at {rate}: bus bandwidth {got:.4f} GB/s, expected {want:.4f} GB/s: {off:+.1%} "
-      f"(tolerance {tol:.0%}; median latency {ms:.1f} ms, {iters} iterations)")
+fast, ms, iters = row["latency_min_s"] * 1e3, row["latency_median_s"] * 1e3, row["iters"]
+print(f"{nproc} ranks at {rate}: bus bandwidth {got:.4f} GB/s in the fastest round, expected {want:.4f} GB/s: "
+      f"{off:+.1%} (tolerance {tol:.0%}; fastest {fast:.1f} ms, median {ms:.1f} ms of {iters} rounds)")
 sys.exit(0 if abs(off) <= tol else 1)
 PY
