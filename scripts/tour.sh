@@ -53,7 +53,7 @@ step 4 "stage 04: all-reduce from gradient hooks, overlapped with backward"
 $L $B/stage04_overlap $T --json $out/stage04.json
 step 5 "stage 05: gradient buckets"
 $L $B/stage05_bucketed $T --caps 1,10,100 --json $out/stage05.json
-step 6 "stage 06: ZeRO-1 optimizer-state sharding (both designs, beside stage 05's DDP)"
+step 6 "stage 06: ZeRO-1 optimizer-state sharding (beside stage 05's DDP)"
 $L $B/stage06_sharded_opt $T --json $out/stage06.json
 step 7 "stage 07: FSDP, parameters, gradients and optimizer state sharded (both resharding modes)"
 $L $B/stage07_fsdp $T --json $out/stage07.json

@@ -17,7 +17,7 @@
 #include "common/strategy.hpp"
 #include "common/units.hpp"                             // UnitRunner, ModuleUnits
 #include "stages/04_overlap/accumulate_grad_hooks.hpp"  // AccumulateGradHooks
-#include "stages/06_sharded_opt/sharded_optimizer.hpp"  // MakeLocalOptimizer
+#include "stages/06_sharded_opt/zero1_optimizer.hpp"       // MakeLocalOptimizer
 
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-// Extension 06b, on stage 06: checkpoints of a ShardedOptimizer (the CS336 design), gathered to rank 0 on
+// Extension 06b, on stage 06 and extension 06d: checkpoints of a ShardedOptimizer (06d's CS336 design), gathered to rank 0 on
 // save, re-partitioned on load at any world size. The optimizer state is spread over the ranks, so saving first gathers every owner's share to rank 0,
 // and loading lets every rank pick out the share it owns now: save with 2 ranks, resume with 3.
 //
@@ -9,7 +9,7 @@
 #pragma once
 
 #include "common/dist.hpp"
-#include "stages/06_sharded_opt/sharded_optimizer.hpp"
+#include "extensions/06d_cs336_design/sharded_optimizer.hpp"
 
 #include <torch/torch.h>
 

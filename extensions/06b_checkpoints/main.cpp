@@ -1,6 +1,6 @@
-// Extension 06b, on stage 06: checkpoints of the sharded optimizer state, loadable at any world size.
+// Extension 06b, on stage 06 and extension 06d's design: checkpoints of the sharded optimizer state, loadable at any world size.
 //
-// What it adds: with stage 06's CS336 design every rank holds the AdamW state of the tensors it owns, and
+// What it adds: with extension 06d's CS336 design every rank holds the AdamW state of the tensors it owns, and
 // nothing else. A checkpoint must hold all of it: save_checkpoint() gathers each tensor's state from its
 // owner to rank 0, one tensor at a time, and rank 0 writes one checksummed file atomically;
 // load_checkpoint() checks everything first, then every rank installs the state of the tensors it owns
@@ -27,15 +27,15 @@
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
 #include "extensions/06b_checkpoints/checkpoint.hpp"
-#include "stages/06_sharded_opt/adamw_check.hpp"
-#include "stages/06_sharded_opt/sharded_optimizer.hpp"
+#include "extensions/06d_cs336_design/cs336_design.hpp"
+#include "extensions/06d_cs336_design/sharded_optimizer.hpp"
 
 #include <filesystem>
 
 using namespace dp;
 namespace optim = torch::optim;
 
-// The Transformer trained with stage 06's CS336 design: gradients all-reduced and divided by N, then the
+// The Transformer trained with extension 06d's CS336 design: gradients all-reduced and divided by N, then the
 // ShardedOptimizer steps what this rank owns and broadcasts it.
 struct Run {
   TransformerLM model{nullptr};
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
     const bool ok = check_against_adamw(pg, "sharded AdamW", [](ProcessGroup& g, const std::vector<torch::Tensor>& p,
                                                                 const optim::AdamWOptions& o) {
-      return sharded_steps("cs336", g, p, o);
+      return cs336_steps(g, p, o);
     });
     if (!ok) throw CheckFailed("sharded AdamW differs from AdamW");
 

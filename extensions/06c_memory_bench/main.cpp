@@ -1,7 +1,7 @@
-// Extension 06c, on stage 06: memory around the first optimizer step, one way of training at a time (CS336's
+// Extension 06c, on stage 06 (and extension 06d's design): memory around the first optimizer step, one way of training at a time (CS336's
 // optimizer_state_sharding_accounting), and the time of each step and of its optimizer.step().
 //
-// What it adds: stage 06 trains its designs beside each other on the common benchmark, where what a rank
+// What it adds: stage 06 and extension 06d train their designs beside DDP on the common benchmark, where what a rank
 // holds is counted tensor by tensor but one process holds every variant, so its peak RSS says nothing about
 // any one of them. Here plain AdamW (DDP's all-reduce), the CS336 design and true ZeRO-1 are trained one
 // after the other; each is measured right before and right after its first optimizer step, where AdamW
@@ -13,7 +13,7 @@
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/ext06c_memory_bench --preset small --context 128
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/ext06c_memory_bench --optimizer sharded --design cs336
 //   ./build/bin/ddp_launch --nproc 2 --net 1gbit -- ./build/bin/ext06c_memory_bench --context 128 --steps 10
-// Correct output: stage 06's PASS lines (its checks run first), then a memory table and a time table, one
+// Correct output: the designs' PASS lines (extension 06d's checks run first), then a memory table and a time table, one
 // row per optimizer; "PASS extension 06c" last.
 //
 // What it leaves: the optimizer's state is the only thing sharded; stage 07's FSDP shards the rest.
@@ -25,7 +25,7 @@
 #include "common/trace_write.hpp"
 #include "common/transformer.hpp"
 #include "extensions/06c_memory_bench/memory_bench.hpp"
-#include "stages/06_sharded_opt/adamw_check.hpp"
+#include "extensions/06d_cs336_design/cs336_design.hpp"
 
 using namespace dp;
 

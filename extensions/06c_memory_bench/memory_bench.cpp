@@ -14,8 +14,8 @@
 #include "common/timing.hpp"
 #include "common/trace.hpp"
 #include "common/transformer.hpp"
-#include "stages/06_sharded_opt/adamw_check.hpp"  // selected_designs
-#include "stages/06_sharded_opt/sharded_optimizer.hpp"
+#include "extensions/06d_cs336_design/cs336_design.hpp"  // selected_designs
+#include "extensions/06d_cs336_design/sharded_optimizer.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
 #include <filesystem>

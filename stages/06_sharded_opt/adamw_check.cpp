@@ -4,10 +4,7 @@
 #include "common/models.hpp"
 #include "common/params.hpp"
 #include "common/runtime.hpp"
-#include "stages/06_sharded_opt/sharded_optimizer.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
-
-#include <CLI/CLI.hpp>
 
 #include <algorithm>
 
@@ -51,14 +48,9 @@ static bool matches_adamw(ProcessGroup& pg, const std::string& model_name, const
   return parameters_identical_across_ranks(pg, *shd);
 }
 
-ShardedSteps sharded_steps(const std::string& design, ProcessGroup& pg, const std::vector<torch::Tensor>& params,
-                           const optim::AdamWOptions& opts) {
-  if (design == "zero1") {
-    std::shared_ptr<Zero1Optimizer> z = Zero1Optimizer::make<optim::AdamW>(pg, params, opts);
-    return {[z] { z->zero_grad(); }, [z] { z->step(); }, z->describe(), /*sums_over_ranks=*/true};
-  }
-  auto s = std::make_shared<ShardedOptimizer>(ShardedOptimizer::make<optim::AdamW>(pg, params, opts));
-  return {[s] { s->zero_grad(); }, [s] { s->step(); }, s->describe(), false};
+ShardedSteps zero1_steps(ProcessGroup& pg, const std::vector<torch::Tensor>& params, const optim::AdamWOptions& opts) {
+  std::shared_ptr<Zero1Optimizer> z = Zero1Optimizer::make<optim::AdamW>(pg, params, opts);
+  return {[z] { z->zero_grad(); }, [z] { z->step(); }, z->describe(), /*sums_over_ranks=*/true};
 }
 
 bool check_against_adamw(ProcessGroup& pg, const std::string& what, const MakeShardedSteps& make) {
@@ -71,33 +63,6 @@ bool check_against_adamw(ProcessGroup& pg, const std::string& what, const MakeSh
            what, name, pg.world_size());
     all_ok = all_ok && everyone;
   }
-  return all_ok;
-}
-
-static std::string check_design(const std::string& v) {
-  if (v == "cs336" || v == "zero1" || v == "all") return {};
-  return "unknown design '" + v + "': use cs336 (all-reduce, step the owned tensors, broadcast), zero1 "
-         "(reduce-scatter, step a flat chunk, all-gather) or all (ZeRO-1 in buckets: ext06a_zero1_buckets)";
-}
-
-void add_design_option(CLI::App& app, std::string& design) {
-  app.add_option("--design", design, "Which sharded design to check and measure: cs336 (all-reduce + broadcast), "
-                 "zero1 (reduce-scatter + all-gather) or all")
-      ->check(check_design);
-}
-
-std::vector<std::string> selected_designs(const std::string& design) {
-  if (design == "all") return {"cs336", "zero1"};
-  return {design};
-}
-
-bool check_designs(ProcessGroup& pg, const std::string& design) {
-  bool all_ok = true;
-  for (const auto& d : selected_designs(design))
-    all_ok = check_against_adamw(pg, d == "zero1" ? "ZeRO-1 AdamW" : "sharded AdamW",
-                                 [&](ProcessGroup& g, const std::vector<torch::Tensor>& p, const optim::AdamWOptions& o) {
-                                   return sharded_steps(d, g, p, o);
-                                 }) && all_ok;
   return all_ok;
 }
 

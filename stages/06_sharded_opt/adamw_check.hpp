@@ -10,10 +10,6 @@
 #include <string>
 #include <vector>
 
-namespace CLI {
-class App;  // CLI11's (<CLI/CLI.hpp>, included where the option is added)
-}
-
 namespace dp {
 
 /// A sharded optimizer as the check drives it.
@@ -22,28 +18,21 @@ struct ShardedSteps {
   std::function<void()> step;       ///< after backward: the design's communication and its step
   std::string description;          ///< one line, printed
   /// True for ZeRO-1's reduce-scatter: the N equal gradients are summed in rank order and divided by N (the
-  /// reference then takes the same sum); false for designs that all-reduce nothing here (CS336's).
+  /// reference then takes the same sum); false for designs that all-reduce nothing here (extension 06d's).
   bool sums_over_ranks = false;
 };
 /// Builds the design under test over `params` (a model's parameters) with AdamW and `opts`.
 using MakeShardedSteps = std::function<ShardedSteps(ProcessGroup& pg, const std::vector<torch::Tensor>& params,
                                                     const torch::optim::AdamWOptions& opts)>;
 
-/// Stage 06's design `design` as the check drives it: "zero1" (Zero1Optimizer) or "cs336" (ShardedOptimizer).
-ShardedSteps sharded_steps(const std::string& design, ProcessGroup& pg, const std::vector<torch::Tensor>& params,
-                           const torch::optim::AdamWOptions& opts);
+/// Stage 06's Zero1Optimizer over `params` with AdamW and `opts`, as the check drives it.
+ShardedSteps zero1_steps(ProcessGroup& pg, const std::vector<torch::Tensor>& params,
+                         const torch::optim::AdamWOptions& opts);
 
 /// CS336's test on its `toy` and `tied` models: every rank seeds 42, so models and data agree without a
 /// broadcast; every rank computes full gradients (no DDP). After each of 10 steps the sharded model must equal
 /// plain AdamW's bit for bit, and every rank's copy must be the same. Prints "PASS|FAIL <what> == AdamW on
 /// <model> ..." per model (rank 0) and returns whether every rank passed both. Collective.
 bool check_against_adamw(ProcessGroup& pg, const std::string& what, const MakeShardedSteps& make);
-
-/// Adds --design (cs336, zero1 or all) to `app`; another value is refused by the parser with the choices (exit 2).
-void add_design_option(CLI::App& app, std::string& design);
-/// The designs `design` selects, in table order: "all" is {"cs336", "zero1"}.
-std::vector<std::string> selected_designs(const std::string& design);
-/// check_against_adamw() for every design `design` selects; true when all passed on every rank.
-bool check_designs(ProcessGroup& pg, const std::string& design);
 
 }  // namespace dp

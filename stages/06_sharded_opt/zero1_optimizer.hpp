@@ -1,23 +1,28 @@
-// Zero1Optimizer: ZeRO stage 1 as the ZeRO paper describes it, beside the CS336 design (ShardedOptimizer).
+// Zero1Optimizer: ZeRO stage 1 as the ZeRO paper describes it.
 // All trainable parameters live in one flat fp32 buffer, padded to a multiple of the world size and cut
 // into equal chunks; so do their gradients. A step reduce-scatters the gradient buffer (each rank gets the
 // sum of its own chunk), steps the chunk with an ordinary torch::optim optimizer, and all-gathers the
 // parameter buffer. That is DDP's own traffic, 2 x (N-1)/N x 4P bytes per rank, where the CS336 design
-// (all-reduce every gradient, step the owned tensors, broadcast them) moves 3 x (N-1)/N x 4P.
+// (extension 06d: all-reduce every gradient, step the owned tensors, broadcast them) moves 3 x (N-1)/N x 4P.
 #pragma once
 
 #include "common/dist.hpp"
 #include "common/shard_comm.hpp"
-#include "stages/06_sharded_opt/sharded_optimizer.hpp"
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace dp {
+
+/// Builds the local optimizer of one rank from the parameter groups it steps (any torch::optim type). The
+/// list may be empty (a rank that steps nothing yet); every torch::optim optimizer accepts that.
+using MakeLocalOptimizer =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::optim::OptimizerParamGroup>)>;
 
 /// ZeRO-1 over flat buffers, around any torch::optim optimizer.
 ///
@@ -25,7 +30,7 @@ namespace dp {
 ///   buffer, their gradients views of another: backward accumulates straight into the gradient buffer.
 /// - The local optimizer has one parameter: this rank's chunk of the parameter buffer (a leaf that aliases
 ///   it), whose .grad is this rank's chunk of the summed gradients divided by N. Its state is 1/N of the
-///   unsharded state, and it is built by `make_local` like ShardedOptimizer's.
+///   unsharded state, and it is built by `make_local`.
 /// - Gradients: each rank passes its own (DDP's gradient averaging is part of step()). The CS336 test,
 ///   where every rank computes the same full gradient, works too: N equal copies summed, divided by N.
 /// - One parameter group with one set of options (the local optimizer's defaults).

@@ -52,7 +52,7 @@ TEST_P(Resume, SaveAtWorld2AfterThreeStepsThenThreeMoreEqualsSixSteps) {
   EXPECT_EQ(info.max_step, kind == "sgd" ? 0 : 3);
 
   run_ranks(load_world, [&](ProcessGroup& pg) {
-    // Uninterrupted: the plain optimizer for 6 steps (equal to the sharded one: test_sharded_optimizer.cpp).
+    // Uninterrupted: the plain optimizer for 6 steps (equal to the sharded one: test_06d_cs336_design.cpp).
     // Computed here, on the rank's thread, with the rank's intra-op thread count: LibTorch 2.x splits
     // the backward's reductions by thread count, and a different split rounds differently.
     auto u = build_pair(model, 6);

@@ -76,8 +76,6 @@ dp_bad_input(stage02_world_size_checked_before_rendezvous 2 "\\[rank 1/3\\] erro
 dp_bad_input(stage05_zero_cap 2 "caps" $<TARGET_FILE:stage05_bucketed> --caps 0)
 dp_bad_input(stage05_unknown_variant 2 "--variants: zero1 not in .naive,flat,overlap,bucketed."
   $<TARGET_FILE:stage05_bucketed> --variants bucketed,zero1)
-dp_bad_input(stage06_unknown_design 2 "unknown design 'zero2': use cs336 .* zero1 .* or all"
-  $<TARGET_FILE:stage06_sharded_opt> --design zero2)
 # Whole replicas of the 970 M-parameter `large` preset (about 16 B per parameter on every rank, plus the
 # benchmark's second replica) do not fit this machine: refused up front, pointing at FSDP (stage 07),
 # instead of being killed by the kernel. Stage 07 refuses what does not fit even sharded.

@@ -1,4 +1,4 @@
-// What the stage 06 suites (test_sharded_optimizer.cpp, test_checkpoint.cpp) share: the optimizers of
+// What the ZeRO-1 suites (test_zero1.cpp; extension 06's test_06b_checkpoints.cpp, test_06d_cs336_design.cpp) share: the optimizers of
 // the tests, the CS336 model pairs and batches, parameter groups and the bit-for-bit comparison.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
 #include "extensions/06a_zero1_buckets/bucketed_zero1.hpp"
-#include "stages/06_sharded_opt/sharded_optimizer.hpp"
+#include "extensions/06d_cs336_design/sharded_optimizer.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 #include "tests/support/ranks.hpp"
 

@@ -17,6 +17,7 @@
 #include "stages/07_fsdp/strategies.hpp"
 #include "extensions/05c_optimizer_overlap/overlapped_optimizer.hpp"
 #include "extensions/06a_zero1_buckets/bucketed_zero1.hpp"
+#include "extensions/06d_cs336_design/cs336_design.hpp"
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/support/expect.hpp"
 #include "tests/support/files.hpp"

@@ -1,4 +1,5 @@
-// ShardedOptimizer: ZeRO stage 1, the optimizer state sharded over the ranks by whole parameter tensors.
+// Extension 06d, on stage 06: ShardedOptimizer, CS336's design of ZeRO stage 1, the optimizer state sharded
+// over the ranks by whole parameter tensors.
 // In the style of PyTorch's ZeroRedundancyOptimizer: every rank keeps the whole model and the whole
 // gradient, but only the optimizer state (AdamW's two moments, SGD's momentum) of the parameters it owns.
 // A step updates the owned parameters with an ordinary torch::optim optimizer, then every parameter is
@@ -7,6 +8,7 @@
 
 #include "common/dist.hpp"
 #include "common/memory.hpp"
+#include "stages/06_sharded_opt/zero1_optimizer.hpp"  // MakeLocalOptimizer
 
 #include <torch/torch.h>
 
@@ -32,12 +34,6 @@ struct RankShare {
   int64_t elements = 0;  ///< their total number of elements
   int64_t bytes = 0;     ///< their total bytes (elements x element size)
 };
-
-/// Builds the local optimizer of one rank from the parameter groups that rank owns. The list may be
-/// empty (a rank that owns nothing, or a rank that will only get parameters from a later
-/// add_param_group); every torch::optim optimizer accepts that.
-using MakeLocalOptimizer =
-    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::optim::OptimizerParamGroup>)>;
 
 /// ZeRO-1 around any torch::optim optimizer.
 ///

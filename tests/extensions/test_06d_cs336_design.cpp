@@ -1,5 +1,6 @@
-// Stage 06: the sharded optimizer (ZeRO-1) must be indistinguishable from the optimizer it wraps, at any
-// world size, with any parameter groups. Ranks run as threads (run_ranks). Checkpoints: test_checkpoint.cpp.
+// Extension 06d: CS336's sharded optimizer (ShardedOptimizer) must be indistinguishable from the optimizer it
+// wraps, at any world size, with any parameter groups. Ranks run as threads (run_ranks). Checkpoints:
+// test_06b_checkpoints.cpp.
 #include "common/accounting.hpp"
 #include "common/params.hpp"
 #include "common/transformer.hpp"

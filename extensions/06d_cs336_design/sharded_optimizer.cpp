@@ -1,6 +1,6 @@
 // ShardedOptimizer: the greedy partition, the step (local step, then a broadcast from every owner), groups.
 // ZeRO-1 as ZeroRedundancyOptimizer does it: whole parameters, greedy balance, a plain local optimizer.
-#include "stages/06_sharded_opt/sharded_optimizer.hpp"
+#include "extensions/06d_cs336_design/sharded_optimizer.hpp"
 
 #include "common/cli.hpp"
 #include "common/format.hpp"
