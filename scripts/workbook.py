@@ -373,6 +373,97 @@ def gtest_filter(listing, want):
     return ":".join(suites)
 
 
+def _compile_stubbed(e, paths, meta, tmp):
+    """Compiles the unity unit of compile_commands entry `e` with its exercise files `paths` stubbed, with the
+    build's own flags at -O1; returns (the archive its object belongs in, the stubbed object)."""
+    import subprocess
+    argv, skip, obj = [], False, None
+    for a in shlex.split(e["command"]):  # keep every flag; drop the output, the input, the dependency file
+        if skip:
+            obj = a if skip == "-o" else obj
+            skip = False
+        elif a in ("-o", "-c", "-MF", "-MT"):
+            skip = a
+        elif a != "-MD":
+            argv.append("-O1" if a in ("-O2", "-O3") else a)  # -O1 keeps __OPTIMIZE__: the same PCH
+    m = re.match(r"^(.*)/CMakeFiles/(\w+)\.dir/", obj)
+    if not m:
+        raise Bad(f"{obj}: not an object of a CMake target")
+    archive = Path(e["directory"]) / m.group(1) / f"lib{m.group(2)}.a"
+    if not archive.exists():
+        raise Bad(f"{archive} is not built: build it first")
+    file = Path(e["file"])
+    text = file.read_text()
+    src = tmp / f"{m.group(2)}_{file.name}"
+    for p in paths:
+        stub = tmp / f"{p.parent.name}_{p.name}"
+        stub.write_text(stubbed(p, meta))
+        text = stub.read_text() if file == p else text.replace(f'"{p}"', f'"{stub}"')
+    src.write_text(text)
+    out = tmp / m.group(2) / Path(obj).name  # the archive member's own name, so that `ar r` replaces it
+    out.parent.mkdir()
+    r = subprocess.run(argv + ["-c", str(src), "-o", str(out)], cwd=e["directory"], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise Bad(f"{', '.join(str(p.relative_to(ROOT)) for p in paths)}, stubbed, does not compile:\n{r.stderr}")
+    return archive, out
+
+
+def _stubbed_archives(objects, tmp):
+    """Copies of the stage libraries' archives with each stubbed object replacing its member: {archive: copy}."""
+    import subprocess
+    copies = {}
+    for archive, obj in objects:
+        copy = tmp / "lib" / archive.name
+        copy.parent.mkdir(exist_ok=True)
+        if not copy.exists():
+            shutil.copy(archive, copy)
+        subprocess.run(["ar", "r", str(copy), str(obj)], check=True, capture_output=True)
+        copies[archive] = copy
+    return copies
+
+
+def _relink(build, exe, archives, tmp):
+    """tests/`exe` linked again, by ninja's own link command, against the stubbed `archives`; returns its path."""
+    import subprocess
+    r = subprocess.run(["ninja", "-C", str(build), "-t", "commands", f"tests/{exe}"], capture_output=True, text=True)
+    link = r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else ""
+    if f"-o tests/{exe} " not in link:
+        raise Bad(f"ninja knows no link command for tests/{exe} in {build}: {r.stderr.strip()}")
+    link = link.removeprefix(": && ").split(" && cd ")[0]  # the link alone, not the suite listing after it
+    link = link.replace(f"-o tests/{exe} ", f"-o {tmp / exe} ")
+    for archive, copy in archives.items():
+        link = re.sub(rf"(?<=\s){re.escape(str(archive.relative_to(build)))}(?=\s)", str(copy), link)
+    r = subprocess.run(["bash", "-c", link], cwd=build, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise Bad(f"tests/{exe}, relinked with the stubs, does not link:\n{r.stderr}")
+    return tmp / exe
+
+
+def _stage_fails_with_stub(stage, exe, path, listing, tmp):
+    """Runs stage `stage`'s contract suite in the stubbed `exe`; returns (problem or None, the line to print)."""
+    import os
+    import subprocess
+    want = STUB_CHECKS[stage][1]
+    flt = gtest_filter(listing, want)
+    if not flt:
+        return f"stage {stage}: {exe} has no suite '{want}'", None
+    try:
+        r = subprocess.run([str(path), f"--gtest_filter={flt}"], cwd=tmp, capture_output=True, text=True,
+                           timeout=STUB_TIMEOUT_S, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+    except subprocess.TimeoutExpired:
+        return f"stage {stage}: {exe} --gtest_filter={flt} with the stubs ran past {STUB_TIMEOUT_S} s", None
+    out = r.stdout + r.stderr
+    named = sorted(set(re.findall(rf"NotImplemented: workbook exercise ({stage}\.\d+)", out)))
+    failed = re.search(r"(\d+) FAILED TESTS?", out)
+    if r.returncode == 0 or not named:
+        return (f"stage {stage}: {exe} --gtest_filter={flt} with the stubs "
+                + ("passed" if r.returncode == 0 else f"failed (exit {r.returncode}) without "
+                   f"'NotImplemented: workbook exercise {stage}.K'") + f":\n{out[-2000:]}"), None
+    return None, (f"workbook stubs-fail: stage {stage}: {exe} --gtest_filter={flt}: "
+                  f"{failed.group(1) if failed else 'its'} test(s) fail with NotImplemented "
+                  f"(exercise {', '.join(named)})")
+
+
 def cmd_stubs_fail(args, meta):
     """CI: the workbook is live. Each stage library that holds exercises is compiled again with its exercise
     files stubbed (the build's own flags, at -O1), the contract tests are relinked against those objects, and
@@ -399,92 +490,22 @@ def cmd_stubs_fail(args, meta):
         units.setdefault(e["file"], (e, []))[1].append(path)
     with tempfile.TemporaryDirectory(prefix="workbook-stubs-") as tmp:
         tmp = Path(tmp)
-
-        def compile_unit(item):
-            """Compiles one unit with its exercise files stubbed; returns (archive it belongs in, object)."""
-            file, (e, paths) = item
-            argv, skip, obj = [], False, None
-            for a in shlex.split(e["command"]):  # keep every flag; drop the output, the input, the dependency file
-                if skip:
-                    obj = a if skip == "-o" else obj
-                    skip = False
-                elif a in ("-o", "-c", "-MF", "-MT"):
-                    skip = a
-                elif a != "-MD":
-                    argv.append("-O1" if a in ("-O2", "-O3") else a)  # -O1 keeps __OPTIMIZE__: the same PCH
-            m = re.match(r"^(.*)/CMakeFiles/(\w+)\.dir/", obj)
-            if not m:
-                raise Bad(f"{obj}: not an object of a CMake target")
-            archive = Path(e["directory"]) / m.group(1) / f"lib{m.group(2)}.a"
-            if not archive.exists():
-                raise Bad(f"{archive} is not built: build {build.name} first")
-            text = Path(file).read_text()
-            src = tmp / f"{m.group(2)}_{Path(file).name}"
-            for p in paths:
-                stub = tmp / f"{p.parent.name}_{p.name}"
-                stub.write_text(stubbed(p, meta))
-                text = stub.read_text() if Path(file) == p else text.replace(f'"{p}"', f'"{stub}"')
-            src.write_text(text)
-            out = tmp / m.group(2) / Path(obj).name  # the archive member's own name, so that `ar r` replaces it
-            out.parent.mkdir()
-            r = subprocess.run(argv + ["-c", str(src), "-o", str(out)], cwd=e["directory"], capture_output=True, text=True)
-            if r.returncode != 0:
-                raise Bad(f"{', '.join(str(p.relative_to(ROOT)) for p in paths)}, stubbed, does not compile:\n{r.stderr}")
-            return archive, out
-
         with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-            objects = list(pool.map(compile_unit, units.items()))
+            objects = list(pool.map(lambda u: _compile_stubbed(u[0], u[1], meta, tmp), units.values()))
         t1 = time.time()
-        stubbed_archives = {}
-        for archive, obj in objects:
-            copy = tmp / "lib" / archive.name
-            copy.parent.mkdir(exist_ok=True)
-            if not copy.exists():
-                shutil.copy(archive, copy)
-            subprocess.run(["ar", "r", str(copy), str(obj)], check=True, capture_output=True)
-            stubbed_archives[archive] = copy
-
-        exes = {}
-        for exe in sorted({exe for exe, _ in STUB_CHECKS.values()}):
-            r = subprocess.run(["ninja", "-C", str(build), "-t", "commands", f"tests/{exe}"], capture_output=True, text=True)
-            link = r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else ""
-            if f"-o tests/{exe} " not in link:
-                raise Bad(f"ninja knows no link command for tests/{exe} in {build}: {r.stderr.strip()}")
-            link = link.removeprefix(": && ").split(" && cd ")[0]  # the link alone, not the suite listing after it
-            link = link.replace(f"-o tests/{exe} ", f"-o {tmp / exe} ")
-            for archive, copy in stubbed_archives.items():
-                link = re.sub(rf"(?<=\s){re.escape(str(archive.relative_to(build)))}(?=\s)", str(copy), link)
-            r = subprocess.run(["bash", "-c", link], cwd=build, capture_output=True, text=True)
-            if r.returncode != 0:
-                raise Bad(f"tests/{exe}, relinked with the stubs, does not link:\n{r.stderr}")
-            exes[exe] = tmp / exe
+        archives = _stubbed_archives(objects, tmp)
+        exes = {exe: _relink(build, exe, archives, tmp) for exe in sorted({exe for exe, _ in STUB_CHECKS.values()})}
+        listings = {exe: subprocess.run([str(path), "--gtest_list_tests"], capture_output=True, text=True).stdout
+                    for exe, path in exes.items()}  # once per executable
         t2 = time.time()
-
         problems = []
         for stage in stages:
-            exe, want = STUB_CHECKS[stage]
-            listing = subprocess.run([str(exes[exe]), "--gtest_list_tests"], capture_output=True, text=True).stdout
-            flt = gtest_filter(listing, want)
-            if not flt:
-                problems.append(f"stage {stage}: {exe} has no suite '{want}'")
-                continue
-            try:
-                r = subprocess.run([str(exes[exe]), f"--gtest_filter={flt}"], cwd=tmp, capture_output=True, text=True,
-                                   timeout=STUB_TIMEOUT_S, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
-            except subprocess.TimeoutExpired:
-                problems.append(f"stage {stage}: {exe} --gtest_filter={flt} with the stubs ran past {STUB_TIMEOUT_S} s")
-                continue
-            out = r.stdout + r.stderr
-            named = sorted(set(re.findall(rf"NotImplemented: workbook exercise ({stage}\.\d+)", out)))
-            failed = re.search(r"(\d+) FAILED TESTS?", out)
-            if r.returncode == 0 or not named:
-                problems.append(f"stage {stage}: {exe} --gtest_filter={flt} with the stubs "
-                                + ("passed" if r.returncode == 0 else f"failed (exit {r.returncode}) without "
-                                   f"'NotImplemented: workbook exercise {stage}.K'") + f":\n{out[-2000:]}")
-                continue
-            print(f"workbook stubs-fail: stage {stage}: {exe} --gtest_filter={flt}: "
-                  f"{failed.group(1) if failed else 'its'} test(s) fail with NotImplemented "
-                  f"(exercise {', '.join(named)})")
+            exe = STUB_CHECKS[stage][0]
+            problem, line = _stage_fails_with_stub(stage, exe, exes[exe], listings[exe], tmp)
+            if problem:
+                problems.append(problem)
+            else:
+                print(line)
         if problems:
             raise Bad("\n".join(problems))
     print(f"workbook stubs-fail: PASS: with every exercise stubbed, a contract test of each of stages "

@@ -87,14 +87,21 @@ TYPED_TEST(GradSyncContract, RefusesRanksWithDifferentModels) {
 
 // --- The checks can fail: a "DDP" that breaks the contract is caught --------------------------------
 
-// Broadcasts, all-reduces every gradient, then scales it by scale(W): the average is 1 / W.
-struct ScaledAllReduce : GradSync {
-  ScaledAllReduce(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) : pg(pg) {
-    dp::broadcast_parameters(pg, *m);
-    module = std::move(m);
+// What the mutants below share with a correct DDP: rank 0's weights broadcast at construction, the group and
+// the module kept; each gets its own after_backward() wrong.
+struct Broadcasting : GradSync {
+  Broadcasting(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) : pg(pg), module(std::move(m)) {
+    dp::broadcast_parameters(pg, *module);
   }
-  virtual double scale(int world_size) const = 0;
   int64_t calls_per_step() const override { return 0; }
+  ProcessGroup& pg;
+  std::shared_ptr<torch::nn::Module> module;
+};
+
+// All-reduces every gradient, then scales it by scale(W): the average is 1 / W.
+struct ScaledAllReduce : Broadcasting {
+  using Broadcasting::Broadcasting;
+  virtual double scale(int world_size) const = 0;
   void after_backward() override {
     for (auto& p : module->parameters())
       if (p.grad().defined()) {
@@ -103,8 +110,6 @@ struct ScaledAllReduce : GradSync {
         g.mul_(scale(pg.world_size()));
       }
   }
-  ProcessGroup& pg;
-  std::shared_ptr<torch::nn::Module> module;
 };
 
 // Forgets to divide by the world size.
@@ -120,10 +125,8 @@ struct AveragedTwice : ScaledAllReduce {
 };
 
 // Averages a flat copy of the gradients and never copies the averages back: every rank steps with its own.
-struct NotCopiedBack : GradSync {
-  NotCopiedBack(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) : pg(pg), module(std::move(m)) {
-    dp::broadcast_parameters(pg, *module);
-  }
+struct NotCopiedBack : Broadcasting {
+  using Broadcasting::Broadcasting;
   int64_t calls_per_step() const override { return 1; }
   void after_backward() override {
     std::vector<torch::Tensor> grads;
@@ -132,17 +135,12 @@ struct NotCopiedBack : GradSync {
     pg.all_reduce(flat);
     flat.div_(pg.world_size());  // ...and the loop that copies `flat` back into each .grad() is missing
   }
-  ProcessGroup& pg;
-  std::shared_ptr<torch::nn::Module> module;
 };
 
 // A bucket launched before its last gradient arrived: the first parameter's slot still held zeros when it
 // was sent, so its averaged gradient is zero on every rank.
-struct SentBeforeReady : GradSync {
-  SentBeforeReady(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) : pg(pg), module(std::move(m)) {
-    dp::broadcast_parameters(pg, *module);
-  }
-  int64_t calls_per_step() const override { return 0; }
+struct SentBeforeReady : Broadcasting {
+  using Broadcasting::Broadcasting;
   void after_backward() override {
     auto params = dp::unique_parameters(*module, true);
     for (size_t i = 0; i < params.size(); ++i) {
@@ -152,19 +150,14 @@ struct SentBeforeReady : GradSync {
       g.div_(pg.world_size());
     }
   }
-  ProcessGroup& pg;
-  std::shared_ptr<torch::nn::Module> module;
 };
 
 // Launches every gradient's all-reduce, then waits on one handle only (the first) and divides: a wait on one
 // handle does not wait for another. Rank 1 launches its last all-reduce 200 ms late, as a slower rank would,
 // so on rank 0 that collective is certainly still running when the step begins (on an idle machine it might
 // finish first, and the mistake would hide until a busy day).
-struct WaitsOnWrongHandle : GradSync {
-  WaitsOnWrongHandle(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) : pg(pg), module(std::move(m)) {
-    dp::broadcast_parameters(pg, *module);
-  }
-  int64_t calls_per_step() const override { return 0; }
+struct WaitsOnWrongHandle : Broadcasting {
+  using Broadcasting::Broadcasting;
   void after_backward() override {
     auto params = dp::unique_parameters(*module, true);
     std::vector<dp::Work> handles;
@@ -177,8 +170,6 @@ struct WaitsOnWrongHandle : GradSync {
     handles.front().wait();  // should be: every handle
     for (auto& g : grads) g.div_(pg.world_size());
   }
-  ProcessGroup& pg;
-  std::shared_ptr<torch::nn::Module> module;
 };
 
 // Averages, but with a relative error of 1e-4 (a float16 division, a stale scale): 1,700 times fp32's u,
