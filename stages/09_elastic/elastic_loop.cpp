@@ -6,11 +6,11 @@
 #include "common/log.hpp"
 #include "common/params.hpp"
 #include "common/strategy.hpp"
+#include "common/timeline.hpp"
 #include "common/transformer.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "stages/08_train_lm/lm_checkpoint.hpp"
 #include "stages/08_train_lm/trainer.hpp"
-#include "stages/09_elastic/timeline.hpp"
 
 #include <fmt/format.h>
 

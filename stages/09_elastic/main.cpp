@@ -30,9 +30,9 @@
 #include "common/launch_env.hpp"
 #include "common/results.hpp"  // command_line
 #include "common/runtime.hpp"
+#include "common/timeline.hpp"
 #include "stages/08_train_lm/trainer.hpp"
 #include "stages/09_elastic/elastic_loop.hpp"
-#include "stages/09_elastic/timeline.hpp"
 
 #include <fmt/format.h>
 

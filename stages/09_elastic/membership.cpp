@@ -1,7 +1,7 @@
 #include "stages/09_elastic/membership.hpp"
 
 #include "common/errors.hpp"
-#include "stages/09_elastic/timeline.hpp"
+#include "common/timeline.hpp"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>

@@ -1,5 +1,6 @@
-// Stage 09's timeline (--trace FILE): what every process did, on one clock, whether it lived to the end or
-// not. Each process appends its events to a file of its own as they happen (FILE.parts/<id>.jsonl, one
+// A timeline of processes that may die (stage 09's --trace FILE): what every process did, on one clock,
+// whether it lived to the end or not (common/trace.hpp records one process that lives to write its file).
+// Each process appends its events to a file of its own as they happen (FILE.parts/<id>.jsonl, one
 // flushed line per event), so a process killed mid-run leaves its events behind; the last generation's
 // rank 0 merges them into one Chrome trace-event file (Perfetto, chrome://tracing; scripts/elastic_plots.py
 // draws it), one process per id ("1.0": slot 1's first process, "1.1": its replacement).

@@ -1,4 +1,4 @@
-#include "stages/09_elastic/timeline.hpp"
+#include "common/timeline.hpp"
 
 #include <filesystem>
 #include <fstream>
