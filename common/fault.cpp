@@ -1,14 +1,18 @@
-// DP_FAULT=die@R, hang@R and misorder@R: what the hardening tests and docs/debugging.md provoke.
+// DP_FAULT=die@R, hang@R and misorder@R: what the hardening tests and docs/debugging.md provoke; and
+// ACTION@SLOT:POINT, the faults of an elastic run (stage 09), each fired once in the run through its store.
 #include "common/fault.hpp"
 
 #include "common/dist.hpp"
+#include "common/errors.hpp"
 #include "common/runtime.hpp"
+#include "common/timeline.hpp"
 
 #include <fmt/format.h>
 
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <sstream>
 #include <thread>
 
 namespace dp {
@@ -48,6 +52,50 @@ void maybe_inject_collective_fault(ProcessGroup& pg) {
   std::fflush(stderr);
   auto t = torch::zeros({4}, torch::kInt64);
   pg.broadcast(t, 0, "DP_FAULT misorder");
+}
+
+namespace {
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+}  // namespace
+
+Faults::Faults(c10::intrusive_ptr<c10d::Store> store, std::string id, int slot, int restart)
+    : store_(std::move(store)), id_(std::move(id)), slot_(slot), restart_(restart) {
+  const char* spec = std::getenv("DP_FAULT");
+  std::stringstream list(spec ? spec : "");
+  for (std::string item; std::getline(list, item, ',');) {
+    const auto at = item.find('@'), colon = item.find(':');
+    Entry e;
+    if (at != std::string::npos && colon != std::string::npos && colon > at)
+      e = {item.substr(0, at), item.substr(at + 1, colon - at - 1), item.substr(colon + 1)};
+    if (e.action != "die" && e.action != "stop" && e.action != "hang")
+      throw UsageError(fmt::format("DP_FAULT entry '{}' is not ACTION@SLOT:POINT with ACTION die, stop or hang "
+                                   "(e.g. die@1:step10, stop@2:step8, die@*:heal)", item));
+    entries_.push_back(e);
+  }
+}
+
+void Faults::at(const std::string& point) {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const Entry& e = entries_[i];
+    if (e.point != point) continue;
+    if (e.slot != "*" && (restart_ != 0 || e.slot != std::to_string(slot_))) continue;
+    if (text(store_->compareSet(fmt::format("fault/{}", i), {}, bytes(id_))) != id_) continue;  // fired already
+    const double now = wall_seconds();
+    store_->set("fault/time", bytes(fmt::format("{:.6f}", now)));
+    timeline::instant(fmt::format("DP_FAULT: {} at {}", e.action, point), now);
+    fmt::print("[slot {}] DP_FAULT: {} at {}\n", slot_, e.action, point);
+    std::fflush(stdout);
+    if (e.action == "die") std::raise(SIGKILL);
+    if (e.action == "stop") std::raise(SIGSTOP);
+    if (e.action == "hang")
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+}
+
+double Faults::last_fired() const {
+  if (!store_->check({"fault/time"})) return -1;
+  return std::stod(text(store_->get("fault/time")));
 }
 
 }  // namespace dp

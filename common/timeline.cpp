@@ -1,8 +1,17 @@
 #include "common/timeline.hpp"
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
+
+namespace dp {
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace dp
 
 namespace dp::timeline {
 

@@ -10,6 +10,14 @@
 
 #include <string>
 
+namespace dp {
+
+/// Seconds since the epoch: the clock every process on this machine reads alike, which the timeline's
+/// times (and a run's records of when a fault fired) are in.
+double wall_seconds();
+
+}  // namespace dp
+
 namespace dp::timeline {
 
 /// Starts recording for the process `id` into `path`.parts/ (nothing is recorded without it).

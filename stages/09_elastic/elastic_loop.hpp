@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common/dist.hpp"
+#include "common/fault.hpp"  // Faults
 #include "stages/08_train_lm/corpus.hpp"
 #include "stages/08_train_lm/train_loop.hpp"
 #include "stages/09_elastic/membership.hpp"

@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
     const int restart = env_int("DP_RESTART", 0);  // 0: one of the launcher's first processes
     Membership members(path, fmt::format("{}.{}", env.rank, restart), o.max_ranks,
                        std::chrono::milliseconds(static_cast<int64_t>(o.settle_s * 1000)), dist.timeout);
-    Faults faults(members, env.rank, restart);
+    Faults faults(members.store(), members.id(), env.rank, restart);
     if (!o.trace.empty()) timeline::open(o.trace, members.id());
     const json curve = train_elastic(o, corpus, members, faults, dist, /*with_state=*/restart == 0);
 

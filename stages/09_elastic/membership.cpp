@@ -8,7 +8,6 @@
 
 #include <fmt/format.h>
 
-#include <csignal>
 #include <fstream>
 #include <cstdlib>
 #include <sstream>
@@ -23,10 +22,6 @@ std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; 
 std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 
 }  // namespace
-
-double wall_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
 
 Membership::Membership(const std::string& path, std::string id, int max_members, std::chrono::milliseconds settle,
                        std::chrono::milliseconds timeout)
@@ -109,44 +104,5 @@ Quorum Membership::join(int64_t from, int64_t step, int64_t generation, const st
   }
 }
 // [join]
-
-Faults::Faults(Membership& m, int slot, int restart) : m_(m), slot_(slot), restart_(restart) {
-  const char* spec = std::getenv("DP_FAULT");
-  std::stringstream list(spec ? spec : "");
-  for (std::string item; std::getline(list, item, ',');) {
-    const auto at = item.find('@'), colon = item.find(':');
-    Entry e;
-    if (at != std::string::npos && colon != std::string::npos && colon > at)
-      e = {item.substr(0, at), item.substr(at + 1, colon - at - 1), item.substr(colon + 1)};
-    if (e.action != "die" && e.action != "stop" && e.action != "hang")
-      throw UsageError(fmt::format("DP_FAULT entry '{}' is not ACTION@SLOT:POINT with ACTION die, stop or hang "
-                                   "(e.g. die@1:step10, stop@2:step8, die@*:heal)", item));
-    entries_.push_back(e);
-  }
-}
-
-void Faults::at(const std::string& point) {
-  for (size_t i = 0; i < entries_.size(); ++i) {
-    const Entry& e = entries_[i];
-    if (e.point != point) continue;
-    if (e.slot != "*" && (restart_ != 0 || e.slot != std::to_string(slot_))) continue;
-    const std::string me = m_.id();
-    if (text(m_.store()->compareSet(fmt::format("fault/{}", i), {}, bytes(me))) != me) continue;  // fired already
-    const double now = wall_seconds();
-    m_.store()->set("fault/time", bytes(fmt::format("{:.6f}", now)));
-    timeline::instant(fmt::format("DP_FAULT: {} at {}", e.action, point), now);
-    fmt::print("[slot {}] DP_FAULT: {} at {}\n", slot_, e.action, point);
-    std::fflush(stdout);
-    if (e.action == "die") std::raise(SIGKILL);
-    if (e.action == "stop") std::raise(SIGSTOP);
-    if (e.action == "hang")
-      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-  }
-}
-
-double Faults::last_fired() const {
-  if (!m_.store()->check({"fault/time"})) return -1;
-  return std::stod(text(m_.store()->get("fault/time")));
-}
 
 }  // namespace dp

@@ -76,31 +76,4 @@ class Membership {
   std::chrono::milliseconds settle_, timeout_;
 };
 
-/// Faults injected on purpose for the tests and the page, from DP_FAULT: a comma-separated list of
-/// ACTION@SLOT:POINT, ACTION one of die (SIGKILL), stop (SIGSTOP), hang (blocks forever); SLOT the
-/// launcher's rank (the first process of that slot only; `*`: whichever rank reaches POINT first); POINT
-/// stepK (before step K's collectives), quorumN (after claiming a slot in the N-th round this process
-/// joins after its first) or heal (the member sending state to a newcomer, before it sends). Each entry
-/// fires once in the whole run (claimed through the store); the time it fired is stored, so that the
-/// survivors can say how long recovery took. Without DP_FAULT nothing happens.
-class Faults {
- public:
-  Faults(Membership& m, int slot, int restart);
-  /// Fires the first matching entry for `point` that has not fired yet.
-  void at(const std::string& point);
-  /// Seconds since the epoch at which the last fault fired, or -1 when none has.
-  double last_fired() const;
-
- private:
-  struct Entry {
-    std::string action, slot, point;
-  };
-  Membership& m_;
-  int slot_, restart_;
-  std::vector<Entry> entries_;
-};
-
-/// Seconds since the epoch (the store's clock: every process on this machine reads the same one).
-double wall_seconds();
-
 }  // namespace dp

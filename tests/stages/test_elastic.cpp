@@ -3,6 +3,7 @@
 // what happens to one who comes late or alone. The whole elastic run is tested end to end by
 // tests/elastic.py (a rank killed, stopped, replaced; two failures; a failure in a round and in a heal).
 #include "common/errors.hpp"
+#include "common/fault.hpp"
 #include "stages/09_elastic/membership.hpp"
 
 #include <gtest/gtest.h>
@@ -150,11 +151,11 @@ TEST(Faults, AMalformedEntryIsBadInput) {
   StoreFile f;
   Membership m(f.path, "0.0", 1, 10ms, 1000ms);
   ::setenv("DP_FAULT", "explode@1:step3", 1);
-  EXPECT_THROW(dp::Faults(m, 0, 0), dp::UsageError);
+  EXPECT_THROW(dp::Faults(m.store(), m.id(), 0, 0), dp::UsageError);
   ::setenv("DP_FAULT", "die@1", 1);
-  EXPECT_THROW(dp::Faults(m, 0, 0), dp::UsageError);
+  EXPECT_THROW(dp::Faults(m.store(), m.id(), 0, 0), dp::UsageError);
   ::setenv("DP_FAULT", "die@1:step3,stop@*:heal", 1);
-  dp::Faults ok(m, 0, 0);
+  dp::Faults ok(m.store(), m.id(), 0, 0);
   ok.at("step3");  // slot 1's fault: nothing happens to slot 0
   EXPECT_LT(ok.last_fired(), 0);
   ::unsetenv("DP_FAULT");
