@@ -133,7 +133,7 @@ for part in $parts; do
     fi
     ;;
   ext06c)
-    echo "== extension 06c: memory around the first optimizer step, AdamW and stage 06's designs one at a time"
+    echo "== extension 06c: memory around the first optimizer step, AdamW and the ZeRO-1 designs (stage 06, extension 06d) one at a time"
     $L --nproc 2 -- $B/ext06c_memory_bench --preset small --context 128 --batch 4 --warmup 1 --steps 4 \
         --design cs336 --json $R/ext06c_cs336.json
     $L --nproc 2 -- $B/ext06c_memory_bench --preset small --context 128 --batch 4 --warmup 1 --steps 4 \

@@ -30,7 +30,7 @@
 using namespace dp;
 
 int main(int argc, char** argv) {
-  Cli cli("ext06c_memory_bench", "Extension 06c: memory around the first optimizer step, AdamW and stage 06's designs");
+  Cli cli("ext06c_memory_bench", "Extension 06c: memory around the first optimizer step, AdamW and the ZeRO-1 designs (stage 06, extension 06d)");
   MemoryBenchOptions o;
   o.cfg.preset = "tiny", o.cfg.context = 64, o.cfg.warmup = 1, o.cfg.steps = 5;  // a short run by default
   o.cfg.bytes_per_param = 20;  // one replica at a time, plain AdamW's: 16 B + buffers

@@ -1,5 +1,5 @@
-// Extension 06c's benchmark: the Transformer trained with plain AdamW (DDP), stage 06's CS336 design and
-// true ZeRO-1, one after the other, each measured for memory (tensor bytes and peak RSS around the first
+// Extension 06c's benchmark: the Transformer trained with plain AdamW (DDP), extension 06d's CS336 design and
+// stage 06's ZeRO-1, one after the other, each measured for memory (tensor bytes and peak RSS around the first
 // optimizer step, CS336's optimizer_state_sharding_accounting) and speed.
 #pragma once
 
