@@ -5,6 +5,7 @@
 #include "common/dist.hpp"
 #include "common/errors.hpp"
 #include "common/runtime.hpp"
+#include "common/store_values.hpp"
 #include "common/timeline.hpp"
 
 #include <fmt/format.h>
@@ -54,11 +55,6 @@ void maybe_inject_collective_fault(ProcessGroup& pg) {
   pg.broadcast(t, 0, "DP_FAULT misorder");
 }
 
-namespace {
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
-std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
-}  // namespace
-
 Faults::Faults(c10::intrusive_ptr<c10d::Store> store, std::string id, int slot, int restart)
     : store_(std::move(store)), id_(std::move(id)), slot_(slot), restart_(restart) {
   const char* spec = std::getenv("DP_FAULT");
@@ -80,9 +76,9 @@ void Faults::at(const std::string& point) {
     const Entry& e = entries_[i];
     if (e.point != point) continue;
     if (e.slot != "*" && (restart_ != 0 || e.slot != std::to_string(slot_))) continue;
-    if (text(store_->compareSet(fmt::format("fault/{}", i), {}, bytes(id_))) != id_) continue;  // fired already
+    if (store_text(store_->compareSet(fmt::format("fault/{}", i), {}, store_bytes(id_))) != id_) continue;  // fired already
     const double now = wall_seconds();
-    store_->set("fault/time", bytes(fmt::format("{:.6f}", now)));
+    store_->set("fault/time", store_bytes(fmt::format("{:.6f}", now)));
     timeline::instant(fmt::format("DP_FAULT: {} at {}", e.action, point), now);
     fmt::print("[slot {}] DP_FAULT: {} at {}\n", slot_, e.action, point);
     std::fflush(stdout);
@@ -95,7 +91,7 @@ void Faults::at(const std::string& point) {
 
 double Faults::last_fired() const {
   if (!store_->check({"fault/time"})) return -1;
-  return std::stod(text(store_->get("fault/time")));
+  return std::stod(store_text(store_->get("fault/time")));
 }
 
 }  // namespace dp

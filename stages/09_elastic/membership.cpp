@@ -1,6 +1,7 @@
 #include "stages/09_elastic/membership.hpp"
 
 #include "common/errors.hpp"
+#include "common/store_values.hpp"
 #include "common/timeline.hpp"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -15,13 +16,6 @@
 #include <thread>
 
 namespace dp {
-
-namespace {
-
-std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
-std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
-
-}  // namespace
 
 Membership::Membership(const std::string& path, std::string id, int max_members, std::chrono::milliseconds settle,
                        std::chrono::milliseconds timeout)
@@ -57,23 +51,23 @@ Quorum Membership::join(int64_t from, int64_t step, int64_t generation, const st
     // Claim the lowest free slot: compare-and-set succeeds for exactly one claimant, so slots are
     // taken without gaps and each holds its claimant's step and id.
     int idx = 0;
-    while (text(store_->compareSet(key(r, fmt::format("m{}", idx)), {}, bytes(me))) != me) ++idx;
+    while (store_text(store_->compareSet(key(r, fmt::format("m{}", idx)), {}, store_bytes(me))) != me) ++idx;
     if (on_claim) on_claim();
     // The settle clock starts with the first member of the latest generation: newcomers, and processes left
     // out of that generation, wait for its members (who find them at their next step boundary).
-    if (step >= 0 && generation == r - 1) store_->compareSet(key(r, "t0"), {}, bytes(fmt::format("{:.3f}", wall_seconds())));
+    if (step >= 0 && generation == r - 1) store_->compareSet(key(r, "t0"), {}, store_bytes(fmt::format("{:.3f}", wall_seconds())));
     const double settle = std::chrono::duration<double>(r == 0 ? timeout_ : settle_).count();
     int seen = idx + 1, closed = -1;
     while (closed < 0) {
       if (store_->check({key(r, "closed")})) {
-        closed = std::stoi(text(store_->get(key(r, "closed"))));
+        closed = std::stoi(store_text(store_->get(key(r, "closed"))));
         break;
       }
       while (store_->check({key(r, fmt::format("m{}", seen))})) ++seen;
       const bool settled = store_->check({key(r, "t0")}) &&
-                           wall_seconds() - std::stod(text(store_->get(key(r, "t0")))) >= settle;
+                           wall_seconds() - std::stod(store_text(store_->get(key(r, "t0")))) >= settle;
       if (seen >= max_members_ || settled) {  // close with the count seen; the first close wins
-        closed = std::stoi(text(store_->compareSet(key(r, "closed"), {}, bytes(std::to_string(seen)))));
+        closed = std::stoi(store_text(store_->compareSet(key(r, "closed"), {}, store_bytes(std::to_string(seen)))));
         break;
       }
       if (std::chrono::steady_clock::now() > deadline)
@@ -85,7 +79,7 @@ Quorum Membership::join(int64_t from, int64_t step, int64_t generation, const st
 
     std::vector<std::pair<int, Member>> with_state, fresh;
     for (int i = 0; i < closed; ++i) {
-      std::istringstream in(text(store_->get(key(r, fmt::format("m{}", i)))));
+      std::istringstream in(store_text(store_->get(key(r, fmt::format("m{}", i)))));
       Member m;
       in >> m.step >> m.id;
       (m.fresh() ? fresh : with_state).emplace_back(i, m);
