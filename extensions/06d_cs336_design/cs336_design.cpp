@@ -78,12 +78,12 @@ ShardedSteps cs336_steps(ProcessGroup& pg, const std::vector<torch::Tensor>& par
 static std::string check_design(const std::string& v) {
   if (v == "cs336" || v == "zero1" || v == "all") return {};
   return "unknown design '" + v + "': use cs336 (all-reduce, step the owned tensors, broadcast), zero1 "
-         "(reduce-scatter, step a flat chunk, all-gather) or all (ZeRO-1 in buckets: ext06a_zero1_buckets)";
+         "(reduce-scatter, step a flat chunk, all-gather) or all (both); ZeRO-1 in buckets is ext06a_zero1_buckets";
 }
 
 void add_design_option(CLI::App& app, std::string& design) {
   app.add_option("--design", design, "Which sharded design to check and measure: cs336 (all-reduce + broadcast), "
-                 "zero1 (reduce-scatter + all-gather) or all")
+                 "zero1 (reduce-scatter + all-gather) or all (both)")
       ->check(check_design);
 }
 
