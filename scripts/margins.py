@@ -40,16 +40,19 @@ LINE = re.compile(r"^(?:\[rank \d+/\d+\] )?(PASS|FAIL) (.*?)[:,]? max \|diff\| (
 
 
 def machine():
-    """The CPU and cores, as the other results name the machine they ran on."""
-    model = "unknown CPU"
+    """The CPU and cores, as the other results name the machine they ran on, and whether the CPU has bf16 dot
+    products (AVX512_BF16): there LibTorch's bf16 matmul runs in oneDNN, which ATEN_CPU_CAPABILITY does not
+    steer, so the bf16 checks' differences are another CPU's whatever the kernel path."""
+    model, bf16 = "unknown CPU", False
     try:
         for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
+            if line.startswith("model name") and model == "unknown CPU":
                 model = line.split(":", 1)[1].strip()
-                break
+            if line.startswith("flags"):
+                bf16 = bf16 or "avx512_bf16" in line.split()
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} cores"
+    return f"{model}{' with AVX512_BF16' if bf16 else ''}, {os.cpu_count()} cores"
 
 
 def check_name(text):
