@@ -132,8 +132,9 @@ def main():
     ap.add_argument("--variant", help="exact name or a unique substring, e.g. 'flat' or 'bucketed 1 MB'")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--max-overlap", type=float, metavar="F", help="every step's fraction must be <= F")
-    g.add_argument("--min-overlap", type=float, metavar="F", help="the straggler's median share of the possible overlap (hidden / min(communication, "
-                   "backward)) must be >= F")
+    g.add_argument("--min-overlap", type=float, metavar="F",
+                   help="the straggler's median share of the possible overlap, hidden / min(communication, backward), "
+                        "must be >= F")
     ap.add_argument("--tolerance-ms", type=float, default=1.0, help="clock granularity allowance (default 1)")
     ap.add_argument("--check-format", action="store_true", help="check the trace's completeness and consistency")
     args = ap.parse_args()
