@@ -89,7 +89,7 @@ def check_overlap(t, variant, args, tol_us):
         frac = hidden / comm
         # The most that can hide is the shorter of the two: the share of that which did.
         possible = hidden / min(comm, bwd) if bwd > 0 else 0.0
-        per_rank.setdefault(s.rank, []).append((frac, possible, s))
+        per_rank.setdefault(s.rank, []).append((frac, possible, bwd, s))
         print(f"  rank {s.rank} round {s.round}: step {s.dur / 1e3:8.2f} ms, backward {bwd / 1e3:8.2f} ms, "
               f"communication {comm / 1e3:8.2f} ms, overlapping {hidden / 1e3:8.2f} ms -> {frac:.3f} "
               f"({possible:.3f} of the possible)")
@@ -100,15 +100,14 @@ def check_overlap(t, variant, args, tol_us):
     if not per_rank:
         raise tl.TraceError(f"variant {variant!r} launched no collectives: nothing to check")
     for r, v in sorted(per_rank.items()):
-        print(f"  rank {r}: median {tl.median([f for f, _, _ in v]):.3f} over {len(v)} steps "
-              f"({tl.median([p for _, p, _ in v]):.3f} of the possible)")
+        print(f"  rank {r}: median {tl.median([x[0] for x in v]):.3f} over {len(v)} steps "
+              f"({tl.median([x[1] for x in v]):.3f} of the possible)")
     # The straggler of each round: the rank with the longest backward. A faster rank's collectives also
     # wait for the straggler's buckets; that wait hides behind the straggler's backward, not its own, so
-    # only the straggler's fraction says how much of the step's communication backward really hides.
+    # only the straggler's share says how much of the step's communication backward really hides.
     rounds = {}
     for r, v in per_rank.items():
-        for frac, possible, s in v:
-            bwd = tl.overlap(s)[1]
+        for _, possible, bwd, s in v:
             if s.round not in rounds or bwd > rounds[s.round][0]:
                 rounds[s.round] = (bwd, possible, r)
     shares = [rounds[k][1] for k in sorted(rounds)]
