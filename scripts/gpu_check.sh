@@ -53,6 +53,16 @@ for s in 02_naive_ddp 03_flat 04_overlap 05_bucketed 06_sharded_opt 07_fsdp; do
   step "stage${s%%_*}_nccl_w1" check 150 "$L --nproc 1 -- $B/$prog --backend nccl"
   step "stage${s%%_*}_gloo_cuda_w2" check 150 "$L --nproc 2 -- $B/$prog --device cuda"
 done
+# The extensions' own checks on the GPU, each at 1 rank over NCCL and 2 over Gloo on CUDA: 05d every stage 05
+# feature (communication hooks, buckets in arrival order, the optimizer overlapped), 06a ZeRO-1 in buckets,
+# 06d CS336's sharded design; 06b a checkpoint of ZeRO-1 saved by one rank (NCCL) and loaded by two (Gloo on
+# CUDA); 06c the optimizer's memory with CUDA's own peak allocated beside the tensors counted.
+for e in 05d_feature_bench 06a_zero1_buckets 06d_cs336_design; do
+  step "ext${e%%_*}_nccl_w1" check 150 "$L --nproc 1 -- $B/ext$e --backend nccl"
+  step "ext${e%%_*}_gloo_cuda_w2" check 150 "$L --nproc 2 -- $B/ext$e --device cuda"
+done
+step ext06b_save_w1_resume_w2 check 200 "rm -rf $build/gpu_ext06b && $L --nproc 1 -- $B/ext06b_checkpoints --backend nccl --checkpoint $build/gpu_ext06b && $L --nproc 2 -- $B/ext06b_checkpoints --device cuda --checkpoint $build/gpu_ext06b --resume-only"
+step ext06c_gloo_cuda_w2 check 150 "$L --nproc 2 -- $B/ext06c_memory_bench --device cuda"
 # Stage 08: the capstone on the GPU, a short run (its corpus: this repository's pages; no Debian fortunes there).
 step stage08_ddp_nccl_w1 check 150 "$L --nproc 1 -- $B/stage08_train_lm --backend nccl --sync ddp --corpus docs --steps 40 --eval-every 20 --sample 0"
 step stage08_fsdp_gloo_cuda_w2 check 150 "$L --nproc 2 -- $B/stage08_train_lm --device cuda --sync fsdp --corpus docs --steps 40 --eval-every 20 --sample 0"
@@ -113,8 +123,8 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDP_TORCH_PIP=O
   tail -40 "$logs/configure.log"; echo "[gpu_check] FAIL configure"; exit 1
 fi
 grep -E "LibTorch|CUDA LibTorch|NCCL backend|From " "$logs/configure.log" | sed 's/^-- */[gpu_check] /'
-targets="ddp_launch stage01_allreduce stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed"
-targets+=" stage06_sharded_opt stage07_fsdp stage08_train_lm ext07a_fsdp_bench test_dist test_cli"
+# The programs the steps name, and the test executables behind ctest_cuda's tests.
+targets="$(printf '%s\n' "${steps[@]}" | grep -o "$B/[a-z0-9_]*" | sed "s|$B/||" | sort -u | tr '\n' ' ')test_dist test_cli"
 if ! cmake --build "$build" -j "$jobs" --target $targets > "$logs/build.log" 2>&1; then
   grep -E "error|FAILED" "$logs/build.log" | head -40; echo "[gpu_check] FAIL build"; exit 1
 fi

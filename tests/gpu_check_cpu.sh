@@ -17,6 +17,10 @@ for s in 01 02 03 04 05 06 07 08; do
   grep -q "stage${s}_.*--backend nccl" <<< "$list" || fail "no NCCL step for stage $s"
   grep -q "stage${s}_.*--device cuda" <<< "$list" || fail "no Gloo-on-CUDA step for stage $s"
 done
+for e in 05d 06a 06d; do  # the extensions with checks of their own against single-process training
+  grep -q "^ext${e}_nccl_w1 .*ext${e}_.*--backend nccl" <<< "$list" || fail "no NCCL step for extension $e"
+  grep -q "^ext${e}_gloo_cuda_w2 .*ext${e}_.*--device cuda" <<< "$list" || fail "no Gloo-on-CUDA step for extension $e"
+done
 expect() {  # expected exit | regex | env assignments...
   local code=$1 regex=$2; shift 2
   local out rc

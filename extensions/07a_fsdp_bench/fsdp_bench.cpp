@@ -69,6 +69,9 @@ void check_memory(FsdpBenchOptions& o, int world) {
     }
     total += need, kept.push_back(v);
   }
+  if (kept.empty())  // nothing left to measure: an empty table is no result
+    throw UsageError(fmt::format("no variant of --variants fits in {} with a tenth of it to spare ({:.1f} GB "
+                                 "available): {}", where, avail / 1e9, remedy));
   std::vector<std::string> in_order;  // back to the requested order
   for (const auto& v : o.variants)
     if (std::count(kept.begin(), kept.end(), v)) in_order.push_back(v);
