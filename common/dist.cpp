@@ -335,7 +335,17 @@ Work ProcessGroup::broadcast_async(torch::Tensor& t, int root, const std::string
   return tracked(wrap(impl_->comm->broadcast(v, o), describe("broadcast", t), id), label);
 }
 
+// Gloo's send and receive hand the tensor's pointer to a TCP socket: a CUDA pointer fails there ("writev:
+// Bad address") on Gloo's own thread, which aborts the process. Its collectives copy CUDA tensors through
+// the host themselves; for point-to-point the caller does (common/exchange.cpp, stage 01's ring check).
+static void host_memory_only(const std::string& backend, const torch::Tensor& t, const char* op) {
+  if (backend == "gloo" && t.is_cuda())
+    throw std::invalid_argument(fmt::format("{} of a CUDA tensor over Gloo: Gloo's send and receive move host "
+                                            "memory only; copy it to the CPU (.cpu()) and back", op));
+}
+
 Work ProcessGroup::send_async(torch::Tensor& t, int peer, int tag, const std::string& label) {
+  host_memory_only(backend_, t, "send");
   std::vector<at::Tensor> v{t};
   const int64_t id = trace_launch("send", t, label);
   const std::string what = describe("send", t) + " to rank " + std::to_string(peer);
@@ -343,6 +353,7 @@ Work ProcessGroup::send_async(torch::Tensor& t, int peer, int tag, const std::st
 }
 
 Work ProcessGroup::recv_async(torch::Tensor& t, int peer, int tag, const std::string& label) {
+  host_memory_only(backend_, t, "recv");
   std::vector<at::Tensor> v{t};
   const int64_t id = trace_launch("recv", t, label);
   const std::string what = describe("recv", t) + " from rank " + std::to_string(peer);

@@ -24,7 +24,8 @@
 #
 # Environment: DP_TORCH_PYTHON (python3), GPU_CHECK_BUILD (build-gpu), GPU_CHECK_OUT (docs/results),
 # GPU_CHECK_DEADLINE (seconds from the start after which no new step starts; 0: none), GPU_CHECK_JOBS,
-# GPU_CHECK_PARALLEL (checks at a time, 4), GPU_CHECK_ONLY (a regular expression: only matching steps run).
+# GPU_CHECK_PARALLEL (checks at a time, 4), GPU_CHECK_ONLY (a regular expression: only matching steps run),
+# GPU_CHECK_COMMIT (the commit the record names, for a copy of the tree whose .git is older than the tree).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -187,7 +188,7 @@ failed=$(grep -c '"rc": [1-9]' "$logs/steps.jsonl")
 
 # ---- the record ----------------------------------------------------------------------------------
 "$PY" - "$logs/steps.jsonl" "$out/gpu_check.json" "$build_s" "$root" <<'PYEOF'
-import json, platform, subprocess, sys, datetime
+import datetime, json, os, platform, subprocess, sys
 steps_file, dest, build_s, root = sys.argv[1:]
 import torch
 def smi(q):
@@ -202,18 +203,20 @@ try:
            "multiprocessors": p.multi_processor_count, "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
 except Exception as e:  # the steps' record matters more than these figures
     gpu = {"device": f"unknown ({e})", "device_memory_GiB": 0, "multiprocessors": 0, "nccl": "unknown"}
-commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-changed = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/results"],
-                         capture_output=True, text=True).stdout.strip()
-if commit and changed:
-    commit += " with uncommitted changes"
-only = __import__("os").environ.get("GPU_CHECK_ONLY", "")
+commit = os.environ.get("GPU_CHECK_COMMIT", "")  # the tree's commit, where the copy's .git is not the tree's
+if not commit:
+    commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    changed = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/results"],
+                             capture_output=True, text=True).stdout.strip()
+    if commit and changed:
+        commit += " with uncommitted changes"
+only = os.environ.get("GPU_CHECK_ONLY", "")
 rec = {"benchmark": "gpu_check",
        "command": (f"GPU_CHECK_ONLY='{only}' " if only else "") + "bash scripts/gpu_check.sh",
        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
        "commit": commit or "unknown", "script": "bash scripts/gpu_check.sh",
        **gpu, "driver": smi("driver_version"), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
-       "cpu_cores": __import__("os").cpu_count(),
+       "cpu_cores": os.cpu_count(),
        "host": platform.platform(), "build_s": int(build_s),
        "rows": [json.loads(l) for l in open(steps_file) if l.strip()]}
 rec["machine"] = (f"{rec['device']} ({rec['device_memory_GiB']} GiB, driver {rec['driver']}), "

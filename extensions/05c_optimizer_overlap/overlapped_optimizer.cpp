@@ -115,6 +115,7 @@ void check_overlapped_optimizer(ProcessGroup& pg, const MakeBucketedDdp& make_dd
   const auto adamw = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
   torch::manual_seed(3);
   TransformerLM a(c), b(c);
+  a->to(pg.device()), b->to(pg.device());  // NCCL sends CUDA tensors only; Gloo ranks may compute on a GPU too
   copy_parameters(*b, *a);
   auto after = make_ddp(pg, a.ptr()), inside = make_ddp(pg, b.ptr());
   torch::optim::AdamW opt(unique_parameters(*a), adamw);
@@ -123,7 +124,8 @@ void check_overlapped_optimizer(ProcessGroup& pg, const MakeBucketedDdp& make_dd
   });
   for (int64_t step = 0; step < 3; ++step) {
     auto [gx, gy] = token_batch(2 * pg.world_size(), c.context_length, c.vocab_size, 99, step);
-    auto x = shard_rows(gx, pg.rank(), pg.world_size()), y = shard_rows(gy, pg.rank(), pg.world_size());
+    auto x = shard_rows(gx, pg.rank(), pg.world_size()).to(pg.device());
+    auto y = shard_rows(gy, pg.rank(), pg.world_size()).to(pg.device());
     opt.zero_grad(), overlapped.zero_grad();
     lm_loss(a->forward(x), y).backward(), lm_loss(b->forward(x), y).backward();
     after->finish_gradient_synchronization(), inside->finish_gradient_synchronization();

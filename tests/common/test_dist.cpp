@@ -249,6 +249,16 @@ TEST(GlooOnCuda, CollectivesMoveCudaTensors) {
         EXPECT_TRUE(out.is_cuda());
         for (int i = 0; i < W; ++i)  // piece i came from rank i: its chunk r
           EXPECT_TRUE(torch::all(out.narrow(0, 4 * i, 4) == static_cast<float>(r + 10 * i)).item<bool>()) << i;
+        // Gloo's send and receive take host memory only: a CUDA tensor is refused by name, before Gloo's
+        // socket is handed a device pointer (that aborted the process: "writev: Bad address").
+        auto one = torch::zeros({4}, opts);
+        try {
+          pg.send_async(one, (r + 1) % W, 7);
+          ADD_FAILURE() << "a CUDA send over Gloo was not refused";
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("move host memory only"), std::string::npos) << e.what();
+        }
+        EXPECT_THROW(pg.recv_async(one, (r + W - 1) % W, 7), std::invalid_argument);
       },
       std::chrono::milliseconds(60000), "cuda");
 }
