@@ -138,6 +138,8 @@ Cli::Cli(const std::string& program, const std::string& description) : app_(desc
   app_.add_option("--seed", common_.seed, "Random seed");
 }
 
+Cli::~Cli() = default;
+
 int Cli::parse(int argc, char** argv) {
   try {
     app_.parse(argc, argv);
