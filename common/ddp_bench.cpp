@@ -33,15 +33,18 @@ void validate_bench_config(BenchConfig& cfg, int world) {
     throw UsageError(fmt::format("--batch {} cannot be split evenly over {} ranks; use a multiple of {}",
                                  cfg.global_batch, world, world));
   cfg.budget_s = cfg.budget.empty() ? 0 : parse_seconds(cfg.budget, "--budget");
-  // Whole replicas on every rank: a model too large is refused now, not killed by the kernel later.
+  // Whole replicas on every rank: a model too large is refused now, not killed by the kernel later. With
+  // bytes_per_param 0 the program checks its own needs: this check's remedy (shard the parameters) would
+  // name what it already does.
   const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
-  check_fits_in_memory(cfg.bytes_per_param * static_cast<double>(mcfg.num_parameters()) +
-                           activation_bytes(mcfg, cfg.global_batch / world, cfg.context),
-                       LaunchEnv::from_environment().local_world_size,
-                       fmt::format("--preset {} ({} parameters, {:.0f} bytes each on every rank)", cfg.preset,
-                                   with_commas(mcfg.num_parameters()), cfg.bytes_per_param),
-                       "use a smaller --preset, fewer ranks on this machine, or shard the parameters too "
-                       "(FSDP, stage 07; its extension 07a, ext07a_fsdp_bench, trains it with no whole replica beside it)");
+  if (cfg.bytes_per_param > 0)
+    check_fits_in_memory(cfg.bytes_per_param * static_cast<double>(mcfg.num_parameters()) +
+                             activation_bytes(mcfg, cfg.global_batch / world, cfg.context),
+                         LaunchEnv::from_environment().local_world_size,
+                         fmt::format("--preset {} ({} parameters, {:.0f} bytes each on every rank)", cfg.preset,
+                                     with_commas(mcfg.num_parameters()), cfg.bytes_per_param),
+                         "use a smaller --preset, fewer ranks on this machine, or shard the parameters too (FSDP, "
+                         "stage 07; its extension 07a, ext07a_fsdp_bench, trains it with no whole replica beside it)");
   if (!cfg.trace.empty()) check_writable("--trace", cfg.trace);  // fails now, not after the whole benchmark
 }
 

@@ -29,7 +29,9 @@ struct BenchConfig {
   std::string trace;             ///< --trace FILE: Chrome trace of the timed steps; empty: none
   /// Bytes per parameter a rank needs, for validate_bench_config()'s memory check: bench_variants()
   /// holds two replicas at a time (parameters, gradients, AdamW state, a gradient-sized buffer: 20 B
-  /// each) and rank 0 a third, the single-process one. A stage that trains one replica at a time sets 20.
+  /// each) and rank 0 a third, the single-process one. A stage that trains one replica at a time sets 20;
+  /// a program that checks its own needs (extension 07a: each variant's shards and activations) sets 0,
+  /// and validate_bench_config() leaves the memory to it.
   double bytes_per_param = 50;
 };
 

@@ -43,7 +43,9 @@ bool reset_peak_rss();
 bool map_large_allocations(size_t bytes = size_t(1) << 20);
 
 /// MemAvailable of /proc/meminfo: what this machine can still give processes without swapping, in
-/// bytes; 0 when unknown.
+/// bytes; 0 when unknown. The environment variable DP_AVAILABLE_MEMORY_BYTES (a whole number of bytes)
+/// stands in for it, so that tests reach the refusals below on any machine; a value that is not one
+/// throws dp::UsageError naming it.
 int64_t available_memory_bytes();
 
 /// Throws dp::UsageError (exit 2) when `ranks_here` processes needing about `bytes_per_rank` each would

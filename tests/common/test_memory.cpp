@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+
 namespace {
 
 namespace optim = torch::optim;
@@ -44,6 +47,30 @@ TEST(Memory, ResidentSetProbes) {
   }
   EXPECT_EQ(dp::cuda_peak_allocated_bytes(torch::kCPU), 0);  // no CUDA peak for a CPU device
   dp::reset_cuda_peak(torch::kCPU);
+}
+
+// DP_AVAILABLE_MEMORY_BYTES stands in for /proc/meminfo (the memory refusals' tests use it); anything but a
+// whole number of bytes above 0 is refused by name, and check_fits_in_memory() refuses against it.
+TEST(Memory, AvailableMemoryStandIn) {
+  ::unsetenv("DP_AVAILABLE_MEMORY_BYTES");
+  const int64_t real = dp::available_memory_bytes();
+  EXPECT_GT(real, 0);  // Linux has had MemAvailable since 3.14
+  ::setenv("DP_AVAILABLE_MEMORY_BYTES", "24000000000", 1);
+  EXPECT_EQ(dp::available_memory_bytes(), 24'000'000'000);
+  EXPECT_THROW(dp::check_fits_in_memory(13e9, 2, "two ranks", "use fewer"), dp::UsageError);  // 26 GB > 24
+  EXPECT_NO_THROW(dp::check_fits_in_memory(11e9, 2, "two ranks", "use fewer"));               // 22 GB
+  for (const char* bad : {"24GB", "", "-1", "0", "1e9", "99999999999999999999"}) {
+    ::setenv("DP_AVAILABLE_MEMORY_BYTES", bad, 1);
+    try {
+      dp::available_memory_bytes();
+      ADD_FAILURE() << "accepted DP_AVAILABLE_MEMORY_BYTES=" << bad;
+    } catch (const dp::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("DP_AVAILABLE_MEMORY_BYTES=") + bad + ":"), std::string::npos)
+          << e.what();
+    }
+  }
+  ::unsetenv("DP_AVAILABLE_MEMORY_BYTES");
+  EXPECT_GT(dp::available_memory_bytes(), 0);
 }
 
 }  // namespace
