@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #ifdef DP_WITH_CUDA
+#include <c10/core/DeviceGuard.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 #include <net/if.h>
@@ -337,27 +338,54 @@ Work ProcessGroup::broadcast_async(torch::Tensor& t, int root, const std::string
 
 // Gloo's send and receive hand the tensor's pointer to a TCP socket: a CUDA pointer fails there ("writev:
 // Bad address") on Gloo's own thread, which aborts the process. Its collectives copy CUDA tensors through
-// the host themselves; for point-to-point the caller does (common/exchange.cpp, stage 01's ring check).
-static void host_memory_only(const std::string& backend, const torch::Tensor& t, const char* op) {
-  if (backend == "gloo" && t.is_cuda())
-    throw std::invalid_argument(fmt::format("{} of a CUDA tensor over Gloo: Gloo's send and receive move host "
-                                            "memory only; copy it to the CPU (.cpu()) and back", op));
-}
+// the host themselves; for point-to-point we do, as common/exchange.cpp does for the all-to-all: a send goes
+// out from a host copy taken at the call (in the caller's stream order), a receive lands in a host buffer
+// that wait() copies into the caller's CUDA tensor.
+namespace {
+class HostStagedWork : public c10d::Work {
+ public:
+  // `host`: the buffer Gloo reads or writes; `device`: the caller's tensor to fill on completion (a
+  // receive), undefined for a send.
+  HostStagedWork(compat::WorkPtr inner, at::Tensor host, at::Tensor device)
+      : inner_(std::move(inner)), host_(std::move(host)), device_(std::move(device)) {}
+  bool isCompleted() override { return inner_->isCompleted(); }
+  bool wait(std::chrono::milliseconds timeout) override {
+    inner_->wait(timeout);  // throws on failure or timeout; then nothing is copied
+    std::lock_guard<std::mutex> lock(mu_);
+    if (device_.defined() && !copied_) {  // once, however many handles wait
+      c10::DeviceGuard on(device_.device());
+      device_.copy_(host_);  // host -> device, ordered on the current stream before later work
+      copied_ = true;
+    }
+    return true;
+  }
+
+ private:
+  compat::WorkPtr inner_;
+  at::Tensor host_, device_;
+  std::mutex mu_;
+  bool copied_ = false;
+};
+}  // namespace
 
 Work ProcessGroup::send_async(torch::Tensor& t, int peer, int tag, const std::string& label) {
-  host_memory_only(backend_, t, "send");
-  std::vector<at::Tensor> v{t};
+  const bool staged = backend_ == "gloo" && t.is_cuda();
+  std::vector<at::Tensor> v{staged ? t.cpu() : t};
   const int64_t id = trace_launch("send", t, label);
   const std::string what = describe("send", t) + " to rank " + std::to_string(peer);
-  return tracked(wrap(impl_->comm->send(v, peer, tag), what, id), label);
+  auto w = impl_->comm->send(v, peer, tag);
+  if (staged) w = c10::make_intrusive<HostStagedWork>(std::move(w), v[0], at::Tensor());
+  return tracked(wrap(std::move(w), what, id), label);
 }
 
 Work ProcessGroup::recv_async(torch::Tensor& t, int peer, int tag, const std::string& label) {
-  host_memory_only(backend_, t, "recv");
-  std::vector<at::Tensor> v{t};
+  const bool staged = backend_ == "gloo" && t.is_cuda();
+  std::vector<at::Tensor> v{staged ? at::empty(t.sizes(), t.options().device(at::kCPU)) : t};
   const int64_t id = trace_launch("recv", t, label);
   const std::string what = describe("recv", t) + " from rank " + std::to_string(peer);
-  return tracked(wrap(impl_->comm->recv(v, peer, tag), what, id), label);
+  auto w = impl_->comm->recv(v, peer, tag);
+  if (staged) w = c10::make_intrusive<HostStagedWork>(std::move(w), v[0], t);
+  return tracked(wrap(std::move(w), what, id), label);
 }
 
 void ProcessGroup::broadcast(torch::Tensor& t, int root, const std::string& label) {

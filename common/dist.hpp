@@ -89,9 +89,11 @@ class ProcessGroup {
   Work all_to_all_async(torch::Tensor& out, torch::Tensor& in, const std::string& label = {});
   /// Point to point: sends `t` (contiguous) to rank `peer`, which posts recv_async() with the same `tag`.
   /// Returns at once; `t` must stay unchanged until wait() returns. Stage 01's ring all-reduce is built of these.
+  /// Over Gloo a CUDA tensor goes out from a host copy taken at the call (Gloo's sockets move host memory).
   Work send_async(torch::Tensor& t, int peer, int tag, const std::string& label = {});
   /// Point to point: receives into `t` (contiguous, the sender's shape and dtype) from rank `peer`'s
-  /// send_async() with the same `tag`. Returns at once; read `t` after wait().
+  /// send_async() with the same `tag`. Returns at once; read `t` after wait(). Over Gloo a CUDA tensor is
+  /// received into a host buffer that wait() copies into `t`.
   Work recv_async(torch::Tensor& t, int peer, int tag, const std::string& label = {});
   /// True when this backend has a reduce_scatter of its own (NCCL); Gloo has none (common/shard_comm.hpp
   /// builds one from all_to_all_async).

@@ -52,8 +52,9 @@ void check_memory(FsdpBenchOptions& o, int world) {
   const double avail = o.cuda ? static_cast<double>(cuda_total_memory_bytes(torch::Device(torch::kCUDA, 0)))
                               : static_cast<double>(available_memory_bytes());
   const std::string where = o.cuda ? "one GPU" : "this machine";
-  const std::string remedy = std::string("use more ranks (more machines), a smaller --preset") +
-                             (o.compute_dtype == torch::kFloat32 ? " or --compute-dtype bf16" : "");
+  const std::string remedy = o.compute_dtype == torch::kFloat32
+                                 ? "use more ranks (more machines), a smaller --preset or --compute-dtype bf16"
+                                 : "use more ranks (more machines) or a smaller --preset";
   for (const auto& v : o.variants)
     if (v != "ddp")
       check_fits_in_memory(estimated_bytes_per_rank(o, v, world), here, "FSDP (" + v + ")", remedy, avail, where);

@@ -94,7 +94,7 @@ dp_bad_input(ext07a_too_large_even_sharded 2 "FSDP .fsdp. needs about .* GB per 
   ${MEM} ${E7} --preset 2.7b --variants fsdp --reshard-after-forward true)
 # `large` in bf16 on one rank needs about 22.8 GB: it fits in 24 GB, but not with a tenth to spare, and
 # the variants train only with that spare. Nothing left to measure is refused, not a PASS with an empty table.
-dp_bad_input(ext07a_no_variant_with_spare 2 "no variant of --variants fits in this machine with a tenth of it to spare"
+dp_bad_input(ext07a_no_variant_with_spare 2 "no variant of --variants fits in this machine with a tenth of it to spare.*: use more ranks .more machines. or a smaller --preset$"
   ${MEM} ${E7} --preset large --context 256 --batch 8 --variants fsdp --reshard-after-forward true --compute-dtype bf16)
 dp_bad_input(memory_stand_in_not_a_number 2 "DP_AVAILABLE_MEMORY_BYTES=24GB: not a whole number of bytes"
   env DP_AVAILABLE_MEMORY_BYTES=24GB ${E7} --preset nano)
