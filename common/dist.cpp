@@ -336,45 +336,47 @@ Work ProcessGroup::broadcast_async(torch::Tensor& t, int root, const std::string
   return tracked(wrap(impl_->comm->broadcast(v, o), describe("broadcast", t), id), label);
 }
 
-// Gloo's send and receive hand the tensor's pointer to a TCP socket: a CUDA pointer fails there ("writev:
-// Bad address") on Gloo's own thread, which aborts the process. Its collectives copy CUDA tensors through
-// the host themselves; for point-to-point we do, as common/exchange.cpp does for the all-to-all: a send goes
-// out from a host copy taken at the call (in the caller's stream order), a receive lands in a host buffer
-// that wait() copies into the caller's CUDA tensor.
+// A send's or receive's handle. Two things c10d's own handle does not do:
+// - wait() may be called again: Gloo's receive counts completions, so a second wait on its handle blocks
+//   until Gloo's timeout, as if a peer were dead. Here a second wait returns at once.
+// - CUDA tensors over Gloo: Gloo's send and receive hand the tensor's pointer to a TCP socket, and a CUDA
+//   pointer fails there ("writev: Bad address") on Gloo's own thread, which aborts the process. Its
+//   collectives copy CUDA tensors through the host themselves; for point-to-point we do, as
+//   common/exchange.cpp does for the all-to-all: a send goes out from a host copy taken at the call (in the
+//   caller's stream order), a receive lands in a host buffer that wait() copies into the caller's tensor.
 namespace {
-class HostStagedWork : public c10d::Work {
+class PointToPointWork : public c10d::Work {
  public:
-  // `host`: the buffer Gloo reads or writes; `device`: the caller's tensor to fill on completion (a
-  // receive), undefined for a send.
-  HostStagedWork(compat::WorkPtr inner, at::Tensor host, at::Tensor device)
-      : inner_(std::move(inner)), host_(std::move(host)), device_(std::move(device)) {}
+  // `buffer`: what Gloo reads or writes; `fill`: the caller's tensor to copy `buffer` into once received
+  // (a CUDA receive over Gloo), else undefined.
+  PointToPointWork(compat::WorkPtr inner, at::Tensor buffer, at::Tensor fill)
+      : inner_(std::move(inner)), buffer_(std::move(buffer)), fill_(std::move(fill)) {}
   bool isCompleted() override { return inner_->isCompleted(); }
   bool wait(std::chrono::milliseconds timeout) override {
-    inner_->wait(timeout);  // throws on failure or timeout; then nothing is copied
     std::lock_guard<std::mutex> lock(mu_);
-    if (device_.defined() && !copied_) {  // once, however many handles wait
-      c10::DeviceGuard on(device_.device());
-      device_.copy_(host_);  // host -> device, ordered on the current stream before later work
-      copied_ = true;
+    if (done_) return true;
+    inner_->wait(timeout);  // throws on failure or timeout; then nothing is copied
+    if (fill_.defined()) {
+      c10::DeviceGuard on(fill_.device());
+      fill_.copy_(buffer_);  // host -> device, ordered on the current stream before later work
     }
+    done_ = true;
     return true;
   }
 
  private:
   compat::WorkPtr inner_;
-  at::Tensor host_, device_;
+  at::Tensor buffer_, fill_;
   std::mutex mu_;
-  bool copied_ = false;
+  bool done_ = false;
 };
 }  // namespace
 
 Work ProcessGroup::send_async(torch::Tensor& t, int peer, int tag, const std::string& label) {
-  const bool staged = backend_ == "gloo" && t.is_cuda();
-  std::vector<at::Tensor> v{staged ? t.cpu() : t};
+  std::vector<at::Tensor> v{backend_ == "gloo" && t.is_cuda() ? t.cpu() : t};
   const int64_t id = trace_launch("send", t, label);
   const std::string what = describe("send", t) + " to rank " + std::to_string(peer);
-  auto w = impl_->comm->send(v, peer, tag);
-  if (staged) w = c10::make_intrusive<HostStagedWork>(std::move(w), v[0], at::Tensor());
+  auto w = c10::make_intrusive<PointToPointWork>(impl_->comm->send(v, peer, tag), v[0], at::Tensor());
   return tracked(wrap(std::move(w), what, id), label);
 }
 
@@ -383,8 +385,8 @@ Work ProcessGroup::recv_async(torch::Tensor& t, int peer, int tag, const std::st
   std::vector<at::Tensor> v{staged ? at::empty(t.sizes(), t.options().device(at::kCPU)) : t};
   const int64_t id = trace_launch("recv", t, label);
   const std::string what = describe("recv", t) + " from rank " + std::to_string(peer);
-  auto w = impl_->comm->recv(v, peer, tag);
-  if (staged) w = c10::make_intrusive<HostStagedWork>(std::move(w), v[0], t);
+  auto w = c10::make_intrusive<PointToPointWork>(impl_->comm->recv(v, peer, tag), v[0],
+                                                 staged ? t : at::Tensor());
   return tracked(wrap(std::move(w), what, id), label);
 }
 

@@ -93,7 +93,8 @@ class ProcessGroup {
   Work send_async(torch::Tensor& t, int peer, int tag, const std::string& label = {});
   /// Point to point: receives into `t` (contiguous, the sender's shape and dtype) from rank `peer`'s
   /// send_async() with the same `tag`. Returns at once; read `t` after wait(). Over Gloo a CUDA tensor is
-  /// received into a host buffer that wait() copies into `t`.
+  /// received into a host buffer that wait() copies into `t`. A send's or receive's handle may be waited on
+  /// more than once (c10d's own Gloo handle blocks on a second wait).
   Work recv_async(torch::Tensor& t, int peer, int tag, const std::string& label = {});
   /// True when this backend has a reduce_scatter of its own (NCCL); Gloo has none (common/shard_comm.hpp
   /// builds one from all_to_all_async).

@@ -72,6 +72,28 @@ TEST_P(Collectives, AsyncHandlesCompleteInAnyWaitOrder) {
   });
 }
 
+// Point to point, as stage 01's ring uses it: each rank sends to the next and receives from the one before,
+// into a view. A second wait on either handle returns at once (c10d's Gloo receive would block until its
+// timeout, as if the peer were dead).
+TEST_P(Collectives, SendAndReceiveAroundARing) {
+  const int W = GetParam();
+  if (W == 1) return;  // a ring of sends needs two ranks (stage 01's ring returns at once for one)
+  run_ranks(W, [&](ProcessGroup& pg) {
+    const int r = pg.rank();
+    auto mine = torch::full({5}, r + 1.0f), buf = torch::zeros({2, 5});
+    auto into = buf[1];
+    auto recv = pg.recv_async(into, (r + W - 1) % W, 7);
+    auto send = pg.send_async(mine, (r + 1) % W, 7);
+    recv.wait();
+    send.wait();
+    recv.wait();
+    send.wait();
+    EXPECT_TRUE(recv.completed() && send.completed());
+    EXPECT_TRUE(torch::all(buf[1] == static_cast<float>((r + W - 1) % W + 1)).item<bool>()) << buf;
+    EXPECT_TRUE(torch::all(buf[0] == 0.0f).item<bool>()) << buf;
+  }, std::chrono::milliseconds(20000));
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(1, 2, 3, 4));
 
 TEST(Barrier, NobodyPassesBeforeEveryoneArrives) {
@@ -224,8 +246,9 @@ TEST(Backends, DeviceMustSuitBackendBuildAndMachine) {
 }
 
 // Gloo ranks computing on a GPU (--device cuda; several ranks share one): Gloo's own all-reduce, broadcast
-// and all-gather take CUDA tensors through host memory, and our all-to-all (point to point, which moves host
-// memory only) stages them through host copies. Every result lands on the GPU, equal to the closed form.
+// and all-gather take CUDA tensors through host memory; our all-to-all and our send and receive (Gloo's point to
+// point moves host memory only) stage them through host copies. Every result lands on the GPU, equal to the
+// closed form.
 TEST(GlooOnCuda, CollectivesMoveCudaTensors) {
   if (!dp::testing::gpu_visible()) GTEST_SKIP() << "needs a CUDA build and a GPU (scripts/gpu_check.sh runs it)";
   run_ranks(
@@ -252,14 +275,15 @@ TEST(GlooOnCuda, CollectivesMoveCudaTensors) {
         // Gloo's send and receive move host memory only: a CUDA tensor goes out from a host copy and comes in
         // through a host buffer that wait() copies to the GPU (a device pointer handed to Gloo's socket
         // aborted the process: "writev: Bad address"). A ring pass: each rank sends r + 1 and receives from
-        // the rank before it, into a view (the ring all-reduce of stage 01 receives into views).
+        // the rank before it, into a view (the ring all-reduce of stage 01 receives into views); as
+        // Collectives.SendAndReceiveAroundARing does on the CPU.
         auto mine = torch::full({5}, r + 1.0f, opts), buf = torch::zeros({2, 5}, opts);
         auto into = buf[1];
         auto recv = pg.recv_async(into, (r + W - 1) % W, 7);
         auto send = pg.send_async(mine, (r + 1) % W, 7);
         recv.wait();
         send.wait();
-        recv.wait();  // a second wait copies nothing again
+        recv.wait();  // a second wait returns at once and copies nothing again
         EXPECT_TRUE(into.is_cuda());
         EXPECT_TRUE(torch::all(buf[1] == static_cast<float>((r + W - 1) % W + 1)).item<bool>()) << buf;
         EXPECT_TRUE(torch::all(buf[0] == 0.0f).item<bool>()) << buf;

@@ -6,6 +6,7 @@
 #include "harness.hpp"
 
 #include <algorithm>
+#include <fstream>
 
 using namespace launcher_test;
 
@@ -28,6 +29,11 @@ TEST(LauncherEnv, FourRanksSeeTheContract) {
   const std::string port = ranks.at(0).at("MASTER_PORT");
   EXPECT_GE(std::stoi(port), 1);
   EXPECT_LE(std::stoi(port), 65535);
+  // Outside the ephemeral range, which outgoing connections draw from: none of them can take the port in
+  // the moment before rank 0 binds it.
+  int lo = 0, hi = 0;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> lo >> hi;
+  if (lo > 10000) EXPECT_TRUE(std::stoi(port) < lo || std::stoi(port) > hi) << port << " in " << lo << "-" << hi;
   for (const auto& [rank, env] : ranks) {
     EXPECT_EQ(env.at("RANK"), std::to_string(rank));
     EXPECT_EQ(env.at("LOCAL_RANK"), std::to_string(rank));

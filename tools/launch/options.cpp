@@ -20,10 +20,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <limits>
 #include <map>
 #include <memory>
+#include <random>
 
 extern char** environ;
 
@@ -111,15 +113,56 @@ double parse_seconds(const std::string& flag, const std::string& text) {
   return value;
 }
 
-// Ask the kernel for a port nobody listens on. Rank 0 binds it a moment later; the tiny window in
-// between is the same race torchrun accepts for its single-node default.
-int pick_free_port() {
+// A port for rank 0's store on this node. Not one the kernel hands out itself (bind to port 0): those
+// come from the ephemeral range, which every outgoing connection draws from too, so in the moment before
+// rank 0 binds it, a connection of another job on this machine (Gloo opens one per pair of ranks) can take
+// it ("Address already in use": seen with four launches at once). So: a random port below or above
+// ip_local_port_range that nobody listens on now, tried a few times; the kernel's choice only as the last resort.
+bool can_bind(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);  // rank 0's store listens on every address
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+std::pair<int, int> ephemeral_port_range() {
+  int lo = 32768, hi = 60999;  // Linux's default
+  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
+  int a = 0, b = 0;
+  if (in >> a >> b && a > 0 && a <= b && b <= 65535) lo = a, hi = b;
+  return {lo, hi};
+}
+
+int pick_free_port() {
+  const auto [lo, hi] = ephemeral_port_range();
+  std::vector<std::pair<int, int>> spans;  // ports outside the ephemeral range, above the well-known ones
+  if (lo > 10000) spans.push_back({10000, lo - 1});
+  if (hi < 65535) spans.push_back({hi + 1, 65535});
+  int outside = 0;
+  for (auto [a, b] : spans) outside += b - a + 1;
+  std::random_device seed;
+  std::mt19937 rng(seed());
+  for (int attempt = 0; outside > 0 && attempt < 64; ++attempt) {
+    int k = std::uniform_int_distribution<int>(0, outside - 1)(rng);
+    for (auto [a, b] : spans) {
+      if (k <= b - a) {
+        const int port = a + k;
+        if (port != kDefaultMultiNodePort && can_bind(port)) return port;
+        break;
+      }
+      k -= b - a + 1;
+    }
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // last resort: the kernel's choice
   if (fd < 0) return 0;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
   socklen_t len = sizeof(addr);
   int port = 0;
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
