@@ -280,6 +280,8 @@ def gpu_check_table(doc):
              f"{doc['build_s']} s with {doc['cpu_cores']} cores. Device: {doc['device']} ({doc['device_memory_GiB']} GiB, "
              f"driver {doc['driver']}), torch {doc['torch']} (CUDA {doc['torch_cuda']}, NCCL {doc['nccl']}), "
              f"commit {doc['commit']}, {doc['date']}. Each step's command is below, its PASS lines in the JSON record."]
+    if doc["command"] != doc.get("script", doc["command"]):  # a chosen subset of the steps (GPU_CHECK_ONLY)
+        notes[0] += f" Run as `{doc['command']}`."
     return lines, notes
 
 
