@@ -27,7 +27,10 @@ cleanup() {
 }
 trap cleanup EXIT
 host=$(hostname -s)
-port=$((20000 + RANDOM % 20000))
+# Below the kernel's ephemeral range (ip_local_port_range), which outgoing connections draw from: a test
+# running beside this one cannot take the port first (ddp_launch picks its own ports the same way).
+lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null); [ "${lo:-0}" -gt 12000 ] || lo=32768
+port=$(( 10000 + RANDOM % (lo - 10000 - 3) ))  # port .. port + 2 all below it
 
 # munge: a key of our own and a socket in the temporary folder, so a system munged is never touched.
 mungekey -c -k "$tmp/munge.key" -b 1024 || fail "mungekey could not create a key"
