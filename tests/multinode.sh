@@ -5,10 +5,9 @@
 set -u
 launch=$1; prog=$2
 one=$(timeout -k 5 120 "$launch" --nproc 4 -- "$prog" 2>&1) || { echo "single-node run failed:"; echo "$one"; exit 1; }
-# Below the kernel's ephemeral range (ip_local_port_range), which outgoing connections draw from: a test
-# running beside this one cannot take the port first (ddp_launch picks its own ports the same way).
-lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null); [ "${lo:-0}" -gt 12000 ] || lo=32768
-port=$(( 10000 + RANDOM % (lo - 10000 - 1) ))
+# A port picked as the launcher picks its own (free now, outside the kernel's ephemeral range, so no outgoing
+# connection of a test running beside this one takes it first); --nnodes 2 would otherwise use 29500.
+port=$("$launch" --free-ports 1) || { echo "ddp_launch --free-ports 1 failed: $port"; exit 1; }
 log0=$(mktemp); log1=$(mktemp); trap 'rm -f "$log0" "$log1"' EXIT
 timeout -k 5 120 "$launch" --nnodes 2 --node-rank 0 --nproc 2 --master-addr 127.0.0.1 --master-port $port -- "$prog" >"$log0" 2>&1 &
 p0=$!

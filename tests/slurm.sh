@@ -27,10 +27,9 @@ cleanup() {
 }
 trap cleanup EXIT
 host=$(hostname -s)
-# Below the kernel's ephemeral range (ip_local_port_range), which outgoing connections draw from: a test
-# running beside this one cannot take the port first (ddp_launch picks its own ports the same way).
-lo=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null); [ "${lo:-0}" -gt 12000 ] || lo=32768
-port=$(( 10000 + RANDOM % (lo - 10000 - 3) ))  # port .. port + 2 all below it
+# Three ports (slurmctld, slurmd, rank 0's store) picked as the launcher picks its own: free now and outside
+# the kernel's ephemeral range, so no outgoing connection of a test running beside this one takes them first.
+ports=($("$bin/ddp_launch" --free-ports 3)) && [ ${#ports[@]} = 3 ] || fail "ddp_launch --free-ports 3 found no ports"
 
 # munge: a key of our own and a socket in the temporary folder, so a system munged is never touched.
 mungekey -c -k "$tmp/munge.key" -b 1024 || fail "mungekey could not create a key"
@@ -44,8 +43,8 @@ cat > "$tmp/slurm.conf" <<EOF
 ClusterName=dp
 SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
-SlurmctldPort=$port
-SlurmdPort=$((port + 1))
+SlurmctldPort=${ports[0]}
+SlurmdPort=${ports[1]}
 AuthType=auth/munge
 AuthInfo=socket=$tmp/munge.sock
 CredType=cred/munge
@@ -95,7 +94,7 @@ job() {  # name, expected PASS regex, program and options
   # Submitted, then polled every 0.2 s: `sbatch --wait` polls at growing intervals and returned 5-7 s after
   # each job had ended (half of this test's time).
   local id rc=1 state=""
-  id=$(cd "$root" && MASTER_PORT=$((port + 2)) sbatch --parsable --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 \
+  id=$(cd "$root" && MASTER_PORT=${ports[2]} sbatch --parsable --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 \
       --time=5 --output="$out" scripts/slurm_ddp.sbatch "$@") || { echo "sbatch refused job $name"; failed=1; return; }
   for _ in $(seq 1500); do  # at most 300 s, the test's own limit
     state=$(scontrol show job -o "$id" 2>/dev/null)

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <fstream>
+#include <sstream>
+#include <vector>
 
 using namespace launcher_test;
 
@@ -235,6 +237,29 @@ TEST(LauncherUsage, BadValuesExit2) {
   expect_refused({"--nproc", "2", "--"}, "no program");
   expect_refused({"--frobnicate", "--", kProbe}, "--frobnicate");
   expect_refused({"--nproc"}, "--nproc");  // value missing: CLI11's own error, still exit 2
+}
+
+// --free-ports N: the launcher's own port rule, for the scripts that start servers of their own
+// (tests/multinode.sh, tests/slurm.sh): N distinct ports, each outside the ephemeral range and free now.
+TEST(LauncherUsage, FreePortsFollowTheLaunchersRule) {
+  Sandbox box;
+  const Result r = run(box, {"--free-ports", "5"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<int> ports;
+  std::istringstream lines(r.out);
+  for (int port; lines >> port;) ports.push_back(port);
+  ASSERT_EQ(ports.size(), 5u) << r.out;
+  int lo = 0, hi = 0;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> lo >> hi;
+  for (int port : ports) {
+    EXPECT_GE(port, 1024) << r.out;
+    EXPECT_LE(port, 65535) << r.out;
+    EXPECT_NE(port, 29500) << "torchrun's default multi-node port, which a real job may hold";
+    if (lo > 10000) EXPECT_TRUE(port < lo || port > hi) << port << " in " << lo << "-" << hi;
+    EXPECT_EQ(std::count(ports.begin(), ports.end(), port), 1) << "ports must be distinct: " << r.out;
+  }
+  expect_refused({"--free-ports", "0"}, "'0'");
+  expect_refused({"--free-ports", "2", "--", kProbe, "env"}, "runs no program");
 }
 
 TEST(LauncherUsage, MissingProgramExits127) {

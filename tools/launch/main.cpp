@@ -3,6 +3,7 @@
 //   ddp_launch [--nproc N] [--nnodes M --node-rank K --master-addr HOST --master-port P] -- PROGRAM [ARGS...]
 //   ddp_launch --nproc N --net RATE [--net-subnet CIDR] [--net-delay MS] -- PROGRAM [ARGS...]
 //   ddp_launch --net-cleanup
+//   ddp_launch --free-ports N        (N ports free now, outside the ephemeral range, for scripts)
 //
 // Data-parallel training runs one process per rank. Each process must learn who it is and where to
 // meet the others, and the whole job must live and die as one: a rank that crashes leaves its peers
@@ -45,6 +46,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <vector>
 
 int main(int argc, char** argv) {
   ddp_launch::LaunchOptions opts;
@@ -56,6 +58,19 @@ int main(int argc, char** argv) {
   }
   try {
     if (opts.net_cleanup) return ddp_launch::net_cleanup_main();
+    if (opts.free_ports > 0) {  // for scripts that start their own servers (tests/multinode.sh, tests/slurm.sh)
+      std::vector<int> ports;
+      while (static_cast<int>(ports.size()) < opts.free_ports) {
+        const int port = ddp_launch::pick_free_port(ports);
+        if (port == 0) {
+          fmt::print(stderr, "ddp_launch: error: found no free port after {} of {}\n", ports.size(), opts.free_ports);
+          return 1;
+        }
+        ports.push_back(port);
+        fmt::print("{}\n", port);
+      }
+      return 0;
+    }
     return ddp_launch::supervise(opts);
   } catch (const ddp_launch::UsageError& e) {  // --net: no privilege, no iproute2, no netem
     fmt::print(stderr, "ddp_launch: error: {}\n", e.what());

@@ -113,21 +113,23 @@ double parse_seconds(const std::string& flag, const std::string& text) {
   return value;
 }
 
-// A port for rank 0's store on this node. Not one the kernel hands out itself (bind to port 0): those
-// come from the ephemeral range, which every outgoing connection draws from too, so in the moment before
-// rank 0 binds it, a connection of another job on this machine (Gloo opens one per pair of ranks) can take
-// it ("Address already in use": seen with four launches at once). So: a random port below or above
-// ip_local_port_range that nobody listens on now, tried a few times; the kernel's choice only as the last resort.
-bool can_bind(int port) {
+// Binds a TCP socket to `address` (host byte order) and `port` (0: the kernel picks), and closes it again.
+// Returns the port it bound, or 0 when the bind failed.
+int bind_probe(uint32_t address, int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
+  if (fd < 0) return 0;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);  // rank 0's store listens on every address
+  addr.sin_addr.s_addr = htonl(address);
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  socklen_t len = sizeof(addr);
+  int bound = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    bound = ntohs(addr.sin_port);
+  }
   ::close(fd);
-  return ok;
+  return bound;
 }
 
 std::pair<int, int> ephemeral_port_range() {
@@ -138,40 +140,39 @@ std::pair<int, int> ephemeral_port_range() {
   return {lo, hi};
 }
 
-int pick_free_port() {
+}  // namespace
+
+int pick_free_port(const std::vector<int>& taken) {
   const auto [lo, hi] = ephemeral_port_range();
   std::vector<std::pair<int, int>> spans;  // ports outside the ephemeral range, above the well-known ones
   if (lo > 10000) spans.push_back({10000, lo - 1});
   if (hi < 65535) spans.push_back({hi + 1, 65535});
   int outside = 0;
   for (auto [a, b] : spans) outside += b - a + 1;
+  const auto usable = [&](int port) {
+    return port != kDefaultMultiNodePort && std::find(taken.begin(), taken.end(), port) == taken.end() &&
+           bind_probe(INADDR_ANY, port) != 0;  // rank 0's store listens on every address
+  };
   std::random_device seed;
   std::mt19937 rng(seed());
   for (int attempt = 0; outside > 0 && attempt < 64; ++attempt) {
     int k = std::uniform_int_distribution<int>(0, outside - 1)(rng);
     for (auto [a, b] : spans) {
       if (k <= b - a) {
-        const int port = a + k;
-        if (port != kDefaultMultiNodePort && can_bind(port)) return port;
+        if (usable(a + k)) return a + k;
         break;
       }
       k -= b - a + 1;
     }
   }
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);  // last resort: the kernel's choice
-  if (fd < 0) return 0;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
+  for (int attempt = 0; attempt < 8; ++attempt) {  // last resort: the kernel's choice
+    const int port = bind_probe(INADDR_LOOPBACK, 0);
+    if (port != 0 && std::find(taken.begin(), taken.end(), port) == taken.end()) return port;
   }
-  ::close(fd);
-  return port;
+  return 0;
 }
+
+namespace {
 
 // CLI11 knows nothing of the program behind "--", so its usage line would hide it.
 struct LauncherFormatter : CLI::Formatter {
@@ -219,6 +220,10 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
   app.add_option("--restart-delay", restart_delay_s, "with --elastic: seconds before a replacement starts (default 0)")
       ->type_name("SECONDS");
   app.add_flag("--net-cleanup", out.net_cleanup, "remove what SIGKILLed --net launchers left behind, then exit");
+  std::string free_ports_s;
+  app.add_option("--free-ports", free_ports_s,
+                 "print N distinct ports free now, outside the kernel's ephemeral range, one per line, then exit")
+      ->type_name("N");
 
   try {
     app.parse(argc, argv);
@@ -237,6 +242,12 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
         fmt::format("unknown option '{}'; see ddp_launch --help, and put the program after '--'", rest.front()));
   }
   if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  if (!free_ports_s.empty()) {
+    out.free_ports = parse_int("--free-ports", free_ports_s, 1, 64, "e.g. --free-ports 1");
+    if (!rest.empty()) throw UsageError("--free-ports prints ports and exits, it runs no program; drop '" +
+                                        rest.front() + "' and what follows");
+    return true;
+  }
   if (out.net_cleanup) {
     if (!rest.empty()) throw UsageError("--net-cleanup removes leftovers and exits, it runs no program; drop '" +
                                         rest.front() + "' and what follows");

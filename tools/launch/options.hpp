@@ -32,6 +32,7 @@ struct LaunchOptions {
   std::vector<std::string> command;     // PROGRAM ARGS...
   NetSpec net;                          // --net, --net-subnet, --net-delay
   bool net_cleanup = false;             // --net-cleanup: remove leftovers of dead launchers, then exit
+  int free_ports = 0;                   // --free-ports N: print N free ports (pick_free_port), then exit
   std::string launch_command;           // this launcher's whole command line, shell-quoted (DP_LAUNCH_COMMAND)
   // --elastic: a failed rank no longer stops the others (stage 09); --max-restarts starts a new process
   // in its place, up to K times in all. The ranks meet in a store file the launcher owns (DP_ELASTIC_STORE).
@@ -49,6 +50,14 @@ struct LaunchOptions {
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// A port for rank 0's store on this node, not in `taken`; 0 if none was found. Not one the kernel hands out
+// itself (bind to port 0): those come from the ephemeral range, which every outgoing connection draws from
+// too, so in the moment before rank 0 binds it, a connection of another job on this machine (Gloo opens one
+// per pair of ranks) can take it ("Address already in use": seen with four launches at once). So: a random
+// port below or above ip_local_port_range that binds now, never 29500; the kernel's choice only as the last
+// resort. Scripts that need ports get them the same way: ddp_launch --free-ports N.
+int pick_free_port(const std::vector<int>& taken = {});
 
 // Parses argv. Returns false when the caller should exit 0 at once (--help was printed).
 // Throws UsageError for anything malformed or out of range.
