@@ -6,7 +6,7 @@
 // it (by model init, say). That lets every rank build the same global batch and keep its own rows.
 #pragma once
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <cstdint>
 #include <utility>

@@ -8,7 +8,7 @@
 #include "common/strategy.hpp"
 #include "common/tolerance.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <string>
 

@@ -1,7 +1,7 @@
 // A thin layer over c10d that reads like torch.distributed.
 #pragma once
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <chrono>
 #include <memory>

@@ -10,7 +10,7 @@
 #include "common/shard_comm.hpp"
 
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <cstdint>
 #include <functional>

@@ -4,7 +4,7 @@
 // name in brackets, so a learner (and a test) can tell them apart.
 #pragma once
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <string>
 

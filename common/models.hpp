@@ -10,7 +10,7 @@
 #include "common/transformer.hpp"
 #include "common/units.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <cstdint>
 #include <memory>

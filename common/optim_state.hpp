@@ -4,7 +4,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <cstdint>
 #include <map>

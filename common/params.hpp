@@ -3,7 +3,7 @@
 // sharding that list would treat it twice.
 #pragma once
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <cstdint>
 #include <string>

@@ -4,7 +4,7 @@
 #include "common/format.hpp"
 #include "common/launch_env.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <chrono>
 #include <dlfcn.h>

@@ -7,7 +7,7 @@
 
 #include "common/dist.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <cstdint>
 #include <string>

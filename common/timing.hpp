@@ -1,7 +1,7 @@
 // Timing: warm-up then measured iterations, robust statistics, and the slowest rank's view.
 #pragma once
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <chrono>
 #include <functional>

@@ -18,7 +18,7 @@
 // into weight differences; sgd_weight_bound() says how.
 #pragma once
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <string>
 

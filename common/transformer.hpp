@@ -4,7 +4,7 @@
 
 #include "common/units.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <cstdint>
 #include <functional>

@@ -3,7 +3,7 @@
 // hook), so a model that can be sharded runs each unit through a runner that the wrapper supplies.
 #pragma once
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <functional>
 #include <memory>

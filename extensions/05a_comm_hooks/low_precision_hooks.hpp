@@ -7,7 +7,7 @@
 #include "common/dist.hpp"
 #include "stages/05_bucketed/comm_hooks.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <string>
 #include <vector>

@@ -8,7 +8,7 @@
 #include "common/dist.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <cstdint>
 #include <memory>

@@ -9,7 +9,7 @@
 #include "common/strategy.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <functional>
 #include <memory>

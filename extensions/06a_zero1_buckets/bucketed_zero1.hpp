@@ -19,7 +19,7 @@
 #include "stages/04_overlap/accumulate_grad_hooks.hpp"  // AccumulateGradHooks
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"       // MakeLocalOptimizer
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <cstdint>
 #include <memory>

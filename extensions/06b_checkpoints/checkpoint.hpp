@@ -11,7 +11,7 @@
 #include "common/dist.hpp"
 #include "extensions/06d_cs336_design/sharded_optimizer.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <cstdint>
 #include <string>

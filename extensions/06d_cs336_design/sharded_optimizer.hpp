@@ -10,7 +10,7 @@
 #include "common/memory.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"  // MakeLocalOptimizer
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <cstdint>
 #include <functional>

@@ -5,7 +5,7 @@
 
 #include "common/dist.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 namespace dp {
 

@@ -2,7 +2,7 @@
 // DDP variant learns the moment a gradient is final and can start communicating while backward runs.
 #pragma once
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include "common/c10d_compat.hpp"
 

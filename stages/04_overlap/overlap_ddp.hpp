@@ -12,7 +12,7 @@
 #include "common/grad_sync.hpp"
 #include "stages/04_overlap/accumulate_grad_hooks.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <atomic>
 #include <cstdint>

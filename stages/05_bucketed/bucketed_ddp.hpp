@@ -12,7 +12,7 @@
 #include "stages/05_bucketed/buckets.hpp"
 #include "stages/05_bucketed/comm_hooks.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <atomic>
 #include <functional>

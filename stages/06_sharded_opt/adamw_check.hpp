@@ -4,7 +4,7 @@
 
 #include "common/dist.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <functional>
 #include <string>

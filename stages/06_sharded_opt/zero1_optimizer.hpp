@@ -9,7 +9,7 @@
 #include "common/dist.hpp"
 #include "common/shard_comm.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <cstdint>
 #include <functional>

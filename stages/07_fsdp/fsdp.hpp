@@ -11,7 +11,7 @@
 #include "common/units.hpp"  // UnitRunner, ModuleUnits
 #include "stages/04_overlap/accumulate_grad_hooks.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <memory>
 #include <string>

@@ -9,7 +9,7 @@
 #include "common/strategy.hpp"
 #include "common/transformer.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <memory>
 #include <string>

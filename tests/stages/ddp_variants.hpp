@@ -16,7 +16,7 @@
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "extensions/05b_arrival_order/arrival_order_ddp.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <cstdint>
 #include <memory>

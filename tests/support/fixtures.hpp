@@ -5,7 +5,7 @@
 #include "common/transformer.hpp"
 #include "tests/support/ranks.hpp"
 
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <cstdint>
 #include <memory>

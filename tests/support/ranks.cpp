@@ -3,7 +3,7 @@
 #include "common/models.hpp"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/torch.h>
+#include "common/libtorch.hpp"
 
 #include <exception>
 #include <thread>
