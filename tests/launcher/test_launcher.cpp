@@ -260,6 +260,7 @@ TEST(LauncherUsage, FreePortsFollowTheLaunchersRule) {
   }
   expect_refused({"--free-ports", "0"}, "'0'");
   expect_refused({"--free-ports", "2", "--", kProbe, "env"}, "runs no program");
+  expect_refused({"--free-ports", "2", "--net-cleanup"}, "give one of them");  // two actions: neither is run
 }
 
 TEST(LauncherUsage, MissingProgramExits127) {

@@ -61,9 +61,10 @@ int main(int argc, char** argv) {
     if (opts.free_ports > 0) {  // for scripts that start their own servers (tests/multinode.sh, tests/slurm.sh)
       std::vector<int> ports;
       while (static_cast<int>(ports.size()) < opts.free_ports) {
-        const int port = ddp_launch::pick_free_port(ports);
+        const int port = ddp_launch::pick_free_port(ports, /*kernel_fallback=*/false);
         if (port == 0) {
-          fmt::print(stderr, "ddp_launch: error: found no free port after {} of {}\n", ports.size(), opts.free_ports);
+          fmt::print(stderr, "ddp_launch: error: found no free port outside the ephemeral range after {} of {}\n",
+                     ports.size(), opts.free_ports);
           return 1;
         }
         ports.push_back(port);

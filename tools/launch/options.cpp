@@ -142,16 +142,16 @@ std::pair<int, int> ephemeral_port_range() {
 
 }  // namespace
 
-int pick_free_port(const std::vector<int>& taken) {
+int pick_free_port(const std::vector<int>& taken, bool kernel_fallback) {
   const auto [lo, hi] = ephemeral_port_range();
   std::vector<std::pair<int, int>> spans;  // ports outside the ephemeral range, above the well-known ones
   if (lo > 10000) spans.push_back({10000, lo - 1});
   if (hi < 65535) spans.push_back({hi + 1, 65535});
   int outside = 0;
   for (auto [a, b] : spans) outside += b - a + 1;
-  const auto usable = [&](int port) {
-    return port != kDefaultMultiNodePort && std::find(taken.begin(), taken.end(), port) == taken.end() &&
-           bind_probe(INADDR_ANY, port) != 0;  // rank 0's store listens on every address
+  const auto is_taken = [&](int port) { return std::find(taken.begin(), taken.end(), port) != taken.end(); };
+  const auto usable = [&](int port) {  // rank 0's store listens on every address
+    return port != kDefaultMultiNodePort && !is_taken(port) && bind_probe(INADDR_ANY, port) != 0;
   };
   std::random_device seed;
   std::mt19937 rng(seed());
@@ -242,6 +242,8 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
         fmt::format("unknown option '{}'; see ddp_launch --help, and put the program after '--'", rest.front()));
   }
   if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  if (!free_ports_s.empty() && out.net_cleanup)
+    throw UsageError("--free-ports and --net-cleanup each do one thing and exit; give one of them per call");
   if (!free_ports_s.empty()) {
     out.free_ports = parse_int("--free-ports", free_ports_s, 1, 64, "e.g. --free-ports 1");
     if (!rest.empty()) throw UsageError("--free-ports prints ports and exits, it runs no program; drop '" +

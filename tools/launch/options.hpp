@@ -56,8 +56,9 @@ struct UsageError : std::runtime_error {
 // too, so in the moment before rank 0 binds it, a connection of another job on this machine (Gloo opens one
 // per pair of ranks) can take it ("Address already in use": seen with four launches at once). So: a random
 // port below or above ip_local_port_range that binds now, never 29500; the kernel's choice only as the last
-// resort. Scripts that need ports get them the same way: ddp_launch --free-ports N.
-int pick_free_port(const std::vector<int>& taken = {});
+// resort (`kernel_fallback`; --free-ports passes false, since its ports serve other servers). Scripts that
+// need ports get them the same way: ddp_launch --free-ports N.
+int pick_free_port(const std::vector<int>& taken = {}, bool kernel_fallback = true);
 
 // Parses argv. Returns false when the caller should exit 0 at once (--help was printed).
 // Throws UsageError for anything malformed or out of range.
