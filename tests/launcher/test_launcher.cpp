@@ -1,9 +1,11 @@
 // End-to-end tests of ddp_launch: run the real binary on launch_probe and check what the ranks saw,
-// what the launcher printed, how it exited, and that no process outlived it.
+// what the launcher printed, how it exited, and that no process outlived it. One test calls the port rule
+// itself (pick_free_port(), compiled in), where the binary cannot be brought to its last resort.
 //
 // Every run is bounded by a watchdog (finish() SIGKILLs a launcher still running after 30 s), so a
 // hang fails the test instead of blocking the suite; ctest adds its own 60 s timeout on top.
 #include "harness.hpp"
+#include "tools/launch/options.hpp"
 
 #include <algorithm>
 #include <fstream>
@@ -261,6 +263,21 @@ TEST(LauncherUsage, FreePortsFollowTheLaunchersRule) {
   expect_refused({"--free-ports", "0"}, "'0'");
   expect_refused({"--free-ports", "2", "--", kProbe, "env"}, "runs no program");
   expect_refused({"--free-ports", "2", "--net-cleanup"}, "give one of them");  // two actions: neither is run
+}
+
+// The rule's last resort, the kernel's choice, lies in the ephemeral range: the launcher's own store port
+// may take it, --free-ports (kernel_fallback false) must not. Every port outside the range is `taken` here.
+TEST(LauncherUsage, FreePortsNeverFallBackToTheKernelsChoice) {
+  int lo = 0, hi = 0;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> lo >> hi;
+  ASSERT_GT(lo, 0) << "cannot read ip_local_port_range";
+  std::vector<int> taken;
+  for (int port = 1024; port <= 65535; ++port)
+    if (port < lo || port > hi) taken.push_back(port);
+  EXPECT_EQ(ddp_launch::pick_free_port(taken, /*kernel_fallback=*/false), 0);
+  const int fallback = ddp_launch::pick_free_port(taken, /*kernel_fallback=*/true);
+  EXPECT_GE(fallback, lo);
+  EXPECT_LE(fallback, hi);
 }
 
 TEST(LauncherUsage, MissingProgramExits127) {

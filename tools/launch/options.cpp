@@ -165,9 +165,9 @@ int pick_free_port(const std::vector<int>& taken, bool kernel_fallback) {
       k -= b - a + 1;
     }
   }
-  for (int attempt = 0; attempt < 8; ++attempt) {  // last resort: the kernel's choice
+  for (int attempt = 0; kernel_fallback && attempt < 8; ++attempt) {  // last resort: the kernel's choice
     const int port = bind_probe(INADDR_LOOPBACK, 0);
-    if (port != 0 && std::find(taken.begin(), taken.end(), port) == taken.end()) return port;
+    if (port != 0 && !is_taken(port)) return port;
   }
   return 0;
 }
