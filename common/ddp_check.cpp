@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <unordered_map>
 
 namespace dp {
 
@@ -216,6 +217,37 @@ Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, con
   return check_cs336_scenario(pg, model_name, ddp_strategy(make), steps, verbose, seed);
 }
 
+void reference_backward(torch::nn::Module& ref, torch::nn::Module& copy, const ComputeDtypeOf& dtype_of,
+                        const std::function<torch::Tensor(torch::nn::Module&)>& loss_of) {
+  std::unordered_map<const void*, torch::ScalarType> cast;  // copy's parameters computed below fp32
+  for (const auto& m : copy.modules())
+    if (const auto dtype = dtype_of(*m); dtype != torch::kFloat32)
+      for (const auto& p : m->parameters(/*recurse=*/false)) cast[p.unsafeGetTensorImpl()] = dtype;
+  if (cast.empty()) {
+    loss_of(ref).backward();
+    return;
+  }
+  auto c = unique_parameters(copy), r = unique_parameters(ref);
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < c.size(); ++i) {
+      const auto it = cast.find(c[i].unsafeGetTensorImpl());
+      c[i].set_data(it != cast.end() ? r[i].detach().to(it->second) : r[i].detach().clone());
+      c[i].mutable_grad() = torch::Tensor();  // this backward's gradient only
+    }
+  }
+  loss_of(copy).backward();
+  for (size_t i = 0; i < c.size(); ++i)
+    if (c[i].grad().defined()) r[i].mutable_grad() = c[i].grad().to(torch::kFloat32);
+}
+
+torch::ScalarType lowest_compute_dtype(const torch::nn::Module& model, const ComputeDtypeOf& dtype_of) {
+  torch::ScalarType low = torch::kFloat32;
+  for (const auto& m : model.modules())
+    if (const auto d = dtype_of(*m); unit_roundoff(d) > unit_roundoff(low)) low = d;
+  return low;
+}
+
 // [check_strategy]
 Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uint64_t seed, int accumulate) {
   const int W = pg.world_size(), r = pg.rank();
@@ -223,19 +255,22 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uin
   if (accumulate < 1 || kRows % accumulate != 0)
     throw std::invalid_argument(fmt::format("check_strategy: accumulate {} does not divide {} rows", accumulate, kRows));
   static constexpr double lr = 0.01, momentum = 0.9;  // static: the optimizer lambda reads them
-  ToyFSDPModel ref{nullptr}, model{nullptr};
+  ToyFSDPModel ref{nullptr}, model{nullptr}, copy{nullptr};
   {
     std::lock_guard<std::mutex> lock(model_init_mutex());
     torch::manual_seed(1000 + 100 * seed);  // rank 0's weights: the reference, built alike on every rank
     ref = ToyFSDPModel();
     torch::manual_seed(1000 + 100 * seed + r);  // this rank's own weights (rank 0's: the reference's)
     model = ToyFSDPModel();
+    copy = ToyFSDPModel();  // the reference's mixed-precision copy (reference_backward); weights set per step
   }
-  ref->to(pg.device()), model->to(pg.device());
+  ref->to(pg.device()), model->to(pg.device()), copy->to(pg.device());
   const auto sgd_momentum = [](std::vector<torch::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
     return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(lr).momentum(momentum));
   };
   auto strategy = make(pg, model.ptr(), sgd_momentum);
+  const ComputeDtypeOf dtype_of = [&](const torch::nn::Module& m) { return strategy->compute_dtype(m); };
+  const torch::ScalarType low = lowest_compute_dtype(*copy, dtype_of);
   auto ref_params = unique_named_parameters(*ref, /*trainable_only=*/true);
   torch::optim::SGD ref_opt(unique_parameters(*ref, true), torch::optim::SGDOptions(lr).momentum(momentum));
 
@@ -261,7 +296,7 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uin
     bool differs = false;  // from rank 0's copy, in some tensor
     for (size_t i = 0; i < full.size(); ++i) {
       const auto& [name, p] = full[i];
-      const Margin m{(p.to(torch::kFloat32) - ref_params[i].second.detach()).abs().max().item<double>(), bound};
+      const Margin m{(p.to(torch::kFloat32) - ref_params[i].second.detach()).abs().max().item<double>(), bound, derivation};
       if (bound > 0 && m.ratio() >= worst.ratio()) worst = m;
       if (!m.ok() && problem.empty())
         problem = bound == 0 ? fmt::format("{}: parameter {} is not rank 0's (max |diff| {:.3g}): rank 0's weights "
@@ -293,8 +328,12 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uin
   // instead of 1/(rows W) lets each of the 7 ops between a weight and the loss (embedding, 2 norms, fc1,
   // fc2, lm_head, cross-entropy) round differently, forward and backward: 14 u more; K accumulated
   // micro-batches add their K partial gradients: K u more. Relative to the largest gradient entry G; SGD
-  // with momentum carries each difference on (sgd_weight_bound).
-  const double rel = (double(kRows * W) + W + accumulate + 14) * unit_roundoff(torch::kFloat32);
+  // with momentum carries each difference on (sgd_weight_bound). Computing below fp32 (FSDP's bf16), the 14
+  // roundings are of that dtype, and each side rounds its weight gradient to it once: 2 more (the sums
+  // stay fp32: ATen accumulates bf16 products in fp32).
+  const double low_roundings = 14 + (low == torch::kFloat32 ? 0 : 2);
+  const double rel = (double(kRows * W) + W + accumulate) * unit_roundoff(torch::kFloat32) +
+                     low_roundings * unit_roundoff(low);
   double G = 0;
   for (int step = 1; step <= steps; ++step) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(7000 + 1000 * seed + step);  // the same draw on every rank
@@ -303,7 +342,9 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uin
     ref_before.clear();
     for (auto& [name, p] : ref_params) ref_before.push_back(p.detach().clone());
     ref_opt.zero_grad();
-    last_token_loss(ref->forward(tokens), labels).backward();
+    reference_backward(*ref, *copy, dtype_of, [&](torch::nn::Module& m) {
+      return last_token_loss(static_cast<ToyFSDPModelImpl&>(m).forward(tokens), labels);
+    });
     G = std::max(G, max_abs_grad(unique_parameters(*ref, true)));
     ref_opt.step();
 
@@ -324,12 +365,13 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uin
     const double w = max_abs(unique_parameters(*ref, true));
     const double bound = sgd_weight_bound(lr, momentum, step, rel * G, w);
     compare(fmt::format("step {}", step), bound,
-            fmt::format("lr {} with momentum {} x {} steps x {:.0f} roundings x u(fp32) x max|g| {:.3g}, plus {} ulps "
-                        "of max|w| {:.3g}", lr, momentum, step, rel / unit_roundoff(torch::kFloat32), G, step, w));
+            fmt::format("lr {} with momentum {} x {} steps x ({} sums x u(fp32) + {:.0f} roundings x u({})) x max|g| "
+                        "{:.3g}, plus {} ulps of max|w| {:.3g}", lr, momentum, step, kRows * W + W + accumulate,
+                        low_roundings, dtype_name(low), G, step, w));
   }
   const auto diffs = pg.all_gather(worst.diff), bounds = pg.all_gather(worst.bound);
   for (size_t i = 0; i < diffs.size(); ++i)
-    if (Margin m{diffs[i], bounds[i]}; m.ratio() > worst.ratio()) worst = m;
+    if (Margin m{diffs[i], bounds[i]}; m.ratio() > worst.ratio()) worst.diff = m.diff, worst.bound = m.bound;
   return worst;
 }
 // [check_strategy]

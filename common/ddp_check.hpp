@@ -10,6 +10,7 @@
 
 #include "common/libtorch.hpp"
 
+#include <functional>
 #include <string>
 
 namespace dp {
@@ -42,6 +43,22 @@ Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, con
 Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const MakeGradSync& make,
                             int steps = 5, bool verbose = false, uint64_t seed = 0);
 
+/// The dtype each module's own parameters compute in, forward and backward (Strategy::compute_dtype()):
+/// a rule by the module's kind, asked of the reference's modules too.
+using ComputeDtypeOf = std::function<torch::ScalarType(const torch::nn::Module&)>;
+
+/// One backward of the single-process reference `ref`, computed as a mixed-precision scheme computes it:
+/// `copy` (ref's architecture, any weights) takes ref's weights, each module's own ones cast to
+/// dtype_of(module), runs loss_of(copy).backward(), and ref's gradients become copy's cast back to fp32
+/// (replacing what ref held; no weight of ref changes). When every module computes in fp32 this is
+/// loss_of(ref).backward(), accumulating as usual.
+void reference_backward(torch::nn::Module& ref, torch::nn::Module& copy, const ComputeDtypeOf& dtype_of,
+                        const std::function<torch::Tensor(torch::nn::Module&)>& loss_of);
+
+/// The least precise dtype (largest unit roundoff) that `dtype_of` gives any module of `model`: the one a
+/// rounding bound counts.
+torch::ScalarType lowest_compute_dtype(const torch::nn::Module& model, const ComputeDtypeOf& dtype_of);
+
 /// The training-strategy check, for any Strategy (DDP, a sharded optimizer, FSDP): CS336 2026's
 /// ToyFSDPModel (a model with units, so that every scheme can run it), every rank seeded differently,
 /// so after construction full_parameters() must be rank 0's on every rank. Then `steps` steps, each on
@@ -52,7 +69,10 @@ Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, con
 /// max|w| per step (see ddp_check.cpp), and be the same on every rank. Throws dp::CheckFailed naming the
 /// step and parameter (every rank throws together); returns the worst margin over ranks. With
 /// `accumulate` K > 1 (1, 2 or 4), each rank's rows go backward as K micro-batches of one step
-/// (Strategy::set_requires_gradient_sync()), and the bound counts K more roundings.
+/// (Strategy::set_requires_gradient_sync()), and the bound counts K more roundings. A scheme that
+/// computes below fp32 (Strategy::compute_dtype(), e.g. FSDP's bf16) is compared with a reference that
+/// computes alike (reference_backward()), and its 14 roundings count in that dtype's u, plus 2 for the
+/// gradient's own rounding.
 Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps = 3, uint64_t seed = 0, int accumulate = 1);
 
 /// The toy-MLP experiment: batch 100 split across ranks, SGD lr 0.01, MSE, 10 epochs (one step

@@ -70,6 +70,10 @@ class Strategy {
   virtual double sent_bytes_per_step() const = 0;
   /// One line: the scheme and its settings.
   virtual std::string describe() const = 0;
+  /// The dtype in which forward and backward compute with module `m`'s own parameters: float32 unless the
+  /// scheme casts them (FSDP's bf16 compute casts Linear and Embedding weights). A single-process reference
+  /// casts alike (dp::reference_backward()), so that a check compares like with like.
+  virtual torch::ScalarType compute_dtype(const torch::nn::Module& /*m*/) const { return torch::kFloat32; }
   /// Every trainable parameter in full (tied ones once, in named_parameters() order, fp32), the same on
   /// every rank: what a check compares and a checkpoint stores. A collective: every rank calls it.
   virtual std::vector<std::pair<std::string, torch::Tensor>> full_parameters() = 0;

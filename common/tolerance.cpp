@@ -19,6 +19,11 @@ double unit_roundoff(torch::ScalarType dtype) {
   }
 }
 
+std::string dtype_name(torch::ScalarType t) {
+  return t == torch::kBFloat16 ? "bfloat16" : t == torch::kFloat32 ? "float32" : t == torch::kFloat16 ? "float16"
+                                                                                                   : c10::toString(t);
+}
+
 double gamma_n(double n, double u) {
   if (n * u >= 1) throw std::invalid_argument(fmt::format("gamma_n: n u = {} x {:.3g} >= 1 bounds nothing", n, u));
   return n * u / (1 - n * u);

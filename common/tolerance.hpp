@@ -21,6 +21,7 @@
 #include "common/libtorch.hpp"
 
 #include <string>
+#include <utility>
 
 namespace dp {
 
@@ -28,6 +29,9 @@ namespace dp {
 /// half the gap between 1 and the next number. float64 2^-53, float32 2^-24 (6.0e-8), float16 2^-11
 /// (4.9e-4), bfloat16 2^-8 (3.9e-3). Throws std::invalid_argument for other dtypes.
 double unit_roundoff(torch::ScalarType dtype);
+
+/// "float32", "bfloat16", "float16" (ATen's name for the others): how checks and tables name a dtype.
+std::string dtype_name(torch::ScalarType t);
 
 /// Higham's gamma_n = n u / (1 - n u): the relative bound on a sum (or dot product) of n terms
 /// computed in any order. Throws std::invalid_argument when n u >= 1 (the bound says nothing).
@@ -85,8 +89,11 @@ struct Bound {
 
 /// How a check compares: the measured difference, its bound and their ratio (the margin; <= 1 passes).
 struct Margin {
-  double diff = 0;   ///< largest |difference| measured
-  double bound = 0;  ///< what it must stay within
+  Margin() = default;
+  Margin(double d, double b, std::string how = {}) : diff(d), bound(b), derivation(std::move(how)) {}
+  double diff = 0;         ///< largest |difference| measured
+  double bound = 0;        ///< what it must stay within
+  std::string derivation;  ///< how `bound` was derived, in words and numbers (empty when not given)
   double ratio() const { return bound > 0 ? diff / bound : (diff > 0 ? INFINITY : 0); }
   bool ok() const { return diff <= bound; }
 };

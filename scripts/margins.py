@@ -9,7 +9,7 @@ picks the kernels another CPU would get) and reports the worst ratio per check. 
 exceeds --max-ratio (0.5: a bound that a new CPU could cross by a factor of two is no bound).
 
     python3 scripts/margins.py build/bin                      # everything: ~10 minutes on 2 cores
-    python3 scripts/margins.py build/bin --stages 07 --worlds 3 --seeds 0 --capabilities default,avx2
+    python3 scripts/margins.py build/bin --stages 07,07a --worlds 3 --seeds 0 --capabilities default,avx2
 
 Correct output: one row per check with its worst ratio and where it happened, then
 "margins: N checks, worst ratio R <= 0.5 over M runs" and exit 0. Exit 1: a ratio over the limit, a
@@ -31,10 +31,14 @@ STAGES = {
     "04": ("stage04_overlap", [], {1, 2, 4}),
     "05": ("stage05_bucketed", [], {1, 2, 4}),
     "07": ("stage07_fsdp", [], {1, 2, 3, 4}),
+    "07a": ("ext07a_fsdp_bench", ["--preset", "nano", "--context", "16", "--batch", "12", "--warmup", "0", "--steps", "1",
+                                  "--variants", "fsdp"], {1, 2, 3, 4}),  # its checks, then a one-step benchmark
     "08": ("stage08_train_lm", ["--steps", "2", "--warmup", "0", "--batch", "12", "--context", "32", "--eval-every", "100",
                                 "--sample", "0", "--preset", "nano"], {1, 2, 3, 4}),  # the check has its own model
 }
 SYNCS_08 = ["ddp", "zero1", "fsdp"]
+# An extension reruns its stage's checks first: only the lines of its own checks count as its.
+OWN_CHECKS = {"07a": re.compile(r"Transformer")}
 # "PASS <what>: ... max |diff| D <= B (ratio R" or "... max |diff| D (ratio R": the checks' verdict lines.
 LINE = re.compile(r"^(?:\[rank \d+/\d+\] )?(PASS|FAIL) (.*?)[:,]? max \|diff\| (\S+)(?: <= (\S+))? \(ratio ([0-9.einf]+)")
 
@@ -75,7 +79,7 @@ def run(args, stage, world, seed, cap, extra):
     found = []
     for line in p.stdout.splitlines():
         m = LINE.match(line)
-        if m:
+        if m and (stage not in OWN_CHECKS or OWN_CHECKS[stage].search(m.group(2))):
             found.append((m.group(1), check_name(m.group(2)), float(m.group(3)), float(m.group(5))))
     return cmd, p, found, time.time() - t
 

@@ -15,8 +15,10 @@
 //       --preset small --context 128 --warmup 1 --steps 6 --trace t.json                           (one line)
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/ext07a_fsdp_bench --preset large --context 32 --batch 2
 //       --warmup 0 --steps 2 --variants fsdp --reshard-after-forward true                        (one line)
-// Correct output: stage 07's PASS lines (its checks run first), then a memory table (FSDP near 16P/N, DDP
-// at 16P) and a time table (ratios to the first variant round by round); "PASS extension 07a" last.
+// Correct output: stage 07's PASS lines (its checks run first), then this extension's own: FSDP trains
+// the Transformer it times like one process (SGD with momentum, fp32 and bf16, with and without 2
+// accumulated micro-batches; transformer_check.hpp); then a memory table (FSDP near 16P/N, DDP at 16P)
+// and a time table (ratios to the first variant round by round); "PASS extension 07a" last.
 //
 // What it leaves: the figures are one CPU machine's; a GPU changes the ratio of compute to communication.
 #include "common/cli.hpp"
@@ -26,6 +28,7 @@
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
 #include "extensions/07a_fsdp_bench/fsdp_bench.hpp"
+#include "extensions/07a_fsdp_bench/transformer_check.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 #include "stages/07_fsdp/fsdp_check.hpp"
 
@@ -68,7 +71,8 @@ int main(int argc, char** argv) {
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
 
-    if (!run_fsdp_checks(pg, modes, cli.common().seed)) throw CheckFailed("FSDP differs from single-process training");
+    if (!run_fsdp_checks(pg, modes, cli.common().seed) || !run_transformer_checks(pg, modes, cli.common().seed))
+      throw CheckFailed("FSDP differs from single-process training");
 
     print0("\n{}", describe(TransformerConfig::preset(o.cfg.preset, o.cfg.context)));
     print0("variants, trained side by side step by step: {}", fmt::join(o.variants, ", "));

@@ -23,13 +23,13 @@ torch::ScalarType parse_compute_dtype(const std::string& name) {
                                "is not offered because LibTorch 1.13 has no fp16 matmul on the CPU", name));
 }
 
-std::string dtype_name(torch::ScalarType t) {
-  return t == torch::kBFloat16 ? "bfloat16" : t == torch::kFloat32 ? "float32" : c10::toString(t);
-}
-
 // Linear and Embedding weights are sharded (CS336 2026's rule); everything else is replicated.
 bool is_sharded_module(const torch::nn::Module& m) {
   return dynamic_cast<const torch::nn::LinearImpl*>(&m) || dynamic_cast<const torch::nn::EmbeddingImpl*>(&m);
+}
+
+torch::ScalarType compute_dtype_of(const torch::nn::Module& m, const FsdpOptions& opts) {
+  return is_sharded_module(m) ? opts.compute_dtype : torch::kFloat32;
 }
 
 // [shard]

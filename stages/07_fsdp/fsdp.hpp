@@ -8,6 +8,7 @@
 
 #include "common/dist.hpp"
 #include "common/shard_comm.hpp"
+#include "common/tolerance.hpp"  // dtype_name
 #include "common/units.hpp"  // UnitRunner, ModuleUnits
 #include "stages/04_overlap/accumulate_grad_hooks.hpp"
 
@@ -33,12 +34,13 @@ struct FsdpOptions {
 
 /// "float32" / "bfloat16" (or fp32 / bf16) -> the dtype; throws dp::UsageError naming the value and the choices.
 torch::ScalarType parse_compute_dtype(const std::string& name);
-/// "float32" or "bfloat16".
-std::string dtype_name(torch::ScalarType t);
 
 /// True for the modules whose weights Fsdp shards: Linear and Embedding (CS336 2026's rule); the
 /// parameters of every other module (RMSNorm) are replicated.
 bool is_sharded_module(const torch::nn::Module& m);
+/// The dtype forward and backward compute with `m`'s own parameters: the compute dtype for the sharded
+/// modules (gathered in it), fp32 for the rest. What a mixed-precision reference casts (dp::reference_backward()).
+torch::ScalarType compute_dtype_of(const torch::nn::Module& m, const FsdpOptions& opts);
 
 /// FSDP over a model made of units (ModuleUnits, run through a UnitRunner).
 ///

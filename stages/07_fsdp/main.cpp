@@ -16,8 +16,9 @@
 //   ./build/bin/ddp_launch --nproc 2 --net 1gbit -- ./build/bin/stage07_fsdp --bench --trace t.json
 // Correct output: PASS lines for CS336 2026's two FSDP tests (ToyFSDPModel: FSDP equals one process
 // within a bound derived from fp32's or bf16's unit roundoff, each line with its difference, bound and
-// ratio, e.g. ratio 0.02-0.2; shard-shaped fp32 gradients, replicated ones equal on every rank) and for
-// the Transformer, with and without 2 accumulated micro-batches; with --bench the common benchmark's
+// ratio, e.g. ratio 0.02-0.4; shard-shaped fp32 gradients, replicated ones equal on every rank) and for
+// the check every strategy passes (SGD with momentum, 1 and 2 micro-batches per step, the reference
+// computing in FSDP's dtype); with --bench the common benchmark's
 // table (no communication, FSDP in each resharding mode) and what each rank holds (FSDP near 16P/N);
 // last, "PASS stage 07". Extension 07a (extensions/07a_fsdp_bench) sets FSDP beside stage 05's DDP and
 // stage 06's ZeRO-1, in memory and time, up to the 970 M-parameter preset that DDP cannot hold here.

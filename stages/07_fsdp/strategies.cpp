@@ -40,7 +40,7 @@ std::vector<ParamState> map_states(const std::vector<ParamState>& in, size_t n_o
 class FsdpStrategy : public Strategy {
  public:
   FsdpStrategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const MakeOptimizer& make, FsdpOptions opts)
-      : pg_(pg), model_(model), fsdp_(pg, model, units_of(*model).units(), opts), opt_(make(fsdp_.parameters())) {
+      : pg_(pg), model_(model), opts_(opts), fsdp_(pg, model, units_of(*model).units(), opts), opt_(make(fsdp_.parameters())) {
     if (!opt_) throw std::invalid_argument("fsdp_strategy: the MakeOptimizer returned no optimizer");
   }
   void zero_grad() override {
@@ -64,6 +64,7 @@ class FsdpStrategy : public Strategy {
   }
   double sent_bytes_per_step() const override { return sent_; }
   std::string describe() const override { return first_line(fsdp_.describe()); }
+  torch::ScalarType compute_dtype(const torch::nn::Module& m) const override { return compute_dtype_of(m, opts_); }
   std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override { return fsdp_.gather_full_parameters(); }
   // Parameters and their state live in pieces (a shard of each unit, the replicated gains whole): each
   // state tensor is gathered like the parameters, and cut into this world's pieces on load.
@@ -99,6 +100,7 @@ class FsdpStrategy : public Strategy {
 
   ProcessGroup& pg_;
   std::shared_ptr<torch::nn::Module> model_;
+  FsdpOptions opts_;
   Fsdp fsdp_;
   std::unique_ptr<torch::optim::Optimizer> opt_;
   int64_t calls_at_start_ = 0, calls_ = 0;

@@ -23,6 +23,7 @@ class WrappedStrategy : public Strategy {
   TrainingBytes bytes() const override { return inner_->bytes(); }
   double sent_bytes_per_step() const override { return inner_->sent_bytes_per_step(); }
   std::string describe() const override { return "mutant of " + inner_->describe(); }
+  torch::ScalarType compute_dtype(const torch::nn::Module& m) const override { return inner_->compute_dtype(m); }
   std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override { return inner_->full_parameters(); }
   FullState full_state() override { return inner_->full_state(); }
   void load_full_state(const FullState& s) override { inner_->load_full_state(s); }
