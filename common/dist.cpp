@@ -351,7 +351,12 @@ class PointToPointWork : public c10d::Work {
   // (a CUDA receive over Gloo), else undefined.
   PointToPointWork(compat::WorkPtr inner, at::Tensor buffer, at::Tensor fill)
       : inner_(std::move(inner)), buffer_(std::move(buffer)), fill_(std::move(fill)) {}
-  bool isCompleted() override { return inner_->isCompleted(); }
+  // A staged receive is complete once wait() has copied it into the caller's tensor (or Gloo failed it):
+  // Gloo's own handle says so as soon as the host buffer is full, before the data is where the caller looks.
+  bool isCompleted() override {
+    if (!fill_.defined()) return inner_->isCompleted();
+    return done_ || (inner_->isCompleted() && inner_->exception() != nullptr);
+  }
   bool wait(std::chrono::milliseconds timeout) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return true;
@@ -368,7 +373,7 @@ class PointToPointWork : public c10d::Work {
   compat::WorkPtr inner_;
   at::Tensor buffer_, fill_;
   std::mutex mu_;
-  bool done_ = false;
+  std::atomic<bool> done_{false};  // read by isCompleted() without the lock that wait() holds while it blocks
 };
 }  // namespace
 

@@ -36,7 +36,8 @@ class Work {
   /// Blocks until the collective finished (on GPU: until the current stream is ordered after it).
   /// Throws std::runtime_error naming the collective when it failed or timed out.
   void wait();
-  /// True once the collective completed (successfully or not).
+  /// True once the collective completed (successfully or not): its result is in the output tensors, also for a
+  /// CUDA tensor received over Gloo (staged through the host; that one completes in wait()).
   bool completed() const;
   /// True when this handle refers to a collective.
   bool valid() const { return impl_ != nullptr; }

@@ -291,6 +291,37 @@ TEST(GlooOnCuda, CollectivesMoveCudaTensors) {
       std::chrono::milliseconds(60000), "cuda");
 }
 
+// completed() promises the data is in the caller's tensor. A CUDA receive over Gloo lands in a host buffer
+// first, and Gloo's handle says completed as soon as that buffer is full; the copy to the GPU happens in
+// wait(). So until wait(), the staged receive must not say completed. The sender is done and the barrier
+// passed, and 300 ms more let Gloo's own receive finish, so a handle that forwarded Gloo's state would
+// say completed while the tensor still holds zeros: the first check fails it.
+TEST(GlooOnCuda, StagedReceiveCompletesOnlyWhenItsDataIsInPlace) {
+  if (!dp::testing::gpu_visible()) GTEST_SKIP() << "needs a CUDA build and a GPU (scripts/gpu_check.sh runs it)";
+  run_ranks(
+      2,
+      [](ProcessGroup& pg) {
+        auto opts = torch::TensorOptions().device(pg.device());
+        if (pg.rank() == 0) {
+          auto mine = torch::full({1000}, 7.0f, opts);
+          pg.send_async(mine, 1, 3).wait();
+          pg.barrier();
+          return;
+        }
+        auto into = torch::zeros({1000}, opts);
+        auto recv = pg.recv_async(into, 0, 3);
+        pg.barrier();
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        const bool said_completed = recv.completed();
+        const bool in_place = torch::all(into == 7.0f).item<bool>();
+        EXPECT_TRUE(!said_completed || in_place) << "completed() before the data reached the GPU tensor";
+        recv.wait();
+        EXPECT_TRUE(recv.completed());
+        EXPECT_TRUE(torch::all(into == 7.0f).item<bool>());
+      },
+      std::chrono::milliseconds(60000), "cuda");
+}
+
 TEST(LaunchEnv, ReadsTorchrunVariablesAndRejectsBadOnes) {
   setenv("RANK", "3", 1);
   setenv("WORLD_SIZE", "4", 1);
