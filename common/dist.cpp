@@ -351,8 +351,8 @@ class PointToPointWork : public c10d::Work {
   // (a CUDA receive over Gloo), else undefined.
   PointToPointWork(compat::WorkPtr inner, at::Tensor buffer, at::Tensor fill)
       : inner_(std::move(inner)), buffer_(std::move(buffer)), fill_(std::move(fill)) {}
-  // A staged receive is complete once wait() has copied it into the caller's tensor (or Gloo failed it):
-  // Gloo's own handle says so as soon as the host buffer is full, before the data is where the caller looks.
+  // A staged receive is complete once wait() has copied it into the caller's tensor (or Gloo failed it).
+  // Gloo's own receive handle completes inside its wait(), just before that copy, so it cannot answer.
   bool isCompleted() override {
     if (!fill_.defined()) return inner_->isCompleted();
     return done_ || (inner_->isCompleted() && inner_->exception() != nullptr);

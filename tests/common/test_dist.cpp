@@ -292,10 +292,10 @@ TEST(GlooOnCuda, CollectivesMoveCudaTensors) {
 }
 
 // completed() promises the data is in the caller's tensor. A CUDA receive over Gloo lands in a host buffer
-// first, and Gloo's handle says completed as soon as that buffer is full; the copy to the GPU happens in
-// wait(). So until wait(), the staged receive must not say completed. The sender is done and the barrier
-// passed, and 300 ms more let Gloo's own receive finish, so a handle that forwarded Gloo's state would
-// say completed while the tensor still holds zeros: the first check fails it.
+// that wait() copies to the GPU, so before wait() it must not say completed, and after it it must. The
+// sender is done and the barrier passed, and 300 ms more let Gloo's own receive finish. (Gloo's receive
+// handle completes only inside its wait(), so a handle forwarding it passes too: on the H200 the mutant did.
+// The staged handle answers from its own copy, so this holds whatever a backend's handle does.)
 TEST(GlooOnCuda, StagedReceiveCompletesOnlyWhenItsDataIsInPlace) {
   if (!dp::testing::gpu_visible()) GTEST_SKIP() << "needs a CUDA build and a GPU (scripts/gpu_check.sh runs it)";
   run_ranks(
