@@ -25,6 +25,32 @@ double max_param_diff(torch::nn::Module& a, torch::nn::Module& b) {
   return worst;
 }
 
+double max_full_diff(const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::nn::Module& ref) {
+  auto r = unique_named_parameters(ref, /*trainable_only=*/true);
+  if (full.size() != r.size())
+    throw CheckFailed(fmt::format("{} full parameters for {} trainable parameters", full.size(), r.size()));
+  double d = 0;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (full[i].first != r[i].first) throw CheckFailed("parameter order differs: " + full[i].first + " vs " + r[i].first);
+    d = std::max(d, (full[i].second.to(torch::kFloat32) - r[i].second.detach()).abs().max().item<double>());
+  }
+  return d;
+}
+
+Margin worst_over_ranks(ProcessGroup& pg, const Margin& mine) {
+  Margin worst = mine;
+  const auto diffs = pg.all_gather(mine.diff), bounds = pg.all_gather(mine.bound);
+  for (size_t i = 0; i < diffs.size(); ++i)
+    if (Margin m{diffs[i], bounds[i]}; m.ratio() > worst.ratio()) worst.diff = m.diff, worst.bound = m.bound;
+  return worst;
+}
+
+bool report_margin(const Margin& m, const std::string& what) {
+  print0("{} {}: max |diff| {:.3g} <= {:.3g} (ratio {:.2f}{}{})", m.ok() ? "PASS" : "FAIL", what, m.diff, m.bound,
+         m.ratio(), m.derivation.empty() ? "" : "; bound = ", m.derivation);
+  return m.ok();
+}
+
 bool parameters_identical_across_ranks(ProcessGroup& pg, torch::nn::Module& module) {
   std::vector<torch::Tensor> flat;
   for (auto& p : unique_parameters(module)) flat.push_back(p.detach().reshape({-1}).cpu());
@@ -148,11 +174,7 @@ Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_
   if (!parameters_identical_across_ranks(pg, *ddp_model))
     throw CheckFailed("ranks ended with different parameters");
   worst.bound = ddp_bound(s, pg.world_size(), layers, s.steps, G, max_weight);
-  // One verdict for every rank: the worst ratio anywhere.
-  const auto diffs = pg.all_gather(worst.diff), bounds = pg.all_gather(worst.bound);
-  for (size_t i = 0; i < diffs.size(); ++i)
-    if (Margin m{diffs[i], bounds[i]}; m.ratio() > worst.ratio()) worst = m;
-  return worst;
+  return worst_over_ranks(pg, worst);  // one verdict for every rank: the worst ratio anywhere
 }
 
 // The SGD every check trains with, for the Strategy to build over the parameters it chooses.
@@ -369,10 +391,7 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uin
                         "{:.3g}, plus {} ulps of max|w| {:.3g}", lr, momentum, step, kRows * W + W + accumulate,
                         low_roundings, dtype_name(low), G, step, w));
   }
-  const auto diffs = pg.all_gather(worst.diff), bounds = pg.all_gather(worst.bound);
-  for (size_t i = 0; i < diffs.size(); ++i)
-    if (Margin m{diffs[i], bounds[i]}; m.ratio() > worst.ratio()) worst.diff = m.diff, worst.bound = m.bound;
-  return worst;
+  return worst_over_ranks(pg, worst);
 }
 // [check_strategy]
 

@@ -12,11 +12,27 @@
 
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace dp {
 
 /// Largest |a - b| over the unique parameters of two models with the same structure.
 double max_param_diff(torch::nn::Module& a, torch::nn::Module& b);
+
+/// Largest |full - reference| over the trainable parameters, `full` named and ordered as
+/// Strategy::full_parameters() gives them (dp::CheckFailed naming the first pair that differs otherwise).
+double max_full_diff(const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::nn::Module& ref);
+
+/// The margin of the rank whose ratio is worst, on every rank (a collective: one verdict for all). The
+/// derivation stays this rank's: the ranks derive their bounds alike.
+Margin worst_over_ranks(ProcessGroup& pg, const Margin& mine);
+
+/// Prints a check's verdict line from rank 0, in the one form scripts/margins.py reads:
+/// "PASS <what>: max |diff| D <= B (ratio R)", with "; bound = <derivation>" before the ")" when `m` has
+/// one, and FAIL for PASS when D > B. Returns m.ok(). Give it a margin that is already the worst over ranks
+/// (worst_over_ranks(), or what the checks here return), so that every rank returns alike.
+bool report_margin(const Margin& m, const std::string& what);
 
 /// True when every rank holds bit-identical parameters (gathers them all).
 bool parameters_identical_across_ranks(ProcessGroup& pg, torch::nn::Module& module);

@@ -40,7 +40,8 @@ SYNCS_08 = ["ddp", "zero1", "fsdp"]
 # An extension reruns its stage's checks first: the lines of its own checks count as its, the others as the
 # stage's (the same function, run the same way), unless the stage's own program runs too.
 OWN_CHECKS = {"07a": (re.compile(r"Transformer"), "07")}
-# "PASS <what>: ... max |diff| D <= B (ratio R" or "... max |diff| D (ratio R": the checks' verdict lines.
+# The checks' verdict lines: "PASS <what>: max |diff| D <= B (ratio R" (dp::report_margin(), common/ddp_check.hpp)
+# or stage 08's "... max |diff| D (ratio R" (a bound per entry).
 LINE = re.compile(r"^(?:\[rank \d+/\d+\] )?(PASS|FAIL) (.*?)[:,]? max \|diff\| (\S+)(?: <= (\S+))? \(ratio ([0-9.einf]+)")
 
 
@@ -77,7 +78,7 @@ def run(args, stage, world, seed, cap, extra):
     t = time.time()
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=args.timeout)
-    found = []
+    found, running = [], args.stages.split(",")
     for line in p.stdout.splitlines():
         m = LINE.match(line)
         if not m:
@@ -85,7 +86,7 @@ def run(args, stage, world, seed, cap, extra):
         owner = stage
         if stage in OWN_CHECKS and not OWN_CHECKS[stage][0].search(m.group(2)):
             owner = OWN_CHECKS[stage][1]
-            if owner in args.stages.split(","):
+            if owner in running:
                 continue  # counted from the stage's own runs
         found.append((m.group(1), check_name(m.group(2)), float(m.group(3)), float(m.group(5)), owner))
     return cmd, p, found, time.time() - t

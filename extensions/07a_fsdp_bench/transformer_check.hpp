@@ -18,11 +18,12 @@ namespace dp {
 /// is checked from common weights, the reference continuing from FSDP's, because a weight one rounding
 /// apart can cast to another bf16 value, a jump no first-order bound covers. With accumulate = 2 each
 /// rank runs its 2 sequences as 2 micro-batches of 1 (loss / 2, finish_gradient_synchronization()
-/// after each): the same bound, since only the grouping of the sums changes.
+/// after each): the same bound, since only the grouping of the sums changes. Returns the worst margin
+/// over ranks (a collective).
 Margin check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumulate = 1, uint64_t seed = 0);
 
 /// check_transformer_fsdp() with 1 and 2 micro-batches, in fp32 and bf16 and in each resharding mode of
-/// `reshard_modes`, one verdict line each (report_fsdp_check()). True when all passed on every rank.
+/// `reshard_modes`, one verdict line each (dp::report_margin()). True when all passed on every rank.
 bool run_transformer_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes, uint64_t seed = 0);
 
 }  // namespace dp

@@ -33,14 +33,12 @@ static std::unique_ptr<GradSync> make_naive(ProcessGroup& pg, std::shared_ptr<to
 // Correct before fast: the program refuses to time anything it has not checked.
 static void run_checks(ProcessGroup& pg, uint64_t seed) {
   print0("toy MLP, batch 100 split over {} ranks, SGD lr 0.01, 10 epochs:", pg.world_size());
-  const Margin mlp = check_toy_mlp_experiment(pg, make_flat, /*verbose=*/true, seed);
-  print0("PASS toy MLP: DDP weights equal single-process full-batch weights: max |diff| {:.3g} <= {:.3g} (ratio {:.2f})",
-         mlp.diff, mlp.bound, mlp.ratio());
-  for (const char* model : {"toy", "tied"}) {
-    const Margin m = check_cs336_scenario(pg, model, make_flat, 5, false, seed);
-    print0("PASS CS336 scenario ({}): 5 SGD steps equal single-process training, frozen parameters unchanged: max |diff| {:.3g} <= {:.3g} (ratio {:.2f})",
-           model, m.diff, m.bound, m.ratio());
-  }
+  report_margin(check_toy_mlp_experiment(pg, make_flat, /*verbose=*/true, seed),
+                "toy MLP: DDP weights equal single-process full-batch weights");
+  for (const char* model : {"toy", "tied"})
+    report_margin(check_cs336_scenario(pg, model, make_flat, 5, false, seed),
+                  fmt::format("CS336 scenario ({}): 5 SGD steps equal single-process training, frozen parameters "
+                              "unchanged", model));
 }
 
 int main(int argc, char** argv) {

@@ -53,9 +53,8 @@ static void run_checks(ProcessGroup& pg, uint64_t seed) {
         print0("{} model, {} MB buckets:\n{}", model, cap, ddp->describe_buckets());
         return ddp;
       };
-      const Margin m = check_cs336_scenario(pg, model, make_bucketed, 5, false, seed);
-      print0("PASS CS336 scenario ({}, {} MB buckets): equals single-process training: max |diff| {:.3g} <= {:.3g} "
-             "(ratio {:.2f})", model, cap, m.diff, m.bound, m.ratio());
+      report_margin(check_cs336_scenario(pg, model, make_bucketed, 5, false, seed),
+                    fmt::format("CS336 scenario ({}, {} MB buckets): equals single-process training", model, cap));
     }
   }
   // [checks]

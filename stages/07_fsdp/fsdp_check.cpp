@@ -24,16 +24,6 @@ namespace optim = torch::optim;
 // running as threads of one test process do not race on the global RNG.
 static torch::Generator data_generator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
 
-double max_full_diff(const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::nn::Module& ref) {
-  auto r = unique_named_parameters(ref, /*trainable_only=*/true);
-  double d = 0;
-  for (size_t i = 0; i < r.size(); ++i) {
-    if (full[i].first != r[i].first) throw CheckFailed("parameter order differs: " + full[i].first + " vs " + r[i].first);
-    d = std::max(d, (full[i].second - r[i].second.detach()).abs().max().item<double>());
-  }
-  return d;
-}
-
 // [toy]
 // How far a gradient entry of FSDP and of the reference can differ, relative to the largest gradient
 // entry (tolerance.hpp's model). The weight gradient sums `terms` products (rows x tokens) in another
@@ -92,7 +82,7 @@ Margin check_toy_fsdp(ProcessGroup& pg, FsdpOptions opts, uint64_t seed) {
   result.derivation = fmt::format("lr {} x {} steps x ({} sums x u(fp32) + {:.0f} roundings x u({})) x max|g| {:.3g}, "
                                   "plus {} ulps of max|w| {:.3g}", lr, kSteps, rows * W + W, n,
                                   dtype_name(opts.compute_dtype), G, kSteps, w);
-  return result;
+  return worst_over_ranks(pg, result);
 }
 // [toy]
 
@@ -117,11 +107,7 @@ void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts) {
                                     g.defined() ? shape_text(g.sizes()) : "missing",
                                     g.defined() ? c10::toString(g.scalar_type()) : ""));
     if (i < fsdp.unit_count()) continue;  // shards differ across ranks by design
-    std::vector<torch::Tensor> all(pg.world_size());
-    for (auto& t : all) t = torch::empty_like(g);
-    torch::Tensor mine = g.clone();
-    pg.all_gather_async(all, mine).wait();
-    for (const auto& other : all)
+    for (const auto& other : pg.all_gather(g))
       if (!torch::equal(other, g)) throw CheckFailed(fmt::format("replicated gradient {} differs across ranks", i));
   }
 }
@@ -154,43 +140,25 @@ void add_fsdp_flags(CLI::App& app, FsdpFlags& flags) {
       });
 }
 
-// Every rank must pass: the verdict is gathered, so all ranks print and exit alike.
-static bool everyone(ProcessGroup& pg, bool ok) {
-  auto votes = pg.all_gather(ok ? 1.0 : 0.0);
-  return std::count(votes.begin(), votes.end(), 1.0) == pg.world_size();
-}
-
 std::string fsdp_mode_name(const FsdpOptions& f) {
   return fmt::format("{}, {}", dtype_name(f.compute_dtype), f.reshard_after_forward ? "reshard after forward"
                                                                                          : "keep until backward");
-}
-
-bool report_fsdp_check(ProcessGroup& pg, const Margin& c, const std::string& what) {
-  const bool ok = everyone(pg, c.ok());
-  auto diffs = pg.all_gather(c.diff), bounds = pg.all_gather(c.bound);
-  Margin worst{0, 1};
-  for (size_t i = 0; i < diffs.size(); ++i)
-    if (Margin m{diffs[i], bounds[i]}; m.ratio() >= worst.ratio()) worst = m;
-  print0("{} {}: max |diff| {:.3g} <= {:.3g} (ratio {:.2f}; bound = {})", ok ? "PASS" : "FAIL", what, c.diff, c.bound,
-         worst.ratio(), c.derivation);
-  return ok;
 }
 
 bool run_fsdp_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes, uint64_t seed) {
   // [checks]
   bool all_ok = true;
   for (const FsdpOptions& f : fsdp_check_modes(reshard_modes)) {
-    bool ok = report_fsdp_check(pg, check_toy_fsdp(pg, f, seed),
-                                fmt::format("FSDP == one process on ToyFSDPModel ({}; 3 SGD steps, {} ranks)",
-                                            fsdp_mode_name(f), pg.world_size()));
+    bool ok = report_margin(check_toy_fsdp(pg, f, seed), fmt::format("FSDP == one process on ToyFSDPModel ({}; 3 SGD "
+                                                                      "steps, {} ranks)", fsdp_mode_name(f), pg.world_size()));
     check_fsdp_gradients(pg, f);  // throws CheckFailed
     print0("PASS FSDP gradients ({}): fp32, shard-shaped, replicated ones equal on every rank", fsdp_mode_name(f));
     // The check every Strategy passes (common/ddp_check.hpp), with a reference computing in f's dtype:
     // SGD with momentum (state to shard), every rank starting from its own weights, micro-batches.
     for (int k : {1, 2})
-      ok = report_fsdp_check(pg, check_strategy(pg, fsdp_strategy(f), /*steps=*/3, seed, /*accumulate=*/k),
-                             fmt::format("FSDP as a Strategy == one process ({}; 3 SGD steps with momentum, {} "
-                                         "micro-batch{} per step)", fsdp_mode_name(f), k, k > 1 ? "es" : "")) && ok;
+      ok = report_margin(check_strategy(pg, fsdp_strategy(f), /*steps=*/3, seed, /*accumulate=*/k),
+                         fmt::format("FSDP as a Strategy == one process ({}; 3 SGD steps with momentum, {} micro-batch{} "
+                                     "per step)", fsdp_mode_name(f), k, k > 1 ? "es" : "")) && ok;
     all_ok = all_ok && ok;
   }
   // [checks]

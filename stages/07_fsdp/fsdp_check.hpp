@@ -8,7 +8,6 @@
 #include "stages/07_fsdp/fsdp.hpp"
 
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace CLI {
@@ -22,7 +21,7 @@ namespace dp {
 /// token's logits (in fp32), SGD lr 0.01, 3 steps. The reference trains one model on all rows (with
 /// bf16: its Linear/Embedding weights cast to bf16 for forward and backward, gradients back to fp32:
 /// dp::reference_backward()). After every step gather_full_parameters() is compared with it; returns
-/// the largest difference, the bound and its derivation. The bound is derived from the compute dtype's
+/// the largest difference, the bound and its derivation (the worst over ranks: a collective). The bound is derived from the compute dtype's
 /// unit roundoff u, the terms summed in another order (rows x W, then W rank partials), the ops between
 /// a weight and the loss, the largest gradient entry and the steps (lr 0.01 x 3 x roundings x u x
 /// max|g|; fsdp_gradient_error()). CS336 fixes 1e-6 (fp32) and 1e-4 (bf16): the derived bound is below
@@ -39,14 +38,6 @@ void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts);
 /// of `dtype` per op of the `depth` between a weight and the loss, 2 more below fp32 (the gradient's own).
 /// `roundings`, when given, receives the count of the latter. What the bounds here and in 07a multiply.
 double fsdp_gradient_error(double terms, int W, int depth, torch::ScalarType dtype, double* roundings = nullptr);
-
-/// Largest |full - reference| over the trainable parameters, `full` as gather_full_parameters() gives it
-/// (same names, same order; dp::CheckFailed otherwise).
-double max_full_diff(const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::nn::Module& ref);
-
-/// "PASS <what>: max |diff| D <= B (ratio R; bound = ...)" from rank 0 (FAIL when any rank's check failed;
-/// R the worst over ranks: what scripts/margins.py collects). A collective; true when every rank passed.
-bool report_fsdp_check(ProcessGroup& pg, const Margin& check, const std::string& what);
 
 /// "float32, reshard after forward", "bfloat16, keep until backward", ...: how the checks' lines and the
 /// benchmark's rows name an FsdpOptions.
@@ -70,7 +61,7 @@ std::vector<FsdpOptions> fsdp_check_modes(const std::vector<bool>& reshard_modes
 
 /// Every check above, then common's check_strategy() on fsdp_strategy() (SGD with momentum; 1 and 2
 /// micro-batches per step), in fp32 and bf16 and in each resharding mode of `reshard_modes` (true: reshard
-/// after forward), one verdict line each (report_fsdp_check()). True when every check passed on every rank
+/// after forward), one verdict line each (dp::report_margin()). True when every check passed on every rank
 /// (the verdict is gathered, so all ranks return alike); check_fsdp_gradients() and check_strategy()
 /// throw dp::CheckFailed.
 bool run_fsdp_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes, uint64_t seed = 0);

@@ -19,6 +19,7 @@
 #include "extensions/06a_zero1_buckets/bucketed_zero1.hpp"
 #include "extensions/06d_cs336_design/cs336_design.hpp"
 #include "tests/stages/ddp_variants.hpp"
+#include "tests/stages/fsdp_modes.hpp"
 #include "tests/support/expect.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
@@ -78,16 +79,12 @@ struct Zero1BucketsOverlap {  // the all-gathers wait for the next forward's uni
 };
 // Stage 07, freeing each unit after its forward (ZeRO-3) or keeping it until backward; computing in fp32,
 // or in bf16 (compute_dtype(): the check's reference then computes in bf16 too).
-template <bool kReshard, bool kBf16 = false>
+template <typename Mode>  // dp::testing::FsdpMode<bf16, reshard>
 struct Fsdp {
-  static MakeStrategy make() {
-    dp::FsdpOptions o;
-    o.reshard_after_forward = kReshard;
-    o.compute_dtype = kBf16 ? torch::kBFloat16 : torch::kFloat32;
-    return dp::fsdp_strategy(o);
-  }
+  static MakeStrategy make() { return dp::fsdp_strategy(Mode::options()); }
   static constexpr bool shards_state = true, shards_params = true;
 };
+using dp::testing::FsdpMode;
 
 namespace {
 
@@ -96,7 +93,8 @@ using dp::testing::run_ranks;
 template <typename S>
 class StrategyContract : public ::testing::Test {};
 using Strategies = ::testing::Types<Ddp<Naive>, Ddp<Flat>, Ddp<Overlap>, Ddp<Bucketed<10000>>, BucketedNoSync, OverlappedOptimizer,
-                                    Cs336, Zero1, Zero1Buckets, Zero1BucketsOverlap, Fsdp<true>, Fsdp<false>, Fsdp<true, true>>;
+                                    Cs336, Zero1, Zero1Buckets, Zero1BucketsOverlap, Fsdp<FsdpMode<false, true>>,
+                                    Fsdp<FsdpMode<false, false>>, Fsdp<FsdpMode<true, true>>>;
 TYPED_TEST_SUITE(StrategyContract, Strategies);
 
 // The same batch split over 1 to 4 ranks (4 rows each): equal to one process after each of 3 steps; at
@@ -424,7 +422,7 @@ TEST(StrategyContractCanFail, NotBroadcast) {
   expect_caught(mutant_of<NotBroadcast>(dp::zero1_strategy()), "hint [not-broadcast]");
 }
 TEST(StrategyContractCanFail, ComputeDtypeHidden) {
-  expect_caught(mutant_of<ComputeDtypeHidden>(Fsdp<true, true>::make()), "differs from single-process training");
+  expect_caught(mutant_of<ComputeDtypeHidden>(Fsdp<FsdpMode<true, true>>::make()), "differs from single-process training");
 }
 TEST(StrategyContractCanFail, StateForgotten) {
   for (const auto& make : {dp::zero1_strategy(), dp::fsdp_strategy({})}) {
