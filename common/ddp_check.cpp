@@ -318,8 +318,8 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uin
     bool differs = false;  // from rank 0's copy, in some tensor
     for (size_t i = 0; i < full.size(); ++i) {
       const auto& [name, p] = full[i];
-      const Margin m{(p.to(torch::kFloat32) - ref_params[i].second.detach()).abs().max().item<double>(), bound, derivation};
-      if (bound > 0 && m.ratio() >= worst.ratio()) worst = m;
+      const Margin m{(p.to(torch::kFloat32) - ref_params[i].second.detach()).abs().max().item<double>(), bound};
+      if (bound > 0 && m.ratio() >= worst.ratio()) worst = {m.diff, m.bound, derivation};
       if (!m.ok() && problem.empty())
         problem = bound == 0 ? fmt::format("{}: parameter {} is not rank 0's (max |diff| {:.3g}): rank 0's weights "
                                            "were not broadcast{}", when, name, m.diff, not_broadcast_hint())

@@ -1,5 +1,6 @@
 // Collectives against closed forms, for 1 to 4 ranks (threads as ranks over an in-process store).
 #include "common/dist.hpp"
+#include "common/ddp_check.hpp"
 #include "common/launch_env.hpp"
 #include "common/runtime.hpp"
 #include "tests/support/ranks.hpp"
@@ -289,6 +290,20 @@ TEST(GlooOnCuda, CollectivesMoveCudaTensors) {
         EXPECT_TRUE(torch::all(buf[0] == 0.0f).item<bool>()) << buf;
       },
       std::chrono::milliseconds(60000), "cuda");
+}
+
+// One verdict for every rank (dp::worst_over_ranks()): each rank gets the margin of the rank whose ratio is
+// worst, its own derivation kept. Rank 1 alone is over its bound, so every rank must fail.
+TEST(WorstOverRanks, EveryRankGetsTheWorstRatio) {
+  run_ranks(3, [](ProcessGroup& pg) {
+    const int r = pg.rank();
+    const dp::Margin mine(r == 1 ? 3e-7 : 1e-8 * (r + 1), r == 2 ? 2e-7 : 1e-7, "rank " + std::to_string(r));
+    const dp::Margin worst = dp::worst_over_ranks(pg, mine);
+    EXPECT_DOUBLE_EQ(worst.diff, 3e-7);
+    EXPECT_DOUBLE_EQ(worst.bound, 1e-7);
+    EXPECT_FALSE(worst.ok());
+    EXPECT_EQ(worst.derivation, "rank " + std::to_string(r));
+  });
 }
 
 // completed() promises the data is in the caller's tensor. A CUDA receive over Gloo lands in a host buffer

@@ -2,6 +2,8 @@
 // the bounds hold for perturbations of the size they promise, and they fail for larger ones.
 #include "common/tolerance.hpp"
 
+#include "common/ddp_check.hpp"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
@@ -77,6 +79,17 @@ TEST(AdamWeightBound, HoldsForItsPerturbationAndNotForALargerOne) {
   auto reference = run(0, &bound);
   EXPECT_LE(bound.worst_ratio({run(1, nullptr)}, {reference}), 1.0);
   EXPECT_GT(bound.worst_ratio({run(30, nullptr)}, {reference}), 1.0);
+}
+
+// The verdict line every check prints (dp::report_margin()): the one form scripts/margins.py reads, FAIL
+// when the difference is over its bound, the derivation inside the parentheses when there is one.
+TEST(MarginReport, WritesTheVerdictLineMarginsPyReads) {
+  ::testing::internal::CaptureStdout();
+  EXPECT_TRUE(dp::report_margin(dp::Margin(5e-8, 1e-7, "lr 0.1 x 3 steps x u(fp32)"), "toy check"));
+  EXPECT_FALSE(dp::report_margin(dp::Margin(2e-7, 1e-7), "tied check"));
+  EXPECT_EQ(::testing::internal::GetCapturedStdout(),
+            "PASS toy check: max |diff| 5e-08 <= 1e-07 (ratio 0.50; bound = lr 0.1 x 3 steps x u(fp32))\n"
+            "FAIL tied check: max |diff| 2e-07 <= 1e-07 (ratio 2.00)\n");
 }
 
 }  // namespace
