@@ -224,7 +224,7 @@ for part in $parts; do
 done
 
 for f in $R/*.json; do
-  case $f in *.trace.json|*/gpu_*.json|*/alltoall.json|*/torch_compare.json|*/torch_ddp_*.json|*/ext07a_gather_in_time.json|*/lm_speed.json|*/margins.json|*/margins_*.json|*/weak_scaling.json) continue ;; esac
+  case $f in *.trace.json|*/gpu_*.json|*/alltoall.json|*/torch_compare.json|*/torch_ddp_*.json|*/ext07a_gather_in_time.json|*/lm_speed.json|*/margins.json|*/margins_*.json|*/weak_scaling.json|*/trace_summary.json) continue ;; esac
   # No plot where it would repeat another picture: these runs measure speed, and their plot would draw only
   # the tensor bytes that ext06c_cs336.png and ext07a_memory.png already show (ext07a_large: one bar).
   case $f in */ext06c_designs.json|*/ext06c_tiny_1gbit.json|*/ext07a_large.json|*/ext07a_small_*.json) continue ;; esac

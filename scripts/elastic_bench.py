@@ -8,8 +8,8 @@ Per link, three runs of the same training (tiny Transformer, 3 ranks, global bat
 stage 09's defaults, which stage 08 is given too):
   uninterrupted  stage 09, nothing fails
   elastic        stage 09, rank 1 killed (SIGKILL, DP_FAULT=die@1:step20) as step 21 begins; the survivors redo
-                 step 21 on 2 ranks; a replacement starts 8 s later (--max-restarts 1 --restart-delay 8) and joins
-                 at the next step boundary. Loopback only: --trace, the timeline the page draws.
+                 step 21 on 2 ranks; a replacement starts 3 s later (--max-restarts 1 --restart-delay 3) and joins
+                 at the next step boundary (about 30 steps before the end on 2 cores). Loopback only: --trace, the timeline the page draws.
   restart        stage 08 with a checkpoint every 10 steps; rank 1 killed (SIGKILL, by this script) right after
                  rank 0 prints step 24; ddp_launch stops the others; the same command with --resume starts again
                  from the step-20 checkpoint and redoes steps 21-24.
@@ -36,6 +36,7 @@ L = os.path.join(B, "ddp_launch")
 COMMON = ["--steps", "60"]            # stage 09's defaults: tiny, context 64, batch 12, warm-up 10, lr 2e-3
 STAGE08 = ["--context", "64", "--batch", "12", "--warmup", "10", "--eval-every", "60", "--sample", "0"]
 KILL_STEP = 20                        # elastic: DP_FAULT before step KILL_STEP + 1
+RESTART_DELAY_S = 3                   # elastic: the replacement starts this long after the kill
 RESTART_KILL_AFTER = 24               # stage 08: killed once step 24 is done (rank 0 prints every 3rd step)
 
 
@@ -139,13 +140,17 @@ def main():
 
         path = os.path.join(work, f"elastic_{link}.json")
         args = [*COMMON, "--curve", path] + (["--trace", trace] if link == "loopback" else [])
-        cmd = launch_cmd(link, ["--elastic", "--nproc", "3", "--max-restarts", "1", "--restart-delay", "8"],
+        cmd = launch_cmd(link, ["--elastic", "--nproc", "3", "--max-restarts", "1", "--restart-delay",
+                                    str(RESTART_DELAY_S)],
                          "stage09_elastic", args)
         env = dict(os.environ, DP_FAULT=f"die@1:step{KILL_STEP}")
         run(cmd, env=env, log=path + ".log")
         c = json.load(open(path))
         fail = next(e for e in c["events"] if "recovery_s" in e)
-        join = next(e for e in c["events"] if e["why"] == "a newcomer waits")
+        join = next((e for e in c["events"] if e["why"] == "a newcomer waits"), None)
+        if join is None:  # the run ended before the replacement got in: this row would measure nothing
+            raise SystemExit(f"elastic_bench: {link}: the replacement did not join before step {len(c['train'])} "
+                             f"(it starts {RESTART_DELAY_S} s after the kill): lower RESTART_DELAY_S; log {path}.log")
         got = losses(path)
         rows.append({"scenario": f"elastic (stage 09): rank 1 killed at step {KILL_STEP + 1}, replaced",
                      "link": link, "ranks": " -> ".join(str(e["ranks"]) for e in c["events"]),

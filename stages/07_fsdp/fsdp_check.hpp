@@ -21,11 +21,12 @@ namespace dp {
 /// token's logits (in fp32), SGD lr 0.01, 3 steps. The reference trains one model on all rows (with
 /// bf16: its Linear/Embedding weights cast to bf16 for forward and backward, gradients back to fp32:
 /// dp::reference_backward()). After every step gather_full_parameters() is compared with it; returns
-/// the largest difference, the bound and its derivation (the worst over ranks: a collective). The bound is derived from the compute dtype's
-/// unit roundoff u, the terms summed in another order (rows x W, then W rank partials), the ops between
-/// a weight and the loss, the largest gradient entry and the steps (lr 0.01 x 3 x roundings x u x
-/// max|g|; fsdp_gradient_error()). CS336 fixes 1e-6 (fp32) and 1e-4 (bf16): the derived bound is below
-/// both on this model. `seed` 0 is CS336's (model 42, data 123); others shift both, for the margin test.
+/// the largest difference, the bound and its derivation (the worst over ranks: a collective). The bound
+/// is derived from the compute dtype's unit roundoff u, the terms summed in another order (rows x W,
+/// then W rank partials), the ops between a weight and the loss, the largest gradient entry and the steps
+/// (lr 0.01 x 3 x roundings x u x max|g|; fsdp_gradient_error()). CS336 fixes 1e-6 (fp32) and 1e-4
+/// (bf16): the derived bound is below both on this model. `seed` 0 is CS336's (model 42, data 123);
+/// others shift both, for the margin test.
 Margin check_toy_fsdp(ProcessGroup& pg, FsdpOptions opts, uint64_t seed = 0);
 
 /// CS336 2026's test_fsdp_gradient_sync: per-rank data, loss = sum of the logits. After

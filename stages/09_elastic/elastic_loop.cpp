@@ -241,6 +241,7 @@ json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership
       }
       // 4. Train until the run is over or somebody waits to join.
       if (train_generation(o, corpus, *pg, *s, model, q, members, faults, c)) {
+        members.close_run(c.done);  // a replacement still on its way is told, rather than left waiting
         finish(o, *pg, *s, c);
         pg->shutdown();
         return c.curve;

@@ -29,6 +29,13 @@ Membership::Membership(const std::string& path, std::string id, int max_members,
 
 std::string Membership::key(int64_t round, const std::string& what) const { return fmt::format("r{}/{}", round, what); }
 
+void Membership::close_run(int64_t steps) { store_->set("over", store_bytes(std::to_string(steps))); }
+
+void Membership::throw_if_over() {
+  if (store_->check({"over"}))
+    throw RunOver(fmt::format("the run is over: its last generation trained all {} steps", store_text(store_->get("over"))));
+}
+
 int64_t Membership::first_open_round(int64_t from) {
   while (store_->check({key(from, "closed")})) ++from;
   return from;
@@ -48,6 +55,7 @@ Quorum Membership::join(int64_t from, int64_t step, int64_t generation, const st
   const auto patience = 2 * timeout_ + settle_;
   const auto deadline = std::chrono::steady_clock::now() + patience;
   for (int64_t r = first_open_round(from);; r = first_open_round(r + 1)) {
+    throw_if_over();  // a replacement that came too late: nobody will take it in
     // Claim the lowest free slot: compare-and-set succeeds for exactly one claimant, so slots are
     // taken without gaps and each holds its claimant's step and id.
     int idx = 0;
@@ -59,6 +67,7 @@ Quorum Membership::join(int64_t from, int64_t step, int64_t generation, const st
     const double settle = std::chrono::duration<double>(r == 0 ? timeout_ : settle_).count();
     int seen = idx + 1, closed = -1;
     while (closed < 0) {
+      throw_if_over();
       if (store_->check({key(r, "closed")})) {
         closed = std::stoi(store_text(store_->get(key(r, "closed"))));
         break;

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,11 @@ struct Quorum {
   int size() const { return static_cast<int>(members.size()); }
 };
 
+/// join() found the run over (a replacement that came too late): stage 09 says so and exits 0.
+struct RunOver : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 /// The store every generation meets in and the rounds that form them.
 class Membership {
  public:
@@ -57,7 +63,10 @@ class Membership {
   /// generation, or a newcomer, waits until its members come, so that no process ever closes a round
   /// alone beside a generation that is still training (two generations at once: a split brain).
   /// `on_claim` runs once this process holds a slot (the tests inject a failure there).
+  /// Throws RunOver, at once, once close_run() was called: nobody is left to take this process in.
   Quorum join(int64_t from, int64_t step, int64_t generation, const std::function<void()>& on_claim = {});
+  /// The run is over (`steps` trained): join() throws RunOver from now on, in whoever waits or comes later.
+  void close_run(int64_t steps);
   /// True when someone waits in round `round` and it is still open: the members of the generation before
   /// it re-form at their next step boundary (only one rank asks, and tells the others).
   bool someone_waiting(int64_t round);
@@ -68,6 +77,7 @@ class Membership {
 
  private:
   std::string key(int64_t round, const std::string& what) const;
+  void throw_if_over();  // RunOver once close_run() was called
   int64_t first_open_round(int64_t from);
 
   c10::intrusive_ptr<c10d::Store> store_;

@@ -147,6 +147,32 @@ TEST(Membership, NewcomersAloneNeverTrainAndSaySo) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2000ms);
 }
 
+// A replacement that starts as the last generation finishes would wait for members who never come (until
+// its patience, 2 x timeout + settle, ran out, or the launcher stopped it: a failed run). Once the run is
+// closed, one already waiting and one that comes later are both told at once.
+TEST(Membership, OneWhoComesAfterTheRunIsOverIsToldAtOnce) {
+  StoreFile f;
+  join_together(f.path, {5, 5}, 2, 1, 100ms);  // generation 1 trains; a replacement then waits in round 2
+  auto waiting = std::async(std::launch::async, [&] {
+    Membership m(f.path, "2.1", 3, 100ms, 5000ms);
+    m.join(2, -1, -1);
+  });
+  Membership member(f.path, "0.0", 2, 100ms, 5000ms);
+  for (int i = 0; i < 200 && !member.someone_waiting(2); ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(member.someone_waiting(2));
+  const auto t0 = std::chrono::steady_clock::now();
+  member.close_run(60);  // generation 1 trained the last step
+  try {
+    waiting.get();
+    FAIL() << "the waiting replacement got into a generation after the run was over";
+  } catch (const dp::RunOver& e) {
+    EXPECT_NE(std::string(e.what()).find("all 60 steps"), std::string::npos) << e.what();
+  }
+  Membership later(f.path, "2.2", 3, 100ms, 5000ms);
+  EXPECT_THROW(later.join(2, -1, -1), dp::RunOver);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2000ms) << "told only when its patience (10.1 s) ran out";
+}
+
 TEST(Faults, AMalformedEntryIsBadInput) {
   StoreFile f;
   Membership m(f.path, "0.0", 1, 10ms, 1000ms);
