@@ -39,8 +39,7 @@ struct BelowMinRanks : std::runtime_error {
 /// "events": one per generation (its round, members, why it formed, and how long each part of forming it
 /// took), "config", "command"}. `with_state`: this process starts with the run's state (the launcher's
 /// first processes, from step 0 or the checkpoint); a replacement starts without and is healed. Throws
-/// BelowMinRanks, dp::CheckFailed (replicas that differ), RunOver (the run ended before this process got
-/// into a generation), or std::runtime_error when no round closes.
+/// BelowMinRanks, dp::CheckFailed (replicas differ), RunOver (too late) or std::runtime_error (no round closed).
 nlohmann::json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership& members, Faults& faults,
                              const DistOptions& dist, bool with_state);
 

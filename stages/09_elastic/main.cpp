@@ -16,12 +16,11 @@
 //   DP_FAULT=die@1:step20 ./build/bin/ddp_launch --elastic --nproc 3 --max-restarts 1 --restart-delay 3
 //       -- ./build/bin/stage09_elastic --curve elastic.json   # rank 1 killed as step 21 begins; replaced
 //   DP_FAULT=stop@2:step10 ./build/bin/ddp_launch --elastic --nproc 3 -- ./build/bin/stage09_elastic --timeout 5s
-// Correct output: "generation 0: 3 ranks ..."; after the kill "generation 0 failed at step 21: all_reduce ...
-// Connection closed by peer" from the survivors, then "generation 1: 2 ranks ... after a failure at step 21
-// (seen 0.1-0.3 s after it ...)" and "step 21 done 1.0-1.6 s after the failure"; when the replacement is in,
-// "generation 2: 3 ranks ... a newcomer waits ... state from rank 0 (51.93 MB)"; the loss falling from 6.1 below
-// 2.7 by step 60, as in stage 08; then "PASS replicas bit-identical going into every step" and last "PASS stage
-// 09: 60 steps, ..., ranks 3 -> 2 -> 3". A replacement too late for the last step says "the run is over".
+// Correct output: "generation 0: 3 ranks ..."; after the kill, from the survivors, "generation 0 failed at step 21:
+// all_reduce ... Connection closed by peer", "generation 1: 2 ranks ... after a failure at step 21 (seen 0.1-0.3 s
+// after it ...)" and "step 21 done 1.0-1.6 s after the failure"; then "generation 2: 3 ranks ... a newcomer waits
+// ... state from rank 0 (51.93 MB)"; the loss falling from 6.1 below 2.7 by step 60, as in stage 08; "PASS replicas
+// bit-identical going into every step"; last "PASS stage 09: 60 steps, ..., ranks 3 -> 2 -> 3".
 //
 // What it leaves: one node (the store is a file; across machines it would be a TCP store in a process
 // that trains nothing, as torchrun's agent or torchft's lighthouse); replicated state only (HSDP would

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 
 namespace dp {
 
@@ -30,10 +31,9 @@ Membership::Membership(const std::string& path, std::string id, int max_members,
 std::string Membership::key(int64_t round, const std::string& what) const { return fmt::format("r{}/{}", round, what); }
 
 void Membership::close_run(int64_t steps) { store_->set("over", store_bytes(std::to_string(steps))); }
-
 void Membership::throw_if_over() {
-  if (store_->check({"over"}))
-    throw RunOver(fmt::format("the run is over: its last generation trained all {} steps", store_text(store_->get("over"))));
+  if (!store_->check({"over"})) return;
+  throw RunOver(fmt::format("the run is over: its last generation trained all {} steps", store_text(store_->get("over"))));
 }
 
 int64_t Membership::first_open_round(int64_t from) {
@@ -51,7 +51,7 @@ c10::intrusive_ptr<c10d::Store> Membership::generation_store(int64_t round) {
 
 // [join]
 Quorum Membership::join(int64_t from, int64_t step, int64_t generation, const std::function<void()>& on_claim) {
-  const std::string me = fmt::format("{} {}", step, id_);
+  const std::string me = fmt::format("{} {} {}", step, generation, id_);
   const auto patience = 2 * timeout_ + settle_;
   const auto deadline = std::chrono::steady_clock::now() + patience;
   for (int64_t r = first_open_round(from);; r = first_open_round(r + 1)) {
@@ -90,7 +90,7 @@ Quorum Membership::join(int64_t from, int64_t step, int64_t generation, const st
     for (int i = 0; i < closed; ++i) {
       std::istringstream in(store_text(store_->get(key(r, fmt::format("m{}", i)))));
       Member m;
-      in >> m.step >> m.id;
+      in >> m.step >> m.generation >> m.id;
       (m.fresh() ? fresh : with_state).emplace_back(i, m);
     }
     if (with_state.empty())
@@ -100,7 +100,8 @@ Quorum Membership::join(int64_t from, int64_t step, int64_t generation, const st
     for (const auto* list : {&with_state, &fresh})
       for (const auto& [i, m] : *list) {
         if (i == idx) q.rank = q.size();
-        if (!m.fresh() && (q.members.empty() || m.step > q.members[q.source].step)) q.source = q.size();
+        const Member* s = q.members.empty() ? nullptr : &q.members[q.source];  // ties: the longer record of generations
+        if (!m.fresh() && (!s || std::tie(m.step, m.generation) > std::tie(s->step, s->generation))) q.source = q.size();
         q.members.push_back(m);
       }
     return q;

@@ -26,11 +26,12 @@ namespace dp {
 struct Member {
   std::string id;     ///< "<slot>.<restart>": the launcher's rank slot and how many processes it had before
   int64_t step = -1;  ///< optimizer steps its state has taken; -1: a newcomer, no state yet
+  int64_t generation = -1;  ///< the last generation it was a member of (-1: none)
   bool fresh() const { return step < 0; }
 };
 
 /// A closed round: the members of generation `round`, this process's rank among them, and whose state
-/// everyone takes (the member with the most steps; ties: the lowest rank).
+/// everyone takes (the most steps; ties: the latest generation, then the lowest rank).
 struct Quorum {
   int64_t round = -1;
   std::vector<Member> members;  ///< rank order: members with state in arrival order, then newcomers

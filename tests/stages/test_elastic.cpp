@@ -81,6 +81,24 @@ TEST(Membership, NewcomersComeAfterTheMembersWithState) {
   }
 }
 
+// Equal steps mean equal states, but not equal records: one who was left out of the latest generation (it saw the
+// failure late, or came alone) does not know that generation. Its member's state, the longer record, wins.
+TEST(Membership, TiesGoToTheLatestGeneration) {
+  StoreFile f;
+  auto left_out = std::async(std::launch::async, [&] {
+    Membership m(f.path, "0.0", 2, 100ms, 2000ms);
+    return m.join(2, 20, /*generation=*/0);  // arrives first: rank 0
+  });
+  std::this_thread::sleep_for(100ms);
+  Membership alone(f.path, "2.0", 2, 100ms, 2000ms);
+  const Quorum q = alone.join(2, 20, /*generation=*/1);  // trained generation 1 alone
+  EXPECT_EQ(left_out.get().source, q.source);
+  ASSERT_EQ(q.size(), 2);
+  EXPECT_EQ(q.members[0].id, "0.0");
+  EXPECT_EQ(q.source, 1) << "the state (and its record of generations) comes from the member of generation 1";
+  EXPECT_EQ(q.members[1].generation, 1);
+}
+
 TEST(Membership, ARoundThatIsNotFullClosesAfterTheSettleTime) {
   StoreFile f;
   const auto t0 = std::chrono::steady_clock::now();
