@@ -9,7 +9,8 @@ stage 09's defaults, which stage 08 is given too):
   uninterrupted  stage 09, nothing fails
   elastic        stage 09, rank 1 killed (SIGKILL, DP_FAULT=die@1:step20) as step 21 begins; the survivors redo
                  step 21 on 2 ranks; a replacement starts 3 s later (--max-restarts 1 --restart-delay 3) and joins
-                 at the next step boundary (about 30 steps before the end on 2 cores). Loopback only: --trace, the timeline the page draws.
+                 at the next step boundary (at step 29-34 of 60 on 2 cores). Loopback only: --trace, the timeline
+                 the page draws.
   restart        stage 08 with a checkpoint every 10 steps; rank 1 killed (SIGKILL, by this script) right after
                  rank 0 prints step 24; ddp_launch stops the others; the same command with --resume starts again
                  from the step-20 checkpoint and redoes steps 21-24.

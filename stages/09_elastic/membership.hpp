@@ -24,8 +24,8 @@ namespace dp {
 
 /// One participant of a round, as it announced itself.
 struct Member {
-  std::string id;     ///< "<slot>.<restart>": the launcher's rank slot and how many processes it had before
-  int64_t step = -1;  ///< optimizer steps its state has taken; -1: a newcomer, no state yet
+  std::string id;           ///< "<slot>.<restart>": the launcher's rank slot and how many processes it had before
+  int64_t step = -1;        ///< optimizer steps its state has taken; -1: a newcomer, no state yet
   int64_t generation = -1;  ///< the last generation it was a member of (-1: none)
   bool fresh() const { return step < 0; }
 };
@@ -64,7 +64,6 @@ class Membership {
   /// generation, or a newcomer, waits until its members come, so that no process ever closes a round
   /// alone beside a generation that is still training (two generations at once: a split brain).
   /// `on_claim` runs once this process holds a slot (the tests inject a failure there).
-  /// Throws RunOver, at once, once close_run() was called: nobody is left to take this process in.
   Quorum join(int64_t from, int64_t step, int64_t generation, const std::function<void()>& on_claim = {});
   /// The run is over (`steps` trained): join() throws RunOver from now on, in whoever waits or comes later.
   void close_run(int64_t steps);
