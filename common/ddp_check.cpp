@@ -18,10 +18,17 @@
 namespace dp {
 
 double max_param_diff(torch::nn::Module& a, torch::nn::Module& b) {
-  auto pa = unique_parameters(a), pb = unique_parameters(b);
+  auto pa = unique_named_parameters(a), pb = unique_named_parameters(b);
+  if (pa.size() != pb.size())
+    throw CheckFailed(fmt::format("max_param_diff: {} parameters against {}", pa.size(), pb.size()));
   double worst = 0;
-  for (size_t i = 0; i < pa.size(); ++i)
-    worst = std::max(worst, (pa[i] - pb[i]).abs().max().item<double>());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    // Different shapes would broadcast (a [3] minus a [1] is a [3]) and yield a number for no pair at all.
+    if (pa[i].first != pb[i].first || !pa[i].second.sizes().equals(pb[i].second.sizes()))
+      throw CheckFailed(fmt::format("max_param_diff: {} [{}] against {} [{}]", pa[i].first,
+                                    fmt::join(pa[i].second.sizes(), "x"), pb[i].first, fmt::join(pb[i].second.sizes(), "x")));
+    worst = std::max(worst, (pa[i].second - pb[i].second).abs().max().item<double>());
+  }
   return worst;
 }
 

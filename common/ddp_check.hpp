@@ -17,7 +17,8 @@
 
 namespace dp {
 
-/// Largest |a - b| over the unique parameters of two models with the same structure.
+/// Largest |a - b| over the unique parameters of two models with the same structure (dp::CheckFailed naming
+/// the first pair whose names or shapes differ, or the counts when they differ).
 double max_param_diff(torch::nn::Module& a, torch::nn::Module& b);
 
 /// Largest |full - reference| over the trainable parameters, `full` named and ordered as

@@ -64,9 +64,9 @@ Faults::Faults(c10::intrusive_ptr<c10d::Store> store, std::string id, int slot, 
     Entry e;
     if (at != std::string::npos && colon != std::string::npos && colon > at)
       e = {item.substr(0, at), item.substr(at + 1, colon - at - 1), item.substr(colon + 1)};
-    if (e.action != "die" && e.action != "stop" && e.action != "hang")
-      throw UsageError(fmt::format("DP_FAULT entry '{}' is not ACTION@SLOT:POINT with ACTION die, stop or hang "
-                                   "(e.g. die@1:step10, stop@2:step8, die@*:heal)", item));
+    if (e.action != "die" && e.action != "stop" && e.action != "hang" && e.action != "pause")
+      throw UsageError(fmt::format("DP_FAULT entry '{}' is not ACTION@SLOT:POINT with ACTION die, stop, hang or "
+                                   "pause (e.g. die@1:step10, stop@2:step8, die@*:heal)", item));
     entries_.push_back(e);
   }
 }
@@ -78,7 +78,7 @@ void Faults::at(const std::string& point) {
     if (e.slot != "*" && (restart_ != 0 || e.slot != std::to_string(slot_))) continue;
     if (store_text(store_->compareSet(fmt::format("fault/{}", i), {}, store_bytes(id_))) != id_) continue;  // fired already
     const double now = wall_seconds();
-    store_->set("fault/time", store_bytes(fmt::format("{:.6f}", now)));
+    if (e.action != "pause") store_->set("fault/time", store_bytes(fmt::format("{:.6f}", now)));  // a failure
     timeline::instant(fmt::format("DP_FAULT: {} at {}", e.action, point), now);
     fmt::print("[slot {}] DP_FAULT: {} at {}\n", slot_, e.action, point);
     std::fflush(stdout);
@@ -86,6 +86,7 @@ void Faults::at(const std::string& point) {
     if (e.action == "stop") std::raise(SIGSTOP);
     if (e.action == "hang")
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    if (e.action == "pause") std::this_thread::sleep_for(std::chrono::duration<double>(kFaultPauseS));
   }
 }
 

@@ -19,6 +19,8 @@ and that no process of the run is left.
             cannot form, the next round goes on without it
   heal      3 ranks, rank 1 killed at step 3 and replaced; the member sending the state to the
             replacement is killed as it starts; replaced in turn (--max-restarts 2)
+  late      3 ranks, rank 1 killed before the last step; the survivors train it and pause (DP_FAULT pause,
+            5 s) as they end, and the replacement, 3 s after the kill, finds the run over: it says so, exit 0
   reference the uninterrupted run alone (WORKDIR/uninterrupted.json)
   minimum   2 ranks, --min-nproc 2, rank 1 killed at step 4: the run stops (exit 1, the reason), with a
             checkpoint of step 4 that one rank then resumes to the uninterrupted run's last loss
@@ -104,6 +106,9 @@ SCENARIOS = {
               ["generation 1: 3 ranks", "generation 2: 2 ranks", "ranks 4 -> 3 -> 2"]),
     "quorum": (4, [], ["--timeout", "5s"], "die@1:step3,die@2:quorum1", 0,
                ["die at quorum1", "did not form within 5 s", "2 ranks", "PASS stage 09"]),
+    "late": (3, ["--max-restarts", "1", "--restart-delay", "3"], [], f"die@1:step{STEPS - 1},pause@0:over,pause@2:over",
+             0, [f"[rank 1/3] the run is over: its last generation trained all {STEPS} steps; nothing is left for this "
+                 "process to do", "DP_FAULT: pause at over", "ranks 3 -> 2"]),
     "heal": (3, ["--max-restarts", "2"], [], "die@1:step3,die@*:heal", 0,
              # The first replacement either waits for the 2-rank generation to notice it ("a newcomer waits") or
              # arrives before that generation's round closes and is in it: either way a source dies healing it.

@@ -79,11 +79,10 @@ int main(int argc, char** argv) {
     configure_cpu_threads();
     const LaunchEnv env = LaunchEnv::from_environment();
     const char* store = std::getenv("DP_ELASTIC_STORE");
-    if (env.launched && !(store && *store))
+    const bool own_store = !(store && *store);  // started by hand: a store file of its own, removed on the way out
+    if (env.launched && own_store)
       throw UsageError("stage 09 meets its peers in ddp_launch --elastic's store (DP_ELASTIC_STORE is unset); run "
                        "ddp_launch --elastic --nproc N -- stage09_elastic");
-    // One process started by hand: a store file of its own, removed on every way out of this function.
-    const bool own_store = !(store && *store);
     const std::string path = own_store ? fmt::format("/tmp/stage09_store.{}", ::getpid()) : store;
     const std::unique_ptr<const std::string, void (*)(const std::string*)> remove_store(
         own_store ? &path : nullptr, [](const std::string* p) { std::filesystem::remove(*p); });

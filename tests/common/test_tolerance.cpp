@@ -92,4 +92,22 @@ TEST(MarginReport, WritesTheVerdictLineMarginsPyReads) {
             "FAIL tied check: max |diff| 2e-07 <= 1e-07 (ratio 2.00)\n");
 }
 
+// max_param_diff() compares two models parameter by parameter: the largest |a - b|, and an error, not a
+// number, for models that do not match (before, a [3] against a [1] broadcast, and fewer parameters on
+// one side read past its end).
+TEST(MaxParamDiff, IsTheLargestDifferenceAndRefusesModelsThatDoNotMatch) {
+  torch::nn::Linear a(3, 2), b(3, 2);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : a->parameters()) p.fill_(0.5);
+    for (auto& p : b->parameters()) p.fill_(0.5);
+    b->bias[1].fill_(0.75);  // |0.5 - 0.75| is exact in fp32
+  }
+  EXPECT_DOUBLE_EQ(dp::max_param_diff(*a, *b), 0.25);
+  torch::nn::Linear wider(3, 4), no_bias(torch::nn::LinearOptions(3, 2).bias(false));
+  EXPECT_THROW(dp::max_param_diff(*a, *wider), dp::CheckFailed);
+  EXPECT_THROW(dp::max_param_diff(*a, *no_bias), dp::CheckFailed);
+  EXPECT_THROW(dp::max_param_diff(*no_bias, *a), dp::CheckFailed);
+}
+
 }  // namespace

@@ -198,9 +198,10 @@ TEST(Faults, AMalformedEntryIsBadInput) {
   EXPECT_THROW(dp::Faults(m.store(), m.id(), 0, 0), dp::UsageError);
   ::setenv("DP_FAULT", "die@1", 1);
   EXPECT_THROW(dp::Faults(m.store(), m.id(), 0, 0), dp::UsageError);
-  ::setenv("DP_FAULT", "die@1:step3,stop@*:heal", 1);
+  ::setenv("DP_FAULT", "die@1:step3,stop@*:heal,pause@1:over", 1);
   dp::Faults ok(m.store(), m.id(), 0, 0);
-  ok.at("step3");  // slot 1's fault: nothing happens to slot 0
+  ok.at("step3");  // slot 1's faults: nothing happens to slot 0
+  ok.at("over");
   EXPECT_LT(ok.last_fired(), 0);
   ::unsetenv("DP_FAULT");
 }
