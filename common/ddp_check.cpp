@@ -26,7 +26,8 @@ double max_param_diff(torch::nn::Module& a, torch::nn::Module& b) {
     // Different shapes would broadcast (a [3] minus a [1] is a [3]) and yield a number for no pair at all.
     if (pa[i].first != pb[i].first || !pa[i].second.sizes().equals(pb[i].second.sizes()))
       throw CheckFailed(fmt::format("max_param_diff: {} [{}] against {} [{}]", pa[i].first,
-                                    fmt::join(pa[i].second.sizes(), "x"), pb[i].first, fmt::join(pb[i].second.sizes(), "x")));
+                                    fmt::join(pa[i].second.sizes(), "x"), pb[i].first,
+                                    fmt::join(pb[i].second.sizes(), "x")));
     worst = std::max(worst, (pa[i].second - pb[i].second).abs().max().item<double>());
   }
   return worst;

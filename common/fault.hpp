@@ -28,17 +28,17 @@ void maybe_inject_collective_fault(ProcessGroup& pg);
 /// True when DP_FAULT is ACTION@R with `action` and R == `rank`.
 bool fault_requested(const std::string& action, int rank);
 
+/// How long DP_FAULT's pause sleeps, in seconds.
+inline constexpr double kFaultPauseS = 5.0;
+
 /// Faults at named points of a run whose processes die and are replaced (stage 09), from DP_FAULT: a
 /// comma-separated list of `ACTION@SLOT:POINT`, ACTION one of die (SIGKILL), stop (SIGSTOP), hang (blocks
 /// forever), pause (sleeps kFaultPauseS, then goes on: a slow process); SLOT the launcher's rank (the first
 /// process of that slot only; `*`: whichever process reaches POINT first); POINT a name the program passes
-/// to at() (stage 09: stepK, quorumN, heal, over: the run's last step done). Each entry fires
-/// once in the whole run, claimed through `store`, which every process of the run shares; the time a failure
-/// (not a pause) fired is stored there too, so that the survivors can say how long recovery took. Without DP_FAULT nothing
-/// happens. An entry that is not `ACTION@SLOT:POINT` throws dp::UsageError naming it.
-/// How long DP_FAULT's pause sleeps, in seconds.
-inline constexpr double kFaultPauseS = 5.0;
-
+/// to at() (stage 09: stepK, quorumN, heal, over: the run's last step done). Each entry fires once in the
+/// whole run, claimed through `store`, which every process of the run shares; the time a failure (not a
+/// pause) fired is stored there too, so that the survivors can say how long recovery took. Without DP_FAULT
+/// nothing happens. An entry that is not `ACTION@SLOT:POINT` throws dp::UsageError naming it.
 class Faults {
  public:
   /// `id`: this process's name in the run's timeline; `restart`: 0 for the launcher's first process of
