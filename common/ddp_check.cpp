@@ -17,32 +17,36 @@
 
 namespace dp {
 
-double max_param_diff(torch::nn::Module& a, torch::nn::Module& b) {
-  auto pa = unique_named_parameters(a), pb = unique_named_parameters(b);
-  if (pa.size() != pb.size())
-    throw CheckFailed(fmt::format("max_param_diff: {} parameters against {}", pa.size(), pb.size()));
+namespace {
+
+using Named = std::vector<std::pair<std::string, torch::Tensor>>;
+
+// Largest |a - b| over two lists that must name the same tensors of the same shapes in the same order (in
+// fp32): dp::CheckFailed otherwise, since different shapes would broadcast (a [3] minus a [1] is a [3]) and
+// yield a number for no pair at all. `what` names the two sides in the message.
+double max_named_diff(const Named& a, const Named& b, const char* what) {
+  if (a.size() != b.size()) throw CheckFailed(fmt::format("{}: {} parameters against {}", what, a.size(), b.size()));
   double worst = 0;
-  for (size_t i = 0; i < pa.size(); ++i) {
-    // Different shapes would broadcast (a [3] minus a [1] is a [3]) and yield a number for no pair at all.
-    if (pa[i].first != pb[i].first || !pa[i].second.sizes().equals(pb[i].second.sizes()))
-      throw CheckFailed(fmt::format("max_param_diff: {} [{}] against {} [{}]", pa[i].first,
-                                    fmt::join(pa[i].second.sizes(), "x"), pb[i].first,
-                                    fmt::join(pb[i].second.sizes(), "x")));
-    worst = std::max(worst, (pa[i].second - pb[i].second).abs().max().item<double>());
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].first != b[i].first || !a[i].second.sizes().equals(b[i].second.sizes()))
+      throw CheckFailed(fmt::format("{}: {} [{}] against {} [{}]", what, a[i].first,
+                                    fmt::join(a[i].second.sizes(), "x"), b[i].first,
+                                    fmt::join(b[i].second.sizes(), "x")));
+    const auto d = a[i].second.detach().to(torch::kFloat32) - b[i].second.detach().to(torch::kFloat32);
+    worst = std::max(worst, d.abs().max().item<double>());
   }
   return worst;
 }
 
+}  // namespace
+
+double max_param_diff(torch::nn::Module& a, torch::nn::Module& b) {
+  return max_named_diff(unique_named_parameters(a), unique_named_parameters(b), "max_param_diff");
+}
+
 double max_full_diff(const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::nn::Module& ref) {
-  auto r = unique_named_parameters(ref, /*trainable_only=*/true);
-  if (full.size() != r.size())
-    throw CheckFailed(fmt::format("{} full parameters for {} trainable parameters", full.size(), r.size()));
-  double d = 0;
-  for (size_t i = 0; i < r.size(); ++i) {
-    if (full[i].first != r[i].first) throw CheckFailed("parameter order differs: " + full[i].first + " vs " + r[i].first);
-    d = std::max(d, (full[i].second.to(torch::kFloat32) - r[i].second.detach()).abs().max().item<double>());
-  }
-  return d;
+  return max_named_diff(full, unique_named_parameters(ref, /*trainable_only=*/true),
+                        "full parameters against the reference's trainable ones");
 }
 
 Margin worst_over_ranks(ProcessGroup& pg, const Margin& mine) {

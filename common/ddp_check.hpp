@@ -22,7 +22,8 @@ namespace dp {
 double max_param_diff(torch::nn::Module& a, torch::nn::Module& b);
 
 /// Largest |full - reference| over the trainable parameters, `full` named and ordered as
-/// Strategy::full_parameters() gives them (dp::CheckFailed naming the first pair that differs otherwise).
+/// Strategy::full_parameters() gives them (dp::CheckFailed naming the first pair whose names or shapes differ,
+/// or the counts when they differ).
 double max_full_diff(const std::vector<std::pair<std::string, torch::Tensor>>& full, torch::nn::Module& ref);
 
 /// The margin of the rank whose ratio is worst, on every rank (a collective: one verdict for all). The

@@ -17,8 +17,9 @@
 set(NET_OR_SKIP ${CMAKE_CURRENT_SOURCE_DIR}/../net_or_skip.sh)
 set(TRACE_CHECK ${CMAKE_CURRENT_SOURCE_DIR}/../../scripts/trace_overlap.py)
 # Stage 03's two tests ask what happens when (no collective during backward) and whether the trace is whole,
-# not how long: the "nano" model (a step of a few ms) shows both, in 3 s instead of 20-26 s with tiny. So it runs
-# beside other tests (not RUN_SERIAL, as stage 05's, which measures), one net test at a time (RESOURCE_LOCK dpnet).
+# not how long: the "nano" model (a step of a few ms) shows both, in 3 s instead of 20-26 s with tiny. So
+# trace_stage03_no_overlap runs beside other tests (not RUN_SERIAL like stage 05's, which measures), one net test
+# at a time (RESOURCE_LOCK dpnet).
 set(TRACE_BENCH --bench --preset nano --context 32 --warmup 1 --steps 3)
 
 dp_add_test(trace_stage03_no_overlap LABELS "stage03;trace;net" TIMEOUT 300
