@@ -12,7 +12,11 @@
 # Extra arguments go to ctest (e.g. -R Stage05, -L e2e). ctest's presets set OPENBLAS_NUM_THREADS=1: OpenBLAS
 # then starts no spinning thread pool when it loads (about 0.1 s of CPU in each of the suite's ~1,000
 # processes); a program that multiplies matrices grows the pool to its share of the cores itself
-# (set_cpu_threads in common/runtime.cpp).
+# (set_cpu_threads in common/runtime.cpp). They also run three tests at a time, on two cores: a test spends
+# much of its time waiting (a timeout that must expire, a launcher's restart delay, a paced link, a peer
+# that is still loading LibTorch, whose ~290 shared libraries and operator registry cost each process about
+# 0.7 s of CPU), and at two jobs the cores stood idle 15% of the suite (ctest --preset default: 527 s at
+# -j2, 440-454 s at -j3, here). The tests that measure time are RUN_SERIAL and still run alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config=default
