@@ -91,6 +91,18 @@ def compare(check, name, ref, path, steps=STEPS):
           f"{name}: {len(got)} losses (want {steps}), max |diff| to the uninterrupted run {d:.2e} (allowed {TOL:g})")
 
 
+def seen_after_failure(check, name, path):
+    """Every failure the curve records was seen some time after it: a killed peer reaches a survivor's collective
+    in milliseconds, never at the instant the survivor noticed it. A 0.000 s meant that the survivor took its own
+    time for the failure's (a member slow to stamp its last step had stamped it after the fault fired)."""
+    if not os.path.exists(path):
+        return
+    for ev in json.load(open(path))["events"]:
+        if "seen_s" in ev:
+            check(ev["seen_s"] >= 1e-3, f"{name}: the failure before round {ev['round']} was seen {ev['seen_s']:.4f} s "
+                                        "after it (at least 1 ms: the fault's own time, not the survivor's)")
+
+
 SCENARIOS = {
     # name: (ranks, launcher args, program args, DP_FAULT, expected exit, lines that must appear)
     "kill": (3, ["--max-restarts", "1"], [], "die@1:step4", 0,
@@ -148,6 +160,7 @@ def scenario(name, launch, prog, work, reference=None):
             check(any(a in out for a in alts), f"{name}: says " + " or ".join(f"'{a}'" for a in alts))
         check("PASS replicas bit-identical going into every step" in out, f"{name}: replicas bit-identical")
         compare(check, name, ref, path)
+        seen_after_failure(check, name, path)
     left = left_running(work)
     check(not left, "nothing of the runs is left running" + ("".join("\n  " + x for x in left)))
     if not check.ok:

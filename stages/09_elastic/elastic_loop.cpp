@@ -114,10 +114,9 @@ struct Carried {
   bool has_state = false;          // false: a newcomer, not healed yet
   json curve = {{"train", json::array()}, {"events", json::array()}};
   std::string why = "start";       // why the next generation forms
-  double failed_at = -1;           // when the failure happened (the injected fault's time if it fired after
-                                   // the last good step, else when this process saw it); -1: no failure
+  double failed_at = -1;           // when the failure happened (step 5 below says how it knows); -1: none
   double seen_s = -1;              // from the failure to this process seeing it
-  double last_good = wall_seconds();
+  double last_seen = wall_seconds();  // when it last saw a failure (at first: when it started)
 };
 
 // The generation's line, its event in the curve and its spans in the timeline.
@@ -169,7 +168,7 @@ bool train_generation(const ElasticOptions& o, const TextCorpus& corpus, Process
     const double t_step = wall_seconds();
     const auto micro = micro_batches(corpus, sampler.local_ids(c.done), r.accumulate, r.context, torch::kCPU);
     const double loss = elastic_step(pg, s, model, micro, lr_at(r, c.done), c.done);
-    const double now = c.last_good = wall_seconds();
+    const double now = wall_seconds();
     c.curve["train"].push_back({c.done++, loss, now - t_step});
     timeline::span(fmt::format("step {}", c.done), t_step, now, {{"generation", q.round}, {"ranks", q.size()}});
     if (c.failed_at >= 0) {  // the first step after a failure: how long the survivors were without one
@@ -258,10 +257,11 @@ json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership
     } catch (const std::exception& e) {
       // 5. A collective failed: a peer died, or hung past --timeout. What this rank committed is `done` steps.
       timeline::instant("failure seen", wall_seconds(), {{"what", first_line(e.what())}});
-      if (c.failed_at < 0) {
-        c.failed_at = faults.last_fired() > c.last_good ? faults.last_fired() : wall_seconds();
-        c.seen_s = wall_seconds() - c.failed_at;
+      if (c.failed_at < 0) {  // an injected fault fired since the last failure seen, else now (not "since this
+        c.failed_at = faults.last_fired() > c.last_seen ? faults.last_fired() : wall_seconds();  // process's last
+        c.seen_s = wall_seconds() - c.failed_at;  // step": a slower member may stamp that after the fault fired)
       }
+      c.last_seen = wall_seconds();
       c.why = fmt::format("after a failure at step {} (seen {:.3f} s after it: {})", c.done + 1, c.seen_s,
                           first_line(e.what()));
       print_rank("generation {} failed {}: {}", q.round,
