@@ -9,7 +9,7 @@ wrote (ctest runs it first, as a fixture), or else a run of its own. It trains t
 what happened, the loss curve (every step's loss within TOL of the uninterrupted run's: the same global
 batch, split over other memberships, sums the same gradients in another order; TOL and its measurement
 are tests/train_lm.py's), that the program's own check of bit-identical replicas passed at every step,
-and that no process of the run is left.
+that every failure the curve records was seen after it (at least 1 ms), and that no process of the run is left.
 
   kill      3 ranks, rank 1 killed (SIGKILL) at step 4, a replacement joins (--max-restarts 1)
   shrink    3 ranks, rank 2 killed at step 4, no replacement: the run ends on 2
