@@ -29,9 +29,8 @@ double max_named_diff(const Named& a, const Named& b, const char* what) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i].first != b[i].first || !a[i].second.sizes().equals(b[i].second.sizes()))
-      throw CheckFailed(fmt::format("{}: {} [{}] against {} [{}]", what, a[i].first,
-                                    fmt::join(a[i].second.sizes(), "x"), b[i].first,
-                                    fmt::join(b[i].second.sizes(), "x")));
+      throw CheckFailed(fmt::format("{}: {} {} against {} {}", what, a[i].first, shape_text(a[i].second.sizes()),
+                                    b[i].first, shape_text(b[i].second.sizes())));
     const auto d = a[i].second.detach().to(torch::kFloat32) - b[i].second.detach().to(torch::kFloat32);
     worst = std::max(worst, d.abs().max().item<double>());
   }
