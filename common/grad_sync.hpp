@@ -40,6 +40,33 @@ class GradSync {
   virtual void after_backward() = 0;
   /// Collectives this variant issues per training step (for benchmark tables).
   virtual int64_t calls_per_step() const = 0;
+  /// false: the backward passes that follow only accumulate into .grad(), with no communication, and
+  /// after_backward() leaves them so; true (the default): the next backward synchronizes everything
+  /// accumulated (PyTorch's no_sync(), FSDP2's set_requires_gradient_sync). A variant that ignores it
+  /// synchronizes every micro-batch: the same gradients, K times the traffic.
+  virtual void set_requires_gradient_sync(bool /*sync*/) {}
+  /// The current setting (always true for a variant that ignores it).
+  virtual bool requires_gradient_sync() const { return true; }
+};
+
+/// PyTorch's `with ddp.no_sync():` for any GradSync: local accumulation while the guard lives, then the
+/// setting it found restored, so that guards nest. Movable, not copyable; it must not outlive `sync`.
+class NoSyncGuard {
+ public:
+  explicit NoSyncGuard(GradSync& sync) : sync_(&sync), before_(sync.requires_gradient_sync()) {
+    sync.set_requires_gradient_sync(false);
+  }
+  NoSyncGuard(NoSyncGuard&& other) noexcept : sync_(other.sync_), before_(other.before_) { other.sync_ = nullptr; }
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+  ~NoSyncGuard() {
+    if (sync_) sync_->set_requires_gradient_sync(before_);
+  }
+
+ private:
+  GradSync* sync_;  // null once moved from
+  bool before_;
 };
 
 /// Builds a stage's GradSync for `model` on every rank. The result must make every rank start from

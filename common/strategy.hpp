@@ -118,6 +118,10 @@ class DdpStrategy : public Strategy {
               std::unique_ptr<torch::optim::Optimizer> opt, std::string name = "DDP");
   void zero_grad() override;
   void after_backward() override;
+  /// The GradSync's switch (stage 05's buckets accumulate locally; the others synchronize every micro-batch).
+  void set_requires_gradient_sync(bool sync) override {
+    if (sync_) sync_->set_requires_gradient_sync(sync);
+  }
   void step() override { opt_->step(); }
   int64_t calls_per_step() const override { return sync_ ? sync_->calls_per_step() : 0; }
   /// count_training_bytes(model, optimizer): every rank holds everything (16P with AdamW).
@@ -129,9 +133,6 @@ class DdpStrategy : public Strategy {
   FullState full_state() override { return whole_state(*model_, *opt_); }
   void load_full_state(const FullState& s) override;
   std::vector<torch::optim::Optimizer*> optimizers() override { return {opt_.get()}; }
-
- protected:
-  GradSync* sync() { return sync_.get(); }
 
  private:
   ProcessGroup& pg_;

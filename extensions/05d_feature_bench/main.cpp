@@ -121,7 +121,7 @@ static nlohmann::json bench_accumulation(ProcessGroup& pg, const BenchConfig& cf
         // Mean over this micro-batch's tokens, divided by K: the gradient of the mean over all K micro-batches.
         auto loss = lm_loss(r.model->forward(x), y) / r.k;
         if (k + 1 < r.k) {
-          auto local_only = r.ddp->no_sync();
+          NoSyncGuard local_only(*r.ddp);
           loss.backward();
         } else {
           loss.backward();  // launches the buckets, holding the sum of all K backward passes

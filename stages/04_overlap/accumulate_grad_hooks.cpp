@@ -13,7 +13,7 @@ namespace dp {
 const char* const kBackwardTwiceMessage =
     "backward ran twice before finish_gradient_synchronization(): call it after every backward "
     "(to accumulate gradients over several backward passes, run all but the last inside "
-    "BucketedDdp::no_sync(), stage 05)";
+    "a dp::NoSyncGuard on stage 05's BucketedDdp)";
 const char* const kStepUnfinishedMessage =
     "a new step started while the previous one still has gradients in flight: call "
     "finish_gradient_synchronization() after every backward";

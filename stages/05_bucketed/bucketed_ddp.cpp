@@ -86,39 +86,20 @@ std::vector<LaunchRecord> BucketedDdp::launches() const {
 }
 
 // [no_sync]
-BucketedDdp::NoSyncGuard BucketedDdp::no_sync() {
-  std::lock_guard<std::mutex> lock(mu_);
-  enter_no_sync();
-  return NoSyncGuard(this);
-}
-
-void BucketedDdp::enter_no_sync() {
-  // Buckets of an unfinished step may be on the wire, and finish would overwrite .grad() with their
-  // average, dropping whatever was accumulated meanwhile.
-  if (in_step_)
-    throw std::logic_error("BucketedDdp: no_sync() while a synchronization is unfinished: call "
-                           "finish_gradient_synchronization() after the backward outside the guard first");
-  ++no_sync_depth_;
-}
-
 void BucketedDdp::set_requires_gradient_sync(bool sync) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (sync == !sync_off_) return;
-  if (sync) --no_sync_depth_;
-  else enter_no_sync();
+  // Buckets of an unfinished step may be on the wire, and finish would overwrite .grad() with their
+  // average, dropping whatever was accumulated meanwhile.
+  if (!sync && !sync_off_ && in_step_)
+    throw std::logic_error("BucketedDdp: no_sync() while a synchronization is unfinished: call "
+                           "finish_gradient_synchronization() after the backward outside the guard first");
   sync_off_ = !sync;
-}
-
-BucketedDdp::NoSyncGuard::~NoSyncGuard() {
-  if (!ddp_) return;  // moved from
-  std::lock_guard<std::mutex> lock(ddp_->mu_);
-  --ddp_->no_sync_depth_;
 }
 // [no_sync]
 
-bool BucketedDdp::in_no_sync() const {
+bool BucketedDdp::requires_gradient_sync() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return no_sync_depth_ > 0;
+  return !sync_off_;
 }
 
 void BucketedDdp::register_comm_hook(CommHook hook, std::string name) {
@@ -161,8 +142,8 @@ std::string BucketedDdp::comm_hook_name() const {
 }
 
 // Before AccumulateGrad adds into .grad(). A parameter already copied into its bucket this step means
-// a second backward: its bucket may be on the wire, and the sums would mix two backward passes. (Under
-// no_sync() nothing is ever marked ready: no_sync() refused to start while a step was unfinished.)
+// a second backward: its bucket may be on the wire, and the sums would mix two backward passes. (With
+// sync off nothing is ever marked ready: turning it off is refused while a step is unfinished.)
 void BucketedDdp::check_not_ready(size_t i) {
   std::lock_guard<std::mutex> lock(mu_);
   if (ready_[i])
@@ -187,7 +168,7 @@ void BucketedDdp::copy_into_slot(size_t i) {
 
 void BucketedDdp::on_gradient_ready(size_t i) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (no_sync_depth_ > 0) {  // accumulate: AccumulateGrad has already added into .grad(); nothing to send
+  if (sync_off_) {  // accumulate: AccumulateGrad has already added into .grad(); nothing to send
     accumulated_locally_ = true;
     return;
   }
@@ -239,7 +220,7 @@ void BucketedDdp::finish_gradient_synchronization() {
 
 bool BucketedDdp::synchronize() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (no_sync_depth_ > 0) return false;  // accumulating locally: the backward after the guard synchronizes
+  if (sync_off_) return false;  // accumulating locally: the next backward with sync on synchronizes
   if (!in_step_ && !accumulated_locally_) return false;  // no backward since the last call: nothing to do
   if (!in_step_) {  // gradients accumulated under no_sync() and no backward since: send them from here
     in_step_ = true;
@@ -285,18 +266,10 @@ bool BucketedDdp::synchronize() {
   return true;
 }
 
-BucketedDdpStrategy::BucketedDdpStrategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
-                                         std::unique_ptr<BucketedDdp> ddp, std::unique_ptr<torch::optim::Optimizer> opt)
-    : DdpStrategy(pg, std::move(model), std::move(ddp), std::move(opt), "bucketed DDP"),
-      ddp_(static_cast<BucketedDdp*>(sync())) {}
-
 MakeStrategy bucketed_ddp_strategy(double bucket_cap_mb) {
-  return [bucket_cap_mb](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
-                                const MakeOptimizer& make) -> std::unique_ptr<Strategy> {
-    auto ddp = std::make_unique<BucketedDdp>(pg, model, bucket_cap_mb);  // broadcasts rank 0's weights
-    auto opt = make(unique_parameters(*model));
-    return std::make_unique<BucketedDdpStrategy>(pg, model, std::move(ddp), std::move(opt));
-  };
+  return ddp_strategy([bucket_cap_mb](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model) -> std::unique_ptr<GradSync> {
+    return std::make_unique<BucketedDdp>(pg, std::move(model), bucket_cap_mb);  // broadcasts rank 0's weights
+  }, "bucketed DDP");
 }
 
 }  // namespace dp

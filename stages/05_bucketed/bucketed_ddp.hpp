@@ -34,7 +34,7 @@ namespace dp {
 ///
 /// Gradient accumulation over K micro-batches (K backward passes per optimizer step):
 ///   ddp.on_train_batch_start(); opt.zero_grad();
-///   { auto guard = ddp.no_sync(); for k < K-1: (loss(micro_batch k) / K).backward(); }
+///   { NoSyncGuard guard(ddp); for k < K-1: (loss(micro_batch k) / K).backward(); }
 ///   (loss(micro_batch K-1) / K).backward(); ddp.finish_gradient_synchronization(); opt.step();
 /// With a mean-reduced loss over B rows per micro-batch, dividing each loss by K makes the synchronized
 /// gradient the gradient of the mean over all K * B * world rows: the step of one process on the whole
@@ -45,24 +45,6 @@ namespace dp {
 /// after_synchronization() and reassign() (which parameters share a bucket).
 class BucketedDdp : public GradSync {
  public:
-  /// While a NoSyncGuard lives, backward only accumulates into .grad() (plain autograd): the hooks
-  /// neither copy into buckets nor communicate. Returned by no_sync(); movable, not copyable. It must
-  /// not outlive its BucketedDdp.
-  class NoSyncGuard {
-   public:
-    NoSyncGuard(NoSyncGuard&& other) noexcept : ddp_(other.ddp_) { other.ddp_ = nullptr; }
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
-    /// Ends local accumulation: the next backward synchronizes everything accumulated.
-    ~NoSyncGuard();
-
-   private:
-    friend class BucketedDdp;
-    explicit NoSyncGuard(BucketedDdp* ddp) : ddp_(ddp) {}
-    BucketedDdp* ddp_;
-  };
-
   /// Broadcasts rank 0's parameters and buffers, assigns buckets with assign_buckets() over the unique
   /// parameters, allocates one flat buffer per bucket and hooks every trainable parameter.
   /// Throws dp::UsageError when bucket_cap_mb is not positive and finite.
@@ -84,23 +66,19 @@ class BucketedDdp : public GradSync {
   int64_t calls_per_step() const override { return static_cast<int64_t>(bucket_count()); }
   /// Completes and launches the buckets not launched yet (a parameter that got no gradient this step
   /// contributes its current .grad(), zeros if none), waits for all of them (the comm hook divides by the
-  /// world size) and copies each bucket back into the parameters' .grad(). Does nothing inside no_sync(),
-  /// or when no hook ran since the last call; gradients accumulated under no_sync() with no backward
-  /// after the guard are synchronized here (all buckets launched from here).
+  /// world size) and copies each bucket back into the parameters' .grad(). Does nothing while gradients
+  /// accumulate locally, or when no hook ran since the last call; gradients accumulated locally with no
+  /// backward since are synchronized here (all buckets launched from here).
   void finish_gradient_synchronization();
 
-  /// Local gradient accumulation (PyTorch's DDP.no_sync()): until the returned guard is destroyed, backward
-  /// accumulates into .grad() with no communication, and finish_gradient_synchronization() does nothing.
-  /// The first backward after the guard synchronizes the accumulated sum: each hook copies the whole
-  /// .grad(), this backward's gradient plus everything accumulated before. Guards nest. Throws
-  /// std::logic_error when a synchronization is unfinished (a backward ran outside a guard and
-  /// finish_gradient_synchronization() was not called yet): its buckets may be on the wire.
-  [[nodiscard]] NoSyncGuard no_sync();
-  /// True while a guard from no_sync() lives (or set_requires_gradient_sync(false) holds).
-  bool in_no_sync() const;
-  /// no_sync() as a switch (FSDP2's name, what dp::Strategy asks for): false accumulates locally as a
-  /// live guard would, until true; a repeated value changes nothing. Throws as no_sync() does.
-  void set_requires_gradient_sync(bool sync);
+  /// Local gradient accumulation (PyTorch's DDP.no_sync(); dp::NoSyncGuard sets it for a scope): after
+  /// false, backward accumulates into .grad() with no communication (the hooks neither copy nor launch)
+  /// and finish_gradient_synchronization() does nothing. After true, the first backward synchronizes the
+  /// accumulated sum: each hook copies the whole .grad(), this backward's gradient plus everything
+  /// accumulated before. Throws std::logic_error on false while a synchronization is unfinished (a
+  /// backward ran and finish_gradient_synchronization() was not called yet): its buckets may be on the wire.
+  void set_requires_gradient_sync(bool sync) override;
+  bool requires_gradient_sync() const override;
 
   /// Replaces how a bucket is reduced (PyTorch's register_comm_hook); `name` is for printing. The
   /// default is allreduce_hook(). Every rank must register the same hook. Throws std::logic_error when
@@ -153,7 +131,6 @@ class BucketedDdp : public GradSync {
   ProcessGroup& process_group() const { return pg_; }
 
  private:
-  void enter_no_sync();                 // no_sync()'s check and count; mu_ held
   void check_not_ready(size_t param);   // pre-hook: already ready this step? a second backward
   void on_gradient_ready(size_t param); // post-hook: copy .grad() into its slot, launch what is complete
   void copy_into_slot(size_t param);
@@ -186,10 +163,9 @@ class BucketedDdp : public GradSync {
   std::vector<Bucket> buckets_;
   std::vector<char> ready_;            // per parameter in params_, this step
   size_t next_to_launch_ = 0;          // buckets [0, next_to_launch_) are launched this step
-  bool in_step_ = false;               // a backward outside no_sync() ran, finish not called yet
-  int no_sync_depth_ = 0;              // live NoSyncGuards, plus 1 while set_requires_gradient_sync(false) holds
-  bool sync_off_ = false;              // set_requires_gradient_sync(false) holds
-  bool accumulated_locally_ = false;   // a gradient arrived under no_sync() since the last synchronization
+  bool in_step_ = false;               // a synchronized backward ran, finish not called yet
+  bool sync_off_ = false;              // set_requires_gradient_sync(false) holds: accumulate locally
+  bool accumulated_locally_ = false;   // a gradient arrived locally since the last synchronization
   CommHook hook_;
   std::string hook_name_;
   std::atomic<int64_t> wire_bytes_total_{0};
@@ -200,19 +176,8 @@ class BucketedDdp : public GradSync {
   std::unique_ptr<AccumulateGradHooks> hooks_;  // last member: destroyed first
 };
 
-/// BucketedDdp as a dp::Strategy (DdpStrategy: one optimizer over every parameter after finish) whose
-/// set_requires_gradient_sync(false) is no_sync(): micro-batches accumulate with no communication.
-class BucketedDdpStrategy : public DdpStrategy {
- public:
-  BucketedDdpStrategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, std::unique_ptr<BucketedDdp> ddp,
-                      std::unique_ptr<torch::optim::Optimizer> opt);
-  void set_requires_gradient_sync(bool sync) override { ddp_->set_requires_gradient_sync(sync); }
-
- private:
-  BucketedDdp* ddp_;  // the DdpStrategy's GradSync
-};
-
-/// The MakeStrategy of BucketedDdpStrategy with `bucket_cap_mb` MB buckets.
+/// BucketedDdp with `bucket_cap_mb` MB buckets as a dp::Strategy (dp::ddp_strategy()): one optimizer over
+/// every parameter after finish; set_requires_gradient_sync(false) accumulates micro-batches locally.
 MakeStrategy bucketed_ddp_strategy(double bucket_cap_mb);
 
 }  // namespace dp

@@ -28,6 +28,7 @@
 namespace {
 
 using dp::BucketedDdp;
+using dp::NoSyncGuard;
 using dp::ProcessGroup;
 using dp::testing::make_local;
 using dp::testing::rng_mutex;
@@ -97,7 +98,7 @@ void overlapped_equals_step_after_finish(ProcessGroup& pg, Problem p, const std:
         auto x = gx.narrow(0, (k * W + r) * B, B), y = gy.narrow(0, (k * W + r) * B, B);
         auto loss = p.loss(model, x, y) / K;
         if (k + 1 < K) {
-          auto guard = ddp->no_sync();
+          NoSyncGuard guard(*ddp);
           loss.backward();
           ddp->finish_gradient_synchronization();  // inside the guard: must neither send nor step
         } else {

@@ -1,5 +1,6 @@
-// Stage 05's gradient accumulation (BucketedDdp::no_sync()). K micro-batches of B rows per rank, the first
-// K-1 backward passes inside the guard, each mean loss divided by K, must train exactly like one process
+// Stage 05's gradient accumulation (BucketedDdp::set_requires_gradient_sync(), set for a scope by
+// dp::NoSyncGuard: PyTorch's no_sync()). K micro-batches of B rows per rank, the first K-1 backward passes
+// inside the guard, each mean loss divided by K, must train exactly like one process
 // stepping on all K * B * W rows at once: SGD and AdamW, 2 and 4 ranks, K = 1, 2, 4, on CS336's toy and
 // tied models and on a small Transformer. Then what the guard does and refuses. Ranks are threads.
 #include "common/ddp_check.hpp"
@@ -26,6 +27,7 @@
 namespace {
 
 using dp::BucketedDdp;
+using dp::NoSyncGuard;
 using dp::ProcessGroup;
 using dp::testing::make_local;
 using dp::testing::rng_mutex;
@@ -123,7 +125,7 @@ void accumulation_equals_one_process(ProcessGroup& pg, Problem p, const std::str
     ddp_opt->zero_grad();
     const int64_t launched_before = ddp->launched_count();
     {
-      auto guard = ddp->no_sync();  // micro-batches 0 .. K-2: local accumulation only
+      NoSyncGuard guard(*ddp);  // micro-batches 0 .. K-2: local accumulation only
       for (int k = 0; k + 1 < K; ++k) (p.loss(*p.ddp, rows(p.inputs[s], k), rows(p.targets[s], k)) / K).backward();
     }
     if (ddp->launched_count() != launched_before) throw dp::CheckFailed("a backward inside no_sync() communicated");
@@ -198,14 +200,14 @@ TEST(NoSync, GradientsStayLocalThenFinishSendsTheSum) {
     auto [model, x] = make_local(pg.rank());
     BucketedDdp ddp(pg, model, 0.0005);
     {
-      auto guard = ddp.no_sync();
-      EXPECT_TRUE(ddp.in_no_sync());
+      NoSyncGuard guard(ddp);
+      EXPECT_FALSE(ddp.requires_gradient_sync());
       model->forward(x).pow(2).mean().backward();
       model->forward(2 * x).pow(2).mean().backward();
       ddp.finish_gradient_synchronization();  // inside the guard: nothing to do
       EXPECT_EQ(ddp.launched_count(), 0);
     }
-    EXPECT_FALSE(ddp.in_no_sync());
+    EXPECT_TRUE(ddp.requires_gradient_sync());
     auto local = model->fc1->weight.grad().clone();  // the sum of both backward passes, this rank's own
     EXPECT_FALSE(same_on_all_ranks(pg, local));
     ddp.finish_gradient_synchronization();
@@ -225,20 +227,20 @@ TEST(NoSync, MisuseIsRefused) {
     BucketedDdp ddp(pg, model, 0.0005);
     model->forward(x).pow(2).mean().backward();  // outside any guard: buckets launched
     try {
-      auto guard = ddp.no_sync();
-      ADD_FAILURE() << "no_sync() accepted an unfinished step";
+      NoSyncGuard guard(ddp);
+      ADD_FAILURE() << "a NoSyncGuard was accepted on an unfinished step";
     } catch (const std::logic_error& e) {
       EXPECT_NE(std::string(e.what()).find("no_sync() while a synchronization is unfinished"), std::string::npos)
           << e.what();
     }
     ddp.finish_gradient_synchronization();
     {
-      auto outer = ddp.no_sync();
+      NoSyncGuard outer(ddp);
       {
-        auto inner = ddp.no_sync();
+        NoSyncGuard inner(ddp);
         auto moved = std::move(inner);
       }
-      EXPECT_TRUE(ddp.in_no_sync());  // the outer guard still lives
+      EXPECT_FALSE(ddp.requires_gradient_sync());  // the outer guard still lives
       model->forward(x).pow(2).mean().backward();
     }
     model->forward(x).pow(2).mean().backward();  // synchronizes the accumulated sum
