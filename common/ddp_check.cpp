@@ -281,24 +281,30 @@ torch::ScalarType lowest_compute_dtype(const torch::nn::Module& model, const Com
   return low;
 }
 
+StrategyCheck StrategyCheck::cs336_fsdp(uint64_t seed) {
+  StrategyCheck c;
+  c.seed = seed, c.rows = 10, c.momentum = 0.0, c.model_seed = 42, c.data_seed = 123;
+  return c;
+}
+
 // [check_strategy]
-Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uint64_t seed, int accumulate) {
-  const int W = pg.world_size(), r = pg.rank();
-  constexpr int64_t kRows = 4, kT = 8, kVocab = 100;  // per rank: 4 sequences of 8 tokens
+Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const StrategyCheck& c) {
+  const int W = pg.world_size(), r = pg.rank(), accumulate = c.accumulate;
+  const int64_t kRows = c.rows, kT = 8, kVocab = 100;  // per rank: rows sequences of 8 tokens
   if (accumulate < 1 || kRows % accumulate != 0)
     throw std::invalid_argument(fmt::format("check_strategy: accumulate {} does not divide {} rows", accumulate, kRows));
-  static constexpr double lr = 0.01, momentum = 0.9;  // static: the optimizer lambda reads them
+  const double lr = 0.01, momentum = c.momentum;
   ToyFSDPModel ref{nullptr}, model{nullptr}, copy{nullptr};
   {
     std::lock_guard<std::mutex> lock(model_init_mutex());
-    torch::manual_seed(1000 + 100 * seed);  // rank 0's weights: the reference, built alike on every rank
+    torch::manual_seed(c.model_seed + 100 * c.seed);  // rank 0's weights: the reference, built alike on every rank
     ref = ToyFSDPModel();
-    torch::manual_seed(1000 + 100 * seed + r);  // this rank's own weights (rank 0's: the reference's)
+    torch::manual_seed(c.model_seed + 100 * c.seed + r);  // this rank's own weights (rank 0's: the reference's)
     model = ToyFSDPModel();
     copy = ToyFSDPModel();  // the reference's mixed-precision copy (reference_backward); weights set per step
   }
   ref->to(pg.device()), model->to(pg.device()), copy->to(pg.device());
-  const auto sgd_momentum = [](std::vector<torch::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
+  const auto sgd_momentum = [=](std::vector<torch::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
     return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(lr).momentum(momentum));
   };
   auto strategy = make(pg, model.ptr(), sgd_momentum);
@@ -356,20 +362,17 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uin
   const auto last_token_loss = [](const torch::Tensor& logits, const torch::Tensor& labels) {
     return torch::nn::functional::cross_entropy(logits.select(1, -1).to(torch::kFloat32), labels);
   };
-  // The bound (common/tolerance.hpp's model, fp32): a weight gradient sums rows x W last-token terms in
-  // another grouping, then the W ranks' partials: gamma_{rows W + W} u(fp32); the loss's scale 1/rows
-  // instead of 1/(rows W) lets each of the 7 ops between a weight and the loss (embedding, 2 norms, fc1,
-  // fc2, lm_head, cross-entropy) round differently, forward and backward: 14 u more; K accumulated
-  // micro-batches add their K partial gradients: K u more. Relative to the largest gradient entry G; SGD
-  // with momentum carries each difference on (sgd_weight_bound). Computing below fp32 (FSDP's bf16), the 14
-  // roundings are of that dtype, and each side rounds its weight gradient to it once: 2 more (the sums
-  // stay fp32: ATen accumulates bf16 products in fp32).
-  const double low_roundings = 14 + (low == torch::kFloat32 ? 0 : 2);
-  const double rel = (double(kRows * W) + W + accumulate) * unit_roundoff(torch::kFloat32) +
-                     low_roundings * unit_roundoff(low);
+  // The bound (common/tolerance.hpp's model): a weight gradient sums rows x W last-token terms in another
+  // grouping, plus K accumulated micro-batch partials, then the W ranks' partials, in fp32; each of the 7
+  // ops between a weight and the loss (embedding, 2 norms, fc1, fc2, lm_head, cross-entropy) may round
+  // differently, in the compute dtype (gradient_rounding_error()). Relative to the largest gradient entry
+  // G; SGD with momentum carries each difference on (sgd_weight_bound).
+  double low_roundings = 0;
+  const double rel = gradient_rounding_error(double(kRows * W + accumulate), W, 7, low, &low_roundings);
   double G = 0;
-  for (int step = 1; step <= steps; ++step) {
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(7000 + 1000 * seed + step);  // the same draw on every rank
+  for (int step = 1; step <= c.steps; ++step) {
+    // The same draw on every rank.
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(c.data_seed + 1000 * c.seed + step - 1);
     auto tokens = torch::randint(0, kVocab, {kRows * W, kT}, gen).to(pg.device());
     auto labels = torch::randint(0, kVocab, {kRows * W}, gen).to(pg.device());
     ref_before.clear();
@@ -398,9 +401,9 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps, uin
     const double w = max_abs(unique_parameters(*ref, true));
     const double bound = sgd_weight_bound(lr, momentum, step, rel * G, w);
     compare(fmt::format("step {}", step), bound,
-            fmt::format("lr {} with momentum {} x {} steps x ({} sums x u(fp32) + {:.0f} roundings x u({})) x max|g| "
-                        "{:.3g}, plus {} ulps of max|w| {:.3g}", lr, momentum, step, kRows * W + W + accumulate,
-                        low_roundings, dtype_name(low), G, step, w));
+            fmt::format("lr {}{} x {} steps x ({} sums x u(fp32) + {:.0f} roundings x u({})) x max|g| {:.3g}, plus {} "
+                        "ulps of max|w| {:.3g}", lr, momentum > 0 ? fmt::format(" with momentum {}", momentum) : "",
+                        step, kRows * W + W + accumulate, low_roundings, dtype_name(low), G, step, w));
   }
   return worst_over_ranks(pg, worst);
 }

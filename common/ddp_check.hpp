@@ -77,21 +77,35 @@ void reference_backward(torch::nn::Module& ref, torch::nn::Module& copy, const C
 /// rounding bound counts.
 torch::ScalarType lowest_compute_dtype(const torch::nn::Module& model, const ComputeDtypeOf& dtype_of);
 
+/// How check_strategy() trains. The defaults are this course's check (SGD with momentum: optimizer state
+/// to shard); cs336_fsdp() is CS336 2026's test_fsdp_correctness.
+struct StrategyCheck {
+  int steps = 3;
+  uint64_t seed = 0;      ///< 0: the seeds below; others shift them (for the margin test)
+  int accumulate = 1;     ///< K micro-batches per step (Strategy::set_requires_gradient_sync()): a divisor of rows
+  int64_t rows = 4;       ///< per rank, each of 8 tokens
+  double momentum = 0.9;  ///< of SGD with lr 0.01
+  uint64_t model_seed = 1000;  ///< rank 0's weights (+ 100 x seed); rank r seeds model_seed + 100 x seed + r
+  uint64_t data_seed = 7001;   ///< step k (0, 1, ...) draws its data from data_seed + 1000 x seed + k
+  /// CS336 2026's test_fsdp_correctness: 10 rows per rank, plain SGD, weights from seed 42, data from
+  /// seeds 123, 124, 125.
+  static StrategyCheck cs336_fsdp(uint64_t seed = 0);
+};
+
 /// The training-strategy check, for any Strategy (DDP, a sharded optimizer, FSDP): CS336 2026's
 /// ToyFSDPModel (a model with units, so that every scheme can run it), every rank seeded differently,
-/// so after construction full_parameters() must be rank 0's on every rank. Then `steps` steps, each on
-/// fresh data (4 rows of 8 tokens per rank, the same draw on every rank; each rank trains on its rows),
-/// last-token cross-entropy, SGD lr 0.01 with momentum 0.9 (`make` is given it: momentum is optimizer
+/// so after construction full_parameters() must be rank 0's on every rank. Then `c.steps` steps, each on
+/// fresh data (c.rows rows of 8 tokens per rank, the same draw on every rank; each rank trains on its
+/// rows), last-token cross-entropy, SGD lr 0.01 with c.momentum (`make` is given it: momentum is optimizer
 /// state to shard). After every step full_parameters() must equal single-process training on all rows
-/// within the rounding bound lr x (1 + 0.9 + ...) x ((rows + W) + 14) x u(fp32) x max|g| plus an ulp of
-/// max|w| per step (see ddp_check.cpp), and be the same on every rank. Throws dp::CheckFailed naming the
-/// step and parameter (every rank throws together); returns the worst margin over ranks. With
-/// `accumulate` K > 1 (1, 2 or 4), each rank's rows go backward as K micro-batches of one step
-/// (Strategy::set_requires_gradient_sync()), and the bound counts K more roundings. A scheme that
-/// computes below fp32 (Strategy::compute_dtype(), e.g. FSDP's bf16) is compared with a reference that
-/// computes alike (reference_backward()), and its 14 roundings count in that dtype's u, plus 2 for the
-/// gradient's own rounding.
-Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, int steps = 3, uint64_t seed = 0, int accumulate = 1);
+/// within the rounding bound lr x (1 + momentum + ...) x ((rows W + W + K) x u(fp32) + 14 x u) x max|g|
+/// plus an ulp of max|w| per step (gradient_rounding_error(); see ddp_check.cpp), and be the same on every
+/// rank. Throws dp::CheckFailed naming the step and parameter (every rank throws together); returns the
+/// worst margin over ranks. With c.accumulate K > 1, each rank's rows go backward as K micro-batches of one
+/// step. A scheme that computes below fp32 (Strategy::compute_dtype(), e.g. FSDP's bf16) is compared with a
+/// reference that computes alike (reference_backward()), and its 14 roundings count in that dtype's u,
+/// plus 2 for the gradient's own rounding.
+Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const StrategyCheck& c = {});
 
 /// The toy-MLP experiment: batch 100 split across ranks, SGD lr 0.01, MSE, 10 epochs (one step
 /// each). DDP weights must equal single-process full-batch weights within the same rounding bound (and

@@ -94,4 +94,10 @@ double max_abs_grad(const std::vector<torch::Tensor>& params) {
   return g;
 }
 
+double gradient_rounding_error(double terms, int W, int depth, torch::ScalarType dtype, double* roundings) {
+  const double low = 2.0 * depth + (dtype == torch::kFloat32 ? 0 : 2);
+  if (roundings) *roundings = low;
+  return (terms + W) * unit_roundoff(torch::kFloat32) + low * unit_roundoff(dtype);
+}
+
 }  // namespace dp

@@ -37,6 +37,15 @@ std::string dtype_name(torch::ScalarType t);
 /// computed in any order. Throws std::invalid_argument when n u >= 1 (the bound says nothing).
 double gamma_n(double n, double u);
 
+/// How far an entry of a weight gradient computed by a data-parallel scheme and by one process computing
+/// alike can differ, relative to the largest entry: `terms` products summed in another grouping, then the
+/// W rank partials, in fp32 (gamma_{terms + W}, first order; ATen accumulates bf16 products in fp32 too);
+/// the loss's scale 1/rows instead of 1/(rows W) lets each of the `depth` ops between the weight and the
+/// loss round its output differently, forward and backward (2 roundings of `dtype` per op), and below fp32
+/// each side also rounds its weight gradient to `dtype` once (2 more). `roundings`, when given, receives
+/// the count of the latter. What check_strategy() and extension 07a's Transformer check multiply.
+double gradient_rounding_error(double terms, int W, int depth, torch::ScalarType dtype, double* roundings = nullptr);
+
 /// The largest |weight difference| after `steps` SGD steps (learning rate `lr`, momentum `momentum`,
 /// no weight decay) of two runs whose gradients differ by at most `grad_diff` per entry each step.
 /// First order: step s moves the weights by lr times the velocity v_s = sum_{j<s} momentum^j g_{s-j},

@@ -4,6 +4,7 @@
 #include "common/ddp_check.hpp"
 #include "common/models.hpp"
 #include "common/params.hpp"
+#include "common/tolerance.hpp"
 #include "common/transformer.hpp"
 #include "stages/07_fsdp/fsdp_check.hpp"
 
@@ -88,7 +89,7 @@ Margin check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumulate
   // weighted sum, out-projection, norm, w1/w3, SiLU x gate, w2), final norm, lm_head, cross-entropy.
   const int depth = 1 + 10 * int(cfg.num_layers) + 3;
   double n = 0;
-  const double rel = fsdp_gradient_error(double(rows * W * T), W, depth, opts.compute_dtype, &n);
+  const double rel = gradient_rounding_error(double(rows * W * T), W, depth, opts.compute_dtype, &n);
   const bool resync = opts.compute_dtype != torch::kFloat32;  // see compare_and_resync
   const double w = max_abs(ref->parameters());
   result.bound = sgd_weight_bound(lr, momentum, kSteps, rel * G, w, resync);

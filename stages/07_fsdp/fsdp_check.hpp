@@ -4,7 +4,6 @@
 #pragma once
 
 #include "common/dist.hpp"
-#include "common/tolerance.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 
 #include <string>
@@ -16,29 +15,10 @@ class App;  // CLI11's (<CLI/CLI.hpp>, included where the flags are added)
 
 namespace dp {
 
-/// CS336 2026's test_fsdp_correctness on ToyFSDPModel: model seed 42, 10 rows of 8 tokens per rank
-/// (data seed 123 + step, the same on every rank, each rank its slice), cross-entropy of the last
-/// token's logits (in fp32), SGD lr 0.01, 3 steps. The reference trains one model on all rows (with
-/// bf16: its Linear/Embedding weights cast to bf16 for forward and backward, gradients back to fp32:
-/// dp::reference_backward()). After every step gather_full_parameters() is compared with it; returns
-/// the largest difference, the bound and its derivation (the worst over ranks: a collective). The bound
-/// is derived from the compute dtype's unit roundoff u, the terms summed in another order (rows x W,
-/// then W rank partials), the ops between a weight and the loss, the largest gradient entry and the steps
-/// (lr 0.01 x 3 x roundings x u x max|g|; fsdp_gradient_error()). CS336 fixes 1e-6 (fp32) and 1e-4
-/// (bf16): the derived bound is below both on this model. `seed` 0 is CS336's (model 42, data 123);
-/// others shift both, for the margin test.
-Margin check_toy_fsdp(ProcessGroup& pg, FsdpOptions opts, uint64_t seed = 0);
-
 /// CS336 2026's test_fsdp_gradient_sync: per-rank data, loss = sum of the logits. After
 /// finish_gradient_synchronization() every tensor the optimizer steps has an fp32 gradient of its own
 /// shape, and every replicated gradient is bit-identical on all ranks. Throws dp::CheckFailed.
 void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts);
-
-/// How far a gradient entry of FSDP and of a reference computing alike can differ, relative to the
-/// largest entry: `terms` products summed in another grouping, then W rank partials, in fp32; 2 roundings
-/// of `dtype` per op of the `depth` between a weight and the loss, 2 more below fp32 (the gradient's own).
-/// `roundings`, when given, receives the count of the latter. What the bounds here and in 07a multiply.
-double fsdp_gradient_error(double terms, int W, int depth, torch::ScalarType dtype, double* roundings = nullptr);
 
 /// "float32, reshard after forward", "bfloat16, keep until backward", ...: how the checks' lines and the
 /// benchmark's rows name an FsdpOptions.
@@ -60,7 +40,9 @@ void add_fsdp_flags(CLI::App& app, FsdpFlags& flags);
 /// The modes the checks run in: fp32, then bf16, each in every resharding mode of `reshard_modes`.
 std::vector<FsdpOptions> fsdp_check_modes(const std::vector<bool>& reshard_modes);
 
-/// Every check above, then common's check_strategy() on fsdp_strategy() (SGD with momentum; 1 and 2
+/// CS336 2026's test_fsdp_correctness (common's check_strategy() on fsdp_strategy() with
+/// StrategyCheck::cs336_fsdp(): the bound is below CS336's fixed 1e-6 for fp32 and 1e-4 for bf16 on this
+/// model), check_fsdp_gradients(), then check_strategy() with its own settings (SGD with momentum; 1 and 2
 /// micro-batches per step), in fp32 and bf16 and in each resharding mode of `reshard_modes` (true: reshard
 /// after forward), one verdict line each (dp::report_margin()). True when every check passed on every rank
 /// (the verdict is gathered, so all ranks return alike); check_fsdp_gradients() and check_strategy()

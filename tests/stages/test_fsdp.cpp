@@ -5,11 +5,13 @@
 // Transformer: extension 07a's test.)
 // One typed suite runs every body in the four modes (fp32/bf16 x reshard after forward or not); ranks
 // are threads (run_ranks).
+#include "common/ddp_check.hpp"
 #include "common/models.hpp"
 #include "common/params.hpp"
 #include "stages/04_overlap/accumulate_grad_hooks.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 #include "stages/07_fsdp/fsdp_check.hpp"
+#include "stages/07_fsdp/strategies.hpp"
 #include "tests/stages/fsdp_modes.hpp"
 #include "tests/support/expect.hpp"
 #include "tests/support/ranks.hpp"
@@ -38,7 +40,7 @@ dp::ToyFSDPModel seeded_toy(uint64_t seed) {
 // CS336 2026's test_fsdp_correctness: 3 SGD steps equal one process on all rows (fp32 1e-6, bf16 1e-4).
 TYPED_TEST(FsdpContract, Cs336CorrectnessWorld2) {
   run_ranks(2, [](ProcessGroup& pg) {
-    auto r = dp::check_toy_fsdp(pg, TypeParam::options());
+    auto r = dp::check_strategy(pg, dp::fsdp_strategy(TypeParam::options()), dp::StrategyCheck::cs336_fsdp());
     EXPECT_LE(r.diff, r.bound) << "rank " << pg.rank();
   });
 }
@@ -46,7 +48,7 @@ TYPED_TEST(FsdpContract, Cs336CorrectnessWorld2) {
 // Padding: 6,400 / 8,192 / 8,192 / 6,400 sharded elements over 3 ranks leave partly padded chunks.
 TYPED_TEST(FsdpContract, Cs336CorrectnessWorld3Padded) {
   run_ranks(3, [](ProcessGroup& pg) {
-    auto r = dp::check_toy_fsdp(pg, TypeParam::options());
+    auto r = dp::check_strategy(pg, dp::fsdp_strategy(TypeParam::options()), dp::StrategyCheck::cs336_fsdp());
     EXPECT_LE(r.diff, r.bound);
   });
 }

@@ -104,7 +104,9 @@ TYPED_TEST(StrategyContract, TrainsLikeOneProcess) {
     SCOPED_TRACE(::testing::Message() << world << " ranks");
     run_ranks(world, [](ProcessGroup& pg) {
       const bool other = pg.world_size() == 3;
-      const dp::Margin m = dp::check_strategy(pg, TypeParam::make(), /*steps=*/other ? 5 : 3, /*seed=*/other ? 1 : 0);
+      dp::StrategyCheck c;
+      c.steps = other ? 5 : 3, c.seed = other ? 1 : 0;
+      const dp::Margin m = dp::check_strategy(pg, TypeParam::make(), c);
       EXPECT_LE(m.ratio(), 0.5) << "within the bound, but with less than a factor 2 of margin";
     });
   }
@@ -113,9 +115,21 @@ TYPED_TEST(StrategyContract, TrainsLikeOneProcess) {
 // Two micro-batches per step (set_requires_gradient_sync(false) for the first): still one process's step.
 TYPED_TEST(StrategyContract, AccumulatesLikeOneProcess) {
   run_ranks(2, [](ProcessGroup& pg) {
-    const dp::Margin m = dp::check_strategy(pg, TypeParam::make(), /*steps=*/2, /*seed=*/2, /*accumulate=*/2);
+    dp::StrategyCheck c;
+    c.steps = 2, c.seed = 2, c.accumulate = 2;
+    const dp::Margin m = dp::check_strategy(pg, TypeParam::make(), c);
     EXPECT_LE(m.ratio(), 0.5) << "within the bound, but with less than a factor 2 of margin";
   });
+}
+
+// CS336 2026's test_fsdp_correctness (plain SGD, 10 rows per rank, its seeds), which stage 07 prints for
+// FSDP, holds for every way of training, at 2 and 3 ranks (3: FSDP's chunks padded).
+TYPED_TEST(StrategyContract, PassesCs336FsdpCorrectness) {
+  for (int world : {2, 3})
+    run_ranks(world, [](ProcessGroup& pg) {
+      const dp::Margin m = dp::check_strategy(pg, TypeParam::make(), dp::StrategyCheck::cs336_fsdp());
+      EXPECT_LE(m.ratio(), 0.5) << "within the bound, but with less than a factor 2 of margin";
+    });
 }
 
 // ---- the full state: what a checkpoint stores -----------------------------------------------------
@@ -389,19 +403,22 @@ MakeStrategy skipped_sync() {
   };
 }
 
-// Every rank throws dp::CheckFailed (they fail together); the one that found the fault names it.
+// Every rank throws dp::CheckFailed (they fail together); the one that found the fault names it. Under
+// both settings of the check: the contract's own and CS336's FSDP test (plain SGD, 10 rows per rank).
 void expect_caught(const MakeStrategy& mutant, const std::string& words) {
-  std::vector<std::string> messages(2);
-  run_ranks(2, [&](ProcessGroup& pg) {
-    try {
-      dp::check_strategy(pg, mutant);
-      ADD_FAILURE() << "the mutant passed on rank " << pg.rank();
-    } catch (const dp::CheckFailed& e) {
-      messages[pg.rank()] = e.what();
-    }
-  });
-  const bool named = messages[0].find(words) != std::string::npos || messages[1].find(words) != std::string::npos;
-  EXPECT_TRUE(named) << "no rank said \"" << words << "\": " << messages[0] << " | " << messages[1];
+  for (const auto& settings : {dp::StrategyCheck{}, dp::StrategyCheck::cs336_fsdp()}) {
+    std::vector<std::string> messages(2);
+    run_ranks(2, [&](ProcessGroup& pg) {
+      try {
+        dp::check_strategy(pg, mutant, settings);
+        ADD_FAILURE() << "the mutant passed on rank " << pg.rank() << " (momentum " << settings.momentum << ")";
+      } catch (const dp::CheckFailed& e) {
+        messages[pg.rank()] = e.what();
+      }
+    });
+    const bool named = messages[0].find(words) != std::string::npos || messages[1].find(words) != std::string::npos;
+    EXPECT_TRUE(named) << "no rank said \"" << words << "\": " << messages[0] << " | " << messages[1];
+  }
 }
 
 // Each is caught, and named by the workbook's hint for that mistake (common/hints.hpp).
