@@ -352,7 +352,7 @@ STUB_CHECKS = {
     "02": ("test_strategy_contract", "Ddp<Naive>"),
     "03": ("test_strategy_contract", "Ddp<Flat>"),
     "04": ("test_strategy_contract", "Ddp<Overlap>"),
-    "05": ("test_strategy_contract", "Ddp<Bucketed<"),
+    "05": ("test_strategy_contract", "Bucketed05"),
     "06": ("test_strategy_contract", "Zero1"),
     "07": ("test_strategy_contract", "Fsdp<"),
 }
