@@ -267,9 +267,10 @@ bool BucketedDdp::synchronize() {
 }
 
 MakeStrategy bucketed_ddp_strategy(double bucket_cap_mb) {
-  return ddp_strategy([bucket_cap_mb](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model) -> std::unique_ptr<GradSync> {
+  auto make = [bucket_cap_mb](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model) -> std::unique_ptr<GradSync> {
     return std::make_unique<BucketedDdp>(pg, std::move(model), bucket_cap_mb);  // broadcasts rank 0's weights
-  }, "bucketed DDP");
+  };
+  return ddp_strategy(make, "bucketed DDP");
 }
 
 }  // namespace dp
