@@ -290,9 +290,10 @@ StrategyCheck StrategyCheck::cs336_fsdp(uint64_t seed) {
 // [check_strategy]
 Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const StrategyCheck& c) {
   const int W = pg.world_size(), r = pg.rank(), accumulate = c.accumulate;
-  const int64_t kRows = c.rows, kT = 8, kVocab = 100;  // per rank: rows sequences of 8 tokens
-  if (accumulate < 1 || kRows % accumulate != 0)
-    throw std::invalid_argument(fmt::format("check_strategy: accumulate {} does not divide {} rows", accumulate, kRows));
+  const int64_t rows = c.rows;  // per rank, each a sequence of kT tokens
+  constexpr int64_t kT = 8, kVocab = 100;
+  if (accumulate < 1 || rows % accumulate != 0)
+    throw std::invalid_argument(fmt::format("check_strategy: accumulate {} does not divide {} rows", accumulate, rows));
   const double lr = 0.01, momentum = c.momentum;
   ToyFSDPModel ref{nullptr}, model{nullptr}, copy{nullptr};
   {
@@ -368,13 +369,13 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
   // differently, in the compute dtype (gradient_rounding_error()). Relative to the largest gradient entry
   // G; SGD with momentum carries each difference on (sgd_weight_bound).
   double low_roundings = 0;
-  const double rel = gradient_rounding_error(double(kRows * W + accumulate), W, 7, low, &low_roundings);
+  const double rel = gradient_rounding_error(double(rows * W + accumulate), W, 7, low, &low_roundings);
   double G = 0;
   for (int step = 1; step <= c.steps; ++step) {
     // The same draw on every rank.
     auto gen = at::make_generator<at::CPUGeneratorImpl>(c.data_seed + 1000 * c.seed + step - 1);
-    auto tokens = torch::randint(0, kVocab, {kRows * W, kT}, gen).to(pg.device());
-    auto labels = torch::randint(0, kVocab, {kRows * W}, gen).to(pg.device());
+    auto tokens = torch::randint(0, kVocab, {rows * W, kT}, gen).to(pg.device());
+    auto labels = torch::randint(0, kVocab, {rows * W}, gen).to(pg.device());
     ref_before.clear();
     for (auto& [name, p] : ref_params) ref_before.push_back(p.detach().clone());
     ref_opt.zero_grad();
@@ -389,9 +390,9 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
     ours_before = strategy->full_parameters();  // a gather for sharded strategies: every rank, every step
     for (auto& [name, p] : ours_before) p = p.detach().clone();
     strategy->zero_grad();
-    const int64_t micro = kRows / accumulate;
+    const int64_t micro = rows / accumulate;
     for (int k = 0; k < accumulate; ++k) {
-      auto mine = [&](const torch::Tensor& t) { return t.narrow(0, r * kRows + k * micro, micro); };
+      auto mine = [&](const torch::Tensor& t) { return t.narrow(0, r * rows + k * micro, micro); };
       strategy->set_requires_gradient_sync(k + 1 == accumulate);
       (last_token_loss(model->forward_units(mine(tokens), strategy->runner()), mine(labels)) / accumulate).backward();
       strategy->after_backward();
@@ -403,7 +404,7 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
     compare(fmt::format("step {}", step), bound,
             fmt::format("lr {}{} x {} steps x ({} sums x u(fp32) + {:.0f} roundings x u({})) x max|g| {:.3g}, plus {} "
                         "ulps of max|w| {:.3g}", lr, momentum > 0 ? fmt::format(" with momentum {}", momentum) : "",
-                        step, kRows * W + W + accumulate, low_roundings, dtype_name(low), G, step, w));
+                        step, rows * W + W + accumulate, low_roundings, dtype_name(low), G, step, w));
   }
   return worst_over_ranks(pg, worst);
 }

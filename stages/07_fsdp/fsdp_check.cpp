@@ -14,7 +14,6 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <mutex>
 
 namespace dp {
