@@ -67,38 +67,48 @@ ParamState broadcast_param_state(ProcessGroup& pg, int owner, const ParamState& 
   return out;
 }
 
-std::vector<ParamState> gather_chunk_state(ProcessGroup& pg, const optim::Optimizer& opt, const torch::Tensor& chunk,
-                                           const FlatLayout& L, const std::vector<torch::Tensor>& params) {
-  // Every rank's chunk has a state after the first step (a chunk is never empty: padded >= world), so
-  // every rank holds the same names and step, and each state tensor can be all-gathered.
-  const ParamState mine = get_param_state(opt, chunk);
-  std::vector<ParamState> out(params.size());
-  for (auto& s : out) s.present = mine.present, s.step = mine.step;
-  for (const auto& [name, t] : mine.tensors) {
-    const auto whole = torch::cat(pg.all_gather(t.detach().reshape(-1).contiguous())).narrow(0, 0, L.numel);
-    int64_t off = 0;
-    for (size_t i = 0; i < params.size(); ++i) {
-      const int64_t n = params[i].numel();
-      out[i].tensors[name] = whole.narrow(0, off, n).view(params[i].sizes()).clone();
-      off += n;
-    }
+std::vector<ParamState> map_states(const std::vector<ParamState>& in, size_t n_out, const TensorsMap& f) {
+  const ParamState first = in.empty() ? ParamState{} : in[0];
+  std::vector<ParamState> out(n_out);
+  for (auto& st : out) st.present = first.present, st.step = first.step;
+  if (!first.present) return out;
+  for (const auto& [name, t0] : first.tensors) {
+    std::vector<torch::Tensor> v;
+    for (const auto& st : in) v.push_back(st.tensors.at(name));
+    const auto mapped = f(v);
+    if (mapped.size() != n_out)
+      throw std::logic_error(fmt::format("map_states: {} tensors for {} states", mapped.size(), n_out));
+    for (size_t i = 0; i < n_out; ++i) out[i].tensors[name] = mapped[i];
   }
   return out;
 }
 
+std::vector<ParamState> gather_chunk_state(ProcessGroup& pg, const optim::Optimizer& opt, const torch::Tensor& chunk,
+                                           const FlatLayout& L, const std::vector<torch::Tensor>& params) {
+  // Every rank's chunk has a state after the first step (a chunk is never empty: padded >= world), so
+  // every rank holds the same names and step, and each state tensor can be all-gathered.
+  return map_states({get_param_state(opt, chunk)}, params.size(), [&](const std::vector<torch::Tensor>& mine) {
+    const auto whole = torch::cat(pg.all_gather(mine[0].detach().reshape(-1).contiguous())).narrow(0, 0, L.numel);
+    std::vector<torch::Tensor> out;
+    int64_t off = 0;
+    for (const auto& p : params) {
+      out.push_back(whole.narrow(0, off, p.numel()).view(p.sizes()).clone());
+      off += p.numel();
+    }
+    return out;
+  });
+}
+
 void set_chunk_state(optim::Optimizer& opt, const torch::Tensor& chunk, const FlatLayout& L, int rank,
                      const std::vector<ParamState>& states) {
-  ParamState s;
-  if (!states.empty()) s.present = states[0].present, s.step = states[0].step;
-  if (s.present)
-    for (const auto& [name, t0] : states[0].tensors) {
-      std::vector<torch::Tensor> pieces;
-      for (const auto& st : states) pieces.push_back(st.tensors.at(name).reshape(-1));
-      auto flat = torch::zeros({L.padded}, chunk.options());
-      flat.narrow(0, 0, L.numel).copy_(torch::cat(pieces));
-      s.tensors[name] = flat.narrow(0, L.offset(rank), L.chunk).clone();
-    }
-  set_param_state(opt, optimizer_kind(opt), chunk, std::move(s));
+  auto mine = map_states(states, 1, [&](const std::vector<torch::Tensor>& per_param) {
+    std::vector<torch::Tensor> pieces;
+    for (const auto& t : per_param) pieces.push_back(t.reshape(-1));
+    auto flat = torch::zeros({L.padded}, chunk.options());
+    flat.narrow(0, 0, L.numel).copy_(torch::cat(pieces));
+    return std::vector<torch::Tensor>{flat.narrow(0, L.offset(rank), L.chunk).clone()};
+  });
+  set_param_state(opt, optimizer_kind(opt), chunk, std::move(mine[0]));
 }
 
 std::vector<ParamState> permute_states(const std::vector<torch::Tensor>& held, const std::vector<torch::Tensor>& wanted,

@@ -41,6 +41,16 @@ void set_local_states(torch::optim::Optimizer& opt, const std::vector<torch::Ten
 /// of its tensors, its step and each tensor (shaped like `p`) broadcast from the owner. A collective.
 ParamState broadcast_param_state(ProcessGroup& pg, int owner, const ParamState& mine, const torch::Tensor& p);
 
+/// Some tensors in, some out (a collective that gathers pieces, or a cut into this rank's pieces).
+using TensorsMap = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor>&)>;
+
+/// The state tensors of `in`, name by name, through `f`: for each name, `f` gets that tensor of every
+/// state of `in` (in order) and returns `n_out` tensors, which become that tensor of each of the `n_out`
+/// states returned. Every state of `in` must share the names, step and presence of `in[0]` (a scheme whose
+/// tensors all step together), which the result takes; an empty `in` gives `n_out` states not present.
+/// How a sharded scheme turns its pieces' states into whole parameters' states and back.
+std::vector<ParamState> map_states(const std::vector<ParamState>& in, size_t n_out, const TensorsMap& f);
+
 /// A flat buffer laid out by `L` holds `params` back to back; this rank's chunk of it is `chunk`, the one
 /// parameter of `opt`. Returns each of `params`' state: every rank's chunk of each state tensor
 /// all-gathered, the padding cut, cut per parameter and reshaped. A collective.

@@ -68,7 +68,7 @@ static std::vector<Variant> feature_variants(const std::vector<double>& caps, co
                                         arrival ? ", arrival order" : "", overlapped ? ", optimizer overlapped" : "");
           auto ddp = [=](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod) {
             auto d = make_ddp(g, std::move(mod), cap, arrival);
-            d->register_comm_hook(make_comm_hook(hook, g), hook);
+            d->register_comm_hook(make_comm_hook(hook, g));
             return d;
           };
           if (overlapped)  // the benchmark's AdamW, one per parameter, stepped bucket by bucket
@@ -103,7 +103,7 @@ static nlohmann::json bench_accumulation(ProcessGroup& pg, const BenchConfig& cf
     r.model = TransformerLM(mcfg);
     r.model->to(pg.device());
     r.ddp = make_ddp(pg, r.model.ptr(), cap, arrival);
-    r.ddp->register_comm_hook(make_comm_hook(hook, pg), hook);
+    r.ddp->register_comm_hook(make_comm_hook(hook, pg));
     r.opt = std::make_unique<torch::optim::AdamW>(unique_parameters(*r.model), torch::optim::AdamWOptions(1e-4));
     runs.push_back(std::move(r));
   }

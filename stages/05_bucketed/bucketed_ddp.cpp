@@ -10,7 +10,7 @@
 namespace dp {
 
 BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m, double bucket_cap_mb)
-    : module(std::move(m)), pg_(pg), cap_mb_(bucket_cap_mb), hook_(allreduce_hook()), hook_name_("allreduce") {
+    : module(std::move(m)), pg_(pg), cap_mb_(bucket_cap_mb), hook_(allreduce_hook()) {
   if (!module) throw std::invalid_argument("BucketedDdp: module is null");
   // Check the cap before the broadcast: a bad option fails fast and identically on every rank.
   std::vector<int64_t> bytes;
@@ -61,15 +61,11 @@ void BucketedDdp::build_buffers() {
 
 BucketedDdp::~BucketedDdp() { hooks_.reset(); }
 
-int64_t BucketedDdp::bucket_bytes(size_t b) const {
-  return buckets_.at(b).buffer.numel() * static_cast<int64_t>(buckets_.at(b).buffer.element_size());
-}
-
 std::string BucketedDdp::describe_buckets() const {
   std::string out;
   for (size_t b = 0; b < assignment_.size(); ++b) {
     if (b > 0) out += "\n";
-    out += fmt::format("bucket {}: {} B =", b, bucket_bytes(b));
+    out += fmt::format("bucket {}: {} B =", b, buckets_[b].buffer.nbytes());
     for (size_t i : assignment_[b]) out += " " + names_[i];
   }
   return out;
@@ -102,14 +98,13 @@ bool BucketedDdp::requires_gradient_sync() const {
   return !sync_off_;
 }
 
-void BucketedDdp::register_comm_hook(CommHook hook, std::string name) {
+void BucketedDdp::register_comm_hook(CommHook hook) {
   if (!hook) throw std::logic_error("BucketedDdp::register_comm_hook: empty hook");
   std::lock_guard<std::mutex> lock(mu_);
   if (in_step_)
     throw std::logic_error("BucketedDdp::register_comm_hook: buckets are in flight; register the hook between "
                            "steps (after finish_gradient_synchronization())");
   hook_ = std::move(hook);
-  hook_name_ = std::move(name);
 }
 
 void BucketedDdp::on_bucket_averaged(std::function<void(size_t)> f) {
@@ -134,11 +129,6 @@ void BucketedDdp::reassign(std::vector<std::vector<size_t>> assignment) {
     if (!seen[i]) throw std::logic_error("BucketedDdp::reassign: no bucket for " + names_[i]);
   assignment_ = std::move(assignment);
   build_buffers();
-}
-
-std::string BucketedDdp::comm_hook_name() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return hook_name_;
 }
 
 // Before AccumulateGrad adds into .grad(). A parameter already copied into its bucket this step means

@@ -80,12 +80,10 @@ class BucketedDdp : public GradSync {
   void set_requires_gradient_sync(bool sync) override;
   bool requires_gradient_sync() const override;
 
-  /// Replaces how a bucket is reduced (PyTorch's register_comm_hook); `name` is for printing. The
-  /// default is allreduce_hook(). Every rank must register the same hook. Throws std::logic_error when
-  /// called in the middle of a step (buckets in flight) or with an empty hook.
-  void register_comm_hook(CommHook hook, std::string name);
-  /// Name given to the current hook ("allreduce" by default).
-  std::string comm_hook_name() const;
+  /// Replaces how a bucket is reduced (PyTorch's register_comm_hook). The default is allreduce_hook().
+  /// Every rank must register the same hook. Throws std::logic_error when called in the middle of a step
+  /// (buckets in flight) or with an empty hook.
+  void register_comm_hook(CommHook hook);
   /// Seam for work per bucket (PyTorch's comm-hook future's then()): `f(b)` runs inside
   /// finish_gradient_synchronization() as soon as bucket b's average is back in its parameters' .grad(),
   /// while buckets b+1, b+2, ... may still be on the wire; on the thread calling finish, with this
@@ -103,8 +101,6 @@ class BucketedDdp : public GradSync {
   /// Indices into parameters() per bucket, bucket 0 (launched first) first.
   const std::vector<std::vector<size_t>>& buckets() const { return assignment_; }
   size_t bucket_count() const { return assignment_.size(); }
-  /// Size of bucket b's flat buffer in bytes.
-  int64_t bucket_bytes(size_t b) const;
   double bucket_cap_mb() const { return cap_mb_; }
   int world_size() const { return pg_.world_size(); }
   /// One line per bucket: "bucket 0: 1000 B = fc3.weight" (for printing).
@@ -167,7 +163,6 @@ class BucketedDdp : public GradSync {
   bool sync_off_ = false;              // set_requires_gradient_sync(false) holds: accumulate locally
   bool accumulated_locally_ = false;   // a gradient arrived locally since the last synchronization
   CommHook hook_;
-  std::string hook_name_;
   std::atomic<int64_t> wire_bytes_total_{0};
   std::vector<LaunchRecord> launches_;
   std::atomic<int64_t> launched_total_{0};

@@ -20,10 +20,6 @@ namespace dp {
 
 namespace optim = torch::optim;
 
-// Data drawn from its own generator: every rank (and the reference) draws the same numbers, and ranks
-// running as threads of one test process do not race on the global RNG.
-static torch::Generator data_generator(uint64_t seed) { return at::make_generator<at::CPUGeneratorImpl>(seed); }
-
 void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts) {
   ToyFSDPModel model{nullptr};
   {
@@ -33,7 +29,9 @@ void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts) {
   }
   model->to(pg.device());
   Fsdp fsdp(pg, model.ptr(), model->units(), opts);
-  auto gen = data_generator(7 + pg.rank());  // every rank its own data
+  // Every rank its own data, from a generator of its own: ranks running as threads of one test process
+  // do not race on the global RNG.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7 + pg.rank());
   auto tokens = torch::randint(0, 100, {4, 8}, gen).to(pg.device());
   model->forward_units(tokens, fsdp.runner()).to(torch::kFloat32).sum().backward();
   fsdp.finish_gradient_synchronization();

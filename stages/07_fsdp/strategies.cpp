@@ -19,24 +19,6 @@ UnitModel& units_of(torch::nn::Module& model) {
   return *m;
 }
 
-// `in`'s state tensors, name by name, through `f` (one list of tensors in, `n_out` out): gather_full()
-// on save, shard_full() on load. Every parameter steps together, so the first one's step and names
-// are everyone's.
-template <typename F>
-std::vector<ParamState> map_states(const std::vector<ParamState>& in, size_t n_out, F&& f) {
-  const ParamState first = in.empty() ? ParamState{} : in[0];
-  std::vector<ParamState> out(n_out);
-  for (auto& st : out) st.present = first.present, st.step = first.step;
-  if (!first.present) return out;
-  for (const auto& [name, t0] : first.tensors) {
-    std::vector<torch::Tensor> v;
-    for (const auto& st : in) v.push_back(st.tensors.at(name));
-    const auto mapped = f(v);
-    for (size_t i = 0; i < n_out; ++i) out[i].tensors[name] = mapped.at(i);
-  }
-  return out;
-}
-
 class FsdpStrategy : public Strategy {
  public:
   FsdpStrategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const MakeOptimizer& make, FsdpOptions opts)

@@ -63,7 +63,7 @@ TEST(CommHooks, DefaultHookIsBitIdenticalToPlainAverage) {
       auto [ga, gb] = rank_grads(pg.rank(), wide);
       auto plain = std::make_shared<ChosenGradsImpl>(), hooked = std::make_shared<ChosenGradsImpl>();
       BucketedDdp ddp_plain(pg, plain, 0.0005), ddp_hooked(pg, hooked, 0.0005);
-      ddp_hooked.register_comm_hook(dp::allreduce_hook(), "allreduce");
+      ddp_hooked.register_comm_hook(dp::allreduce_hook());
       ASSERT_EQ(ddp_plain.bucket_count(), 2u);
       for (auto* m : {plain.get(), hooked.get()}) m->backward_with(ga, gb);
       ddp_plain.finish_gradient_synchronization();
@@ -91,7 +91,7 @@ TEST(CommHooks, Fp16HookEqualsRoundedClosedForm) {
     auto [ga, gb] = rank_grads(pg.rank(), wide);
     auto m = std::make_shared<ChosenGradsImpl>();
     BucketedDdp ddp(pg, m, 0.0005);
-    ddp.register_comm_hook(dp::make_comm_hook("fp16", pg), "fp16");
+    ddp.register_comm_hook(dp::make_comm_hook("fp16", pg));
     m->backward_with(ga, gb);
     ddp.finish_gradient_synchronization();
     EXPECT_EQ(ddp.wire_bytes(), 350 * 2);  // fp16: 2 bytes per gradient, not 4
@@ -112,7 +112,7 @@ TEST(CommHooks, Fp16HookFourRanksExactOnFp16Grid) {
     auto [ga, gb] = rank_grads(pg.rank(), grid);
     auto m = std::make_shared<ChosenGradsImpl>();
     BucketedDdp ddp(pg, m, 0.0005);
-    ddp.register_comm_hook(dp::make_comm_hook("fp16", pg), "fp16");
+    ddp.register_comm_hook(dp::make_comm_hook("fp16", pg));
     m->backward_with(ga, gb);
     ddp.finish_gradient_synchronization();
     auto as = pg.all_gather(ga), bs = pg.all_gather(gb);
@@ -142,7 +142,7 @@ TEST(CommHooks, Fp16TrainingStaysCloseToFp32) {
       tokens = torch::randint(0, cfg.vocab_size, {20, 8, 9}, torch::kInt64);  // [step, global batch, T + 1]
     }
     BucketedDdp d32(pg, m32.ptr(), 0.002), d16(pg, m16.ptr(), 0.002);
-    d16.register_comm_hook(dp::make_comm_hook("fp16", pg), "fp16");
+    d16.register_comm_hook(dp::make_comm_hook("fp16", pg));
     const auto adamw = torch::optim::AdamWOptions(1e-3);
     torch::optim::AdamW o32(dp::unique_parameters(*m32), adamw), o16(dp::unique_parameters(*m16), adamw);
     dp::AdamWeightBound bound(adamw.lr(), std::get<1>(adamw.betas()), adamw.eps());
@@ -226,10 +226,9 @@ TEST(CommHooks, RegisterMidStepIsRefused) {
     auto m = std::make_shared<ChosenGradsImpl>();
     BucketedDdp ddp(pg, m, 0.0005);
     m->backward_with(torch::ones({300}), torch::ones({50}));  // buckets in flight
-    EXPECT_THROW(ddp.register_comm_hook(dp::allreduce_hook(), "allreduce"), std::logic_error);
+    EXPECT_THROW(ddp.register_comm_hook(dp::allreduce_hook()), std::logic_error);
     ddp.finish_gradient_synchronization();
-    EXPECT_NO_THROW(ddp.register_comm_hook(dp::allreduce_hook(), "allreduce"));
-    EXPECT_EQ(ddp.comm_hook_name(), "allreduce");
+    EXPECT_NO_THROW(ddp.register_comm_hook(dp::allreduce_hook()));
   });
 }
 

@@ -199,7 +199,7 @@ TEST(OverlapOptimizer, EachBucketStepsBeforeTheNextIsAwaited) {
       auto w = base(g, bucket, label);
       w.then = [then = w.then, &log, label] { then(); log.push_back("arrived " + label); };
       return w;
-    }, "logging");
+    });
     size_t k = 0;
     dp::OverlappedOptimizer overlapped(ddp, [&](std::vector<torch::Tensor> ps) {
       std::string name;
