@@ -362,17 +362,10 @@ int64_t Fsdp::resident_parameter_bytes() const {
 }
 
 std::string Fsdp::describe() const {
-  std::string s = fmt::format("FSDP over {} ranks, {} units, compute {}, reshard after forward {}:", pg_.world_size(),
-                              units_.size(), dtype_name(opts_.compute_dtype), opts_.reshard_after_forward);
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const auto& U = units_[u];
-    int64_t rep = 0;
-    for (const auto& p : U.replicated) rep += p.numel();
-    s += fmt::format("\n  unit {}: {} sharded elements in {} tensors (padded {}, chunk {} per rank), {} replicated",
-                     u, with_commas(U.layout.numel), U.sharded.size(), with_commas(U.layout.padded),
-                     with_commas(U.layout.chunk), with_commas(rep));
-  }
-  return s;
+  return fmt::format("FSDP over {} ranks, {} units ({} of {} parameters sharded), compute {}, reshard after forward {}",
+                     pg_.world_size(), units_.size(), with_commas(sharded_numel_),
+                     with_commas(sharded_numel_ + replicated_numel_), dtype_name(opts_.compute_dtype),
+                     opts_.reshard_after_forward);
 }
 
 }  // namespace dp

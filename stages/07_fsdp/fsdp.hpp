@@ -99,7 +99,7 @@ class Fsdp {
   /// Bytes this rank has sent since construction by ring arithmetic: (N-1)/N of each gathered or
   /// reduce-scattered buffer, 2(N-1)/N of the replicated all-reduce.
   double sent_bytes() const { return sent_bytes_; }
-  /// Multi-line: one line per unit (sharded elements, padded, chunk, replicated elements).
+  /// One line: ranks, units, parameters sharded, the options.
   std::string describe() const;
 
  protected:

@@ -1,11 +1,7 @@
 #include "stages/07_fsdp/strategies.hpp"
 
-#include "common/format.hpp"
 #include "common/full_state.hpp"
-#include "common/params.hpp"
 #include "common/memory.hpp"
-
-#include <fmt/format.h>
 
 #include <stdexcept>
 
@@ -45,7 +41,7 @@ class FsdpStrategy : public Strategy {
     return b;
   }
   double sent_bytes_per_step() const override { return sent_; }
-  std::string describe() const override { return first_line(fsdp_.describe()); }
+  std::string describe() const override { return fsdp_.describe(); }
   torch::ScalarType compute_dtype(const torch::nn::Module& m) const override { return compute_dtype_of(m, opts_); }
   std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override { return fsdp_.gather_full_parameters(); }
   // Parameters and their state live in pieces (a shard of each unit, the replicated gains whole): each
