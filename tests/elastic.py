@@ -20,7 +20,7 @@ that every failure the curve records was seen after it (at least 1 ms), and that
   heal      3 ranks, rank 1 killed at step 3 and replaced; the member sending the state to the
             replacement is killed as it starts; replaced in turn (--max-restarts 2)
   late      3 ranks, rank 1 killed before the last step; the survivors train it and pause (DP_FAULT pause,
-            5 s) as they end, and the replacement, 3 s after the kill, finds the run over: it says so, exit 0
+            5 s) as they end, and the replacement, 4 s after the kill, finds the run over: it says so, exit 0
   reference the uninterrupted run alone (WORKDIR/uninterrupted.json)
   minimum   2 ranks, --min-nproc 2, rank 1 killed at step 4: the run stops (exit 1, the reason), with a
             checkpoint of step 4 that one rank then resumes to the uninterrupted run's last loss
@@ -103,22 +103,31 @@ def seen_after_failure(check, name, path):
                                         "after it (at least 1 ms: the fault's own time, not the survivor's)")
 
 
+# The scenarios that assert an exact sequence of world sizes ("ranks 3 -> 2") give the round 2 s to settle
+# instead of the default 0.5 s. Under ctest's parallel load (three elastic runs, about ten processes, on two
+# cores) one survivor can reach the round more than 0.5 s after the other: the first then closes it alone and
+# the run says "ranks 3 -> 1 -> 2" (docs/09_elastic.md's exercise 3), which is correct but not the sequence
+# asserted. "late" starts its replacement 4 s after the death (3 s before): it must still arrive after the
+# survivors' last step boundary, about the settle time after the death, and before their 5 s pause at "over" ends.
+SETTLE = ["--settle", "2"]
+
 SCENARIOS = {
     # name: (ranks, launcher args, program args, DP_FAULT, expected exit, lines that must appear)
     "kill": (3, ["--max-restarts", "1"], [], "die@1:step4", 0,
              ["rank 1 was killed by signal 9 (SIGKILL); elastic: 2 ranks go on, and a replacement starts",
               "after a failure at step 5", " 1.1)", "ranks 3 -> "]),
-    "shrink": (3, [], [], "die@2:step4", 0,
+    "shrink": (3, [], SETTLE, "die@2:step4", 0,
                ["rank 2 was killed by signal 9 (SIGKILL); elastic: 2 ranks go on", "generation 1: 2 ranks",
                 "ranks 3 -> 2"]),
-    "hang": (3, [], ["--timeout", "5s"], "stop@1:step4", 0,
+    "hang": (3, [], ["--timeout", "5s", *SETTLE], "stop@1:step4", 0,
              ["Timed out waiting 5000ms", "generation 1: 2 ranks", "rank 1 is stopped (SIGSTOP) and the run is over "
               "without it: killing it", "ranks 3 -> 2"]),
-    "twice": (4, [], [], "die@1:step3,die@2:step6", 0,
+    "twice": (4, [], SETTLE, "die@1:step3,die@2:step6", 0,
               ["generation 1: 3 ranks", "generation 2: 2 ranks", "ranks 4 -> 3 -> 2"]),
     "quorum": (4, [], ["--timeout", "5s"], "die@1:step3,die@2:quorum1", 0,
                ["die at quorum1", "did not form within 5 s", "2 ranks", "PASS stage 09"]),
-    "late": (3, ["--max-restarts", "1", "--restart-delay", "3"], [], f"die@1:step{STEPS - 1},pause@0:over,pause@2:over",
+    "late": (3, ["--max-restarts", "1", "--restart-delay", "4"], SETTLE,
+             f"die@1:step{STEPS - 1},pause@0:over,pause@2:over",
              0, [f"[rank 1/3] the run is over: its last generation trained all {STEPS} steps; nothing is left for this "
                  "process to do", "DP_FAULT: pause at over", "ranks 3 -> 2"]),
     "heal": (3, ["--max-restarts", "2"], [], "die@1:step3,die@*:heal", 0,
