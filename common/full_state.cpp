@@ -88,25 +88,14 @@ std::vector<ParamState> gather_chunk_state(ProcessGroup& pg, const optim::Optimi
   // Every rank's chunk has a state after the first step (a chunk is never empty: padded >= world), so
   // every rank holds the same names and step, and each state tensor can be all-gathered.
   return map_states({get_param_state(opt, chunk)}, params.size(), [&](const std::vector<torch::Tensor>& mine) {
-    const auto whole = torch::cat(pg.all_gather(mine[0].detach().reshape(-1).contiguous())).narrow(0, 0, L.numel);
-    std::vector<torch::Tensor> out;
-    int64_t off = 0;
-    for (const auto& p : params) {
-      out.push_back(whole.narrow(0, off, p.numel()).view(p.sizes()).clone());
-      off += p.numel();
-    }
-    return out;
+    return gather_flat_chunks(pg, mine[0], L, params);
   });
 }
 
 void set_chunk_state(optim::Optimizer& opt, const torch::Tensor& chunk, const FlatLayout& L, int rank,
                      const std::vector<ParamState>& states) {
   auto mine = map_states(states, 1, [&](const std::vector<torch::Tensor>& per_param) {
-    std::vector<torch::Tensor> pieces;
-    for (const auto& t : per_param) pieces.push_back(t.reshape(-1));
-    auto flat = torch::zeros({L.padded}, chunk.options());
-    flat.narrow(0, 0, L.numel).copy_(torch::cat(pieces));
-    return std::vector<torch::Tensor>{flat.narrow(0, L.offset(rank), L.chunk).clone()};
+    return std::vector<torch::Tensor>{flat_chunk(per_param, L, rank, chunk.options())};
   });
   set_param_state(opt, optimizer_kind(opt), chunk, std::move(mine[0]));
 }

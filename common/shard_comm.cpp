@@ -102,4 +102,30 @@ void all_gather_flat(ProcessGroup& pg, torch::Tensor& chunk, torch::Tensor& flat
   all_gather_flat_async(pg, chunk, flat, label, algo, std::move(scratch)).wait();
 }
 
+torch::Tensor flat_chunk(const std::vector<torch::Tensor>& tensors, const FlatLayout& L, int rank,
+                         const torch::TensorOptions& options) {
+  int64_t n = 0;
+  for (const auto& t : tensors) n += t.numel();
+  if (n != L.numel) throw std::invalid_argument(fmt::format("flat_chunk: {} elements for a layout of {}", n, L.numel));
+  torch::NoGradGuard no_grad;
+  auto flat = torch::zeros({L.padded}, options.requires_grad(false));
+  int64_t off = 0;
+  for (const auto& t : tensors) flat.narrow(0, off, t.numel()).copy_(t.reshape(-1)), off += t.numel();
+  return flat.narrow(0, L.offset(rank), L.chunk).clone();
+}
+
+std::vector<torch::Tensor> gather_flat_chunks(ProcessGroup& pg, const torch::Tensor& chunk, const FlatLayout& L,
+                                              const std::vector<torch::Tensor>& like) {
+  torch::NoGradGuard no_grad;
+  torch::Tensor mine = chunk.detach().reshape(-1).contiguous();
+  if (mine.numel() != L.chunk)
+    throw std::invalid_argument(fmt::format("gather_flat_chunks: a chunk of {} elements for a layout's {}", mine.numel(), L.chunk));
+  torch::Tensor flat = torch::empty({L.padded}, mine.options());
+  all_gather_flat(pg, mine, flat, "gather chunks");
+  std::vector<torch::Tensor> out;
+  int64_t off = 0;
+  for (const auto& t : like) out.push_back(flat.narrow(0, off, t.numel()).view(t.sizes()).clone()), off += t.numel();
+  return out;
+}
+
 }  // namespace dp

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dp {
 
@@ -95,5 +96,16 @@ Work all_gather_flat_async(ProcessGroup& pg, torch::Tensor& chunk, torch::Tensor
 /// Blocking all_gather_flat_async().
 void all_gather_flat(ProcessGroup& pg, torch::Tensor& chunk, torch::Tensor& flat, const std::string& label = {},
                      AllGatherAlgo algo = AllGatherAlgo::automatic, torch::Tensor scratch = {});
+
+/// Rank `rank`'s chunk of the flat buffer laid out by `L` that holds `tensors` back to back (L.numel
+/// elements in all, zeros in the padding): a new [L.chunk] tensor with `options`. On this rank alone.
+/// Throws std::invalid_argument when the tensors do not hold L.numel elements.
+torch::Tensor flat_chunk(const std::vector<torch::Tensor>& tensors, const FlatLayout& L, int rank,
+                         const torch::TensorOptions& options);
+
+/// The reverse of flat_chunk() over every rank: each rank's `chunk` ([L.chunk]) all-gathered, the padding
+/// cut, and the flat buffer cut into new tensors shaped like `like`, back to back. A collective.
+std::vector<torch::Tensor> gather_flat_chunks(ProcessGroup& pg, const torch::Tensor& chunk, const FlatLayout& L,
+                                              const std::vector<torch::Tensor>& like);
 
 }  // namespace dp

@@ -65,10 +65,7 @@ Fsdp::Fsdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const Mod
     for (const auto& p : U.sharded) U.offsets.push_back(n), n += p.numel();
     U.layout = FlatLayout::of(n, W);
     auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(pg_.device());
-    auto flat = torch::zeros({U.layout.padded}, f32);
-    for (size_t i = 0; i < U.sharded.size(); ++i)
-      flat.narrow(0, U.offsets[i], U.sharded[i].numel()).copy_(U.sharded[i].reshape(-1));
-    U.shard = flat.narrow(0, U.layout.offset(r), U.layout.chunk).clone().set_requires_grad(true);
+    U.shard = flat_chunk(U.sharded, U.layout, r, f32).set_requires_grad(true);
     U.grad_shard = torch::zeros({U.layout.chunk}, f32);
     // The gathered buffer, in the compute dtype. Each model parameter becomes a view of its storage
     // (set_data keeps the parameter's identity, autograd metadata and shape); freeing the storage
@@ -277,6 +274,7 @@ void Fsdp::finish_gradient_synchronization() {
     for (const auto& g : rep) lines.push_back(g.reshape(-1));
     auto flat = torch::cat(lines);
     pg_.all_reduce(flat, "replicated");
+    ++all_reduces_;
     sent_bytes_ += 2 * ring_share() * static_cast<double>(flat.nbytes());
     flat.div_(pg_.world_size());
     int64_t off = 0;
@@ -318,12 +316,8 @@ std::vector<torch::Tensor> Fsdp::gather_full(const std::vector<torch::Tensor>& p
   std::unordered_map<const void*, torch::Tensor> full;
   size_t k = units_.size();  // the replicated tensors follow the shards
   for (size_t u = 0; u < units_.size(); ++u) {
-    auto& U = units_[u];
-    torch::Tensor flat = torch::empty({U.layout.padded}, U.shard.options().requires_grad(false));
-    torch::Tensor chunk = pieces[u].detach().to(torch::kFloat32).contiguous();
-    all_gather_flat(pg_, chunk, flat, "gather_full");
-    for (size_t i = 0; i < U.sharded.size(); ++i)
-      full[U.sharded[i].unsafeGetTensorImpl()] = flat.narrow(0, U.offsets[i], U.sharded[i].numel()).view(U.sharded[i].sizes());
+    const auto whole = gather_flat_chunks(pg_, pieces[u].to(torch::kFloat32), units_[u].layout, units_[u].sharded);
+    for (size_t i = 0; i < whole.size(); ++i) full[units_[u].sharded[i].unsafeGetTensorImpl()] = whole[i];
   }
   for (auto& U : units_)
     for (const auto& p : U.replicated) full[p.unsafeGetTensorImpl()] = pieces[k++].detach().to(torch::kFloat32).clone();
@@ -342,10 +336,9 @@ std::vector<torch::Tensor> Fsdp::shard_full(const std::vector<torch::Tensor>& fu
   for (size_t i = 0; i < named.size(); ++i) by_param[named[i].second.unsafeGetTensorImpl()] = full[i];
   std::vector<torch::Tensor> out;
   for (const auto& U : units_) {
-    torch::Tensor flat = torch::zeros({U.layout.padded}, U.shard.options().requires_grad(false));
-    for (size_t i = 0; i < U.sharded.size(); ++i)
-      flat.narrow(0, U.offsets[i], U.sharded[i].numel()).copy_(by_param.at(U.sharded[i].unsafeGetTensorImpl()).reshape(-1));
-    out.push_back(flat.narrow(0, U.layout.offset(pg_.rank()), U.layout.chunk).clone());
+    std::vector<torch::Tensor> mine;
+    for (const auto& p : U.sharded) mine.push_back(by_param.at(p.unsafeGetTensorImpl()));
+    out.push_back(flat_chunk(mine, U.layout, pg_.rank(), U.shard.options()));
   }
   for (const auto& U : units_)
     for (const auto& p : U.replicated) out.push_back(by_param.at(p.unsafeGetTensorImpl()).to(p.scalar_type()).clone());

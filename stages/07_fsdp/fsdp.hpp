@@ -93,9 +93,11 @@ class Fsdp {
   /// Bytes of gathered (full) weights allocated now, and the most at any moment since construction.
   int64_t gathered_bytes() const { return gathered_now_; }
   int64_t peak_gathered_bytes() const { return gathered_peak_; }
-  /// All-gathers and reduce-scatters since construction (a step at reshard_after_forward: 2U - 1 and U).
+  /// All-gathers, reduce-scatters and all-reduces (of the replicated gradients) since construction; a
+  /// step at reshard_after_forward: 2U - 1, U, and 1 when there are replicated parameters and N > 1.
   int64_t all_gathers() const { return gathers_; }
   int64_t reduce_scatters() const { return reduce_scatters_; }
+  int64_t all_reduces() const { return all_reduces_; }
   /// Bytes this rank has sent since construction by ring arithmetic: (N-1)/N of each gathered or
   /// reduce-scattered buffer, 2(N-1)/N of the replicated all-reduce.
   double sent_bytes() const { return sent_bytes_; }
@@ -152,7 +154,7 @@ class Fsdp {
   torch::Tensor scatter_out_[kReduceScattersInFlight];
   int64_t max_chunk_ = 0;
   int64_t sharded_numel_ = 0, replicated_numel_ = 0;
-  int64_t gathered_now_ = 0, gathered_peak_ = 0, gathers_ = 0, reduce_scatters_ = 0;
+  int64_t gathered_now_ = 0, gathered_peak_ = 0, gathers_ = 0, reduce_scatters_ = 0, all_reduces_ = 0;
   double sent_bytes_ = 0;
   std::unique_ptr<AccumulateGradHooks> hooks_;  // last member: destroyed first
 };

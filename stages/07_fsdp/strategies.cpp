@@ -18,7 +18,7 @@ UnitModel& units_of(torch::nn::Module& model) {
 class FsdpStrategy : public Strategy {
  public:
   FsdpStrategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const MakeOptimizer& make, FsdpOptions opts)
-      : pg_(pg), model_(model), opts_(opts), fsdp_(pg, model, units_of(*model).units(), opts), opt_(make(fsdp_.parameters())) {
+      : model_(model), opts_(opts), fsdp_(pg, model, units_of(*model).units(), opts), opt_(make(fsdp_.parameters())) {
     if (!opt_) throw std::invalid_argument("fsdp_strategy: the MakeOptimizer returned no optimizer");
   }
   void zero_grad() override {
@@ -29,7 +29,7 @@ class FsdpStrategy : public Strategy {
   void after_backward() override { fsdp_.finish_gradient_synchronization(); }
   void step() override {
     opt_->step();
-    calls_ = collectives() - calls_at_start_ + (replicated_all_reduce() ? 1 : 0);
+    calls_ = collectives() - calls_at_start_;
     sent_ = fsdp_.sent_bytes() - sent_at_start_;
   }
   int64_t calls_per_step() const override { return calls_; }
@@ -70,13 +70,8 @@ class FsdpStrategy : public Strategy {
   std::vector<torch::optim::Optimizer*> optimizers() override { return {opt_.get()}; }
 
  private:
-  int64_t collectives() const { return fsdp_.all_gathers() + fsdp_.reduce_scatters(); }
-  // The replicated gradients (the norms) leave in one all-reduce per step, counted here.
-  bool replicated_all_reduce() const {
-    return fsdp_.num_parameters() > fsdp_.sharded_parameters() && pg_.world_size() > 1;
-  }
+  int64_t collectives() const { return fsdp_.all_gathers() + fsdp_.reduce_scatters() + fsdp_.all_reduces(); }
 
-  ProcessGroup& pg_;
   std::shared_ptr<torch::nn::Module> model_;
   FsdpOptions opts_;
   Fsdp fsdp_;

@@ -104,8 +104,8 @@ TYPED_TEST(FsdpContract, GatherFullAndShardFullRoundTrip) {
 }
 
 // The prefetch: when unit u starts computing in forward, units up to u + 1 have been launched; a step
-// issues 2U - 1 all-gathers when resharding (the last unit is not freed after forward), else U, and U
-// reduce-scatters; afterwards nothing stays gathered. Reshard keeps at most two units gathered at once.
+// issues 2U - 1 all-gathers when resharding (the last unit is not freed after forward), else U, U
+// reduce-scatters and one all-reduce (the replicated norm gains); afterwards nothing stays gathered. Reshard keeps at most two units gathered at once.
 TYPED_TEST(FsdpContract, PrefetchAndCollectiveCounts) {
   run_ranks(2, [](ProcessGroup& pg) {
     auto model = seeded_toy(1);
@@ -122,6 +122,7 @@ TYPED_TEST(FsdpContract, PrefetchAndCollectiveCounts) {
     for (int64_t u = 0; u < U; ++u) EXPECT_EQ(launched_at_start[u], std::min(u + 2, U)) << "unit " << u;
     EXPECT_EQ(fsdp.all_gathers(), TypeParam::reshard ? 2 * U - 1 : U);
     EXPECT_EQ(fsdp.reduce_scatters(), U);
+    EXPECT_EQ(fsdp.all_reduces(), 1);
     EXPECT_EQ(fsdp.gathered_bytes(), 0);
     const int64_t e = TypeParam::options().compute_dtype == torch::kFloat32 ? 4 : 2;
     if (TypeParam::reshard) EXPECT_EQ(fsdp.peak_gathered_bytes(), (8192 + 8192) * e);  // fc1 and fc2 units
