@@ -35,10 +35,11 @@ inline constexpr double kFaultPauseS = 5.0;
 /// comma-separated list of `ACTION@SLOT:POINT`, ACTION one of die (SIGKILL), stop (SIGSTOP), hang (blocks
 /// forever), pause (sleeps kFaultPauseS, then goes on: a slow process); SLOT the launcher's rank (the first
 /// process of that slot only; `*`: whichever process reaches POINT first); POINT a name the program passes
-/// to at() (stage 09: stepK, quorumN, heal, over: the run's last step done). Each entry fires once in the
-/// whole run, claimed through `store`, which every process of the run shares; the time a failure (not a
-/// pause) fired is stored there too, so that the survivors can say how long recovery took. Without DP_FAULT
-/// nothing happens. An entry that is not `ACTION@SLOT:POINT` throws dp::UsageError naming it.
+/// to at() (stage 09: stepK, quorumN, leaving: a survivor in its next round, before it closes its group;
+/// heal; over: the run's last step done). Each entry fires once in the whole run, claimed through
+/// `store`, which every process of the run shares; the time a failure (not a pause) fired is stored there
+/// too, so that the survivors can say how long recovery took. Without DP_FAULT nothing happens. An entry
+/// that is not `ACTION@SLOT:POINT` throws dp::UsageError naming it.
 class Faults {
  public:
   /// `id`: this process's name in the run's timeline; `restart`: 0 for the launcher's first process of

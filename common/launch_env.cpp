@@ -1,5 +1,5 @@
 // Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and this project's own
-// variables; a malformed value is a usage error (exit 2) that names the variable.
+// variables (DP_*, ddp_launch's); a malformed value is a usage error (exit 2) that names the variable.
 #include "common/launch_env.hpp"
 
 #include "common/errors.hpp"
@@ -38,6 +38,9 @@ LaunchEnv LaunchEnv::from_environment() {
   env.local_rank = env_int("LOCAL_RANK", env.rank, 0);
   env.local_world_size = env_int("LOCAL_WORLD_SIZE", env.world_size, 1);
   env.master_port = env_int("MASTER_PORT", 29500, 1);
+  if (const char* e = std::getenv("DP_ELASTIC_STORE"); e && *e) env.elastic_store = e;
+  env.elastic_min = env_int("DP_ELASTIC_MIN", 1, 1);
+  env.restart = env_int("DP_RESTART", 0, 0);
   if (const char* a = std::getenv("MASTER_ADDR"); a && *a) env.master_addr = a;
   if (const char* u = std::getenv("TORCHELASTIC_USE_AGENT_STORE"); u) env.agent_store = std::string(u) == "True";
   if (env.rank >= env.world_size)

@@ -22,6 +22,9 @@ struct LaunchEnv {
   std::string gloo_ifname;   ///< GLOO_SOCKET_IFNAME: the interface Gloo binds (PyTorch's variable), or empty
   std::string net;           ///< DP_NET: the rate of ddp_launch --net's simulated links ("1gbit"), or empty
   std::string launch_command;  ///< DP_LAUNCH_COMMAND: ddp_launch's own command line, or empty
+  std::string elastic_store;  ///< DP_ELASTIC_STORE: ddp_launch --elastic's store file, or empty
+  int elastic_min = 1;        ///< DP_ELASTIC_MIN: ddp_launch --min-nproc (elastic runs), else 1
+  int restart = 0;            ///< DP_RESTART: processes this rank's slot had before this one (0: the first)
 
   /// True when every rank runs on this machine (LOCAL_WORLD_SIZE == WORLD_SIZE).
   bool single_node() const { return local_world_size == world_size; }

@@ -1,6 +1,8 @@
 // Parameter lists that count a tied weight once.
 #include "common/params.hpp"
 
+#include "common/checkpoint_file.hpp"  // fnv1a64
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -43,5 +45,14 @@ void copy_parameters(torch::nn::Module& dst, const torch::nn::Module& src) {
 }
 
 std::string shape_text(c10::IntArrayRef sizes) { return fmt::format("[{}]", fmt::join(sizes, ", ")); }
+
+uint64_t parameter_hash(const torch::nn::Module& m, uint64_t basis) {
+  uint64_t h = basis;
+  for (const auto& p : unique_parameters(m, /*trainable_only=*/true)) {
+    const auto c = p.detach().contiguous();
+    h = fnv1a64(c.data_ptr(), c.nbytes(), h);
+  }
+  return h;
+}
 
 }  // namespace dp

@@ -32,4 +32,9 @@ std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(const
 /// Total number of elements of the tensors (e.g. a model's parameter count).
 int64_t count_elements(const std::vector<torch::Tensor>& tensors);
 
+/// FNV-1a (common/checkpoint_file.hpp's fnv1a64) over the bytes of every trainable unique parameter of `m`
+/// in turn, from `basis` (FNV's offset basis, kFnv1a64Basis, by default): equal on two ranks exactly when
+/// their replicas are bit-identical, barring a 64-bit collision.
+uint64_t parameter_hash(const torch::nn::Module& m, uint64_t basis = 0xcbf29ce484222325ULL);
+
 }  // namespace dp

@@ -1,10 +1,11 @@
 // Stage 09's training loop: generations of ranks, each a process group of its own.
 #include "stages/09_elastic/elastic_loop.hpp"
 
-#include "common/checkpoint_file.hpp"  // broadcast_text, fnv1a64
+#include "common/checkpoint_file.hpp"  // broadcast_text
+#include "common/errors.hpp"
 #include "common/format.hpp"
 #include "common/log.hpp"
-#include "common/params.hpp"
+#include "common/params.hpp"  // parameter_hash
 #include "common/strategy.hpp"
 #include "common/timeline.hpp"
 #include "common/transformer.hpp"
@@ -43,16 +44,6 @@ void validate_elastic_options(const ElasticOptions& o) {
 }
 
 namespace {
-
-// FNV-1a over every parameter's bytes: equal on every rank exactly when the replicas are bit-identical.
-uint64_t parameter_hash(torch::nn::Module& m) {
-  uint64_t h = kFnv1a64Basis;
-  for (const auto& p : unique_parameters(m, /*trainable_only=*/true)) {
-    const auto c = p.detach().contiguous();
-    h = fnv1a64(c.data_ptr(), c.nbytes(), h);
-  }
-  return h;
-}
 
 // [heal]
 // Everyone takes the source's state: its step count, its curve, every parameter and its AdamW moments.
@@ -203,13 +194,14 @@ json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership
     c.curve["events"] = json::array();
   }
   int64_t generation = -1, joined = 0;  // the last round this process was in; rounds joined
+  std::optional<Membership::Claim> claimed;  // a survivor's slot in the next round
+  const auto on_claim = [&] { if (joined > 0) faults.at(fmt::format("quorum{}", joined)); };
   for (;;) {
     // 1. A round: who is in the next generation, and whose state everyone takes.
     const double t0 = wall_seconds();
-    const Quorum q = members.join(generation + 1, c.has_state ? c.done : -1, generation, [&] {
-      if (joined > 0) faults.at(fmt::format("quorum{}", joined));
-    });
-    ++joined, generation = q.round;
+    if (!claimed) claimed = members.claim(generation + 1, c.has_state ? c.done : -1, generation, on_claim);
+    const Quorum q = members.join(*claimed, on_claim);
+    ++joined, generation = q.round, claimed.reset();
     const double t_quorum = wall_seconds();
     std::unique_ptr<ProcessGroup> pg;
     std::unique_ptr<Strategy> s;
@@ -267,6 +259,10 @@ json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership
       print_rank("generation {} failed {}: {}", q.round,
                  c.has_state ? fmt::format("at step {}", c.done + 1) : std::string("before this newcomer had the state"),
                  first_line(e.what()));
+      // Into the next round at once: its settle time runs from the first survivor's claim, and this
+      // rank's state copy and teardown below, however slow, cannot make it miss the round.
+      claimed = members.claim(generation + 1, c.has_state ? c.done : -1, generation, on_claim);
+      faults.at("leaving");  // (tests/elastic.py's "slow": a survivor that pauses here is still in the round)
       if (s && c.has_state) c.state = s->full_state();
     }
     // Closing this rank's connections makes a peer still waiting on one of them fail at once.

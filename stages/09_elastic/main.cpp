@@ -36,24 +36,18 @@
 #include <fmt/format.h>
 
 #include <csignal>
-#include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 using namespace dp;
 using json = nlohmann::json;
-
-static int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::atoi(v) : fallback;
-}
 
 int main(int argc, char** argv) {
   Cli cli("stage09_elastic", "Stage 09: elastic DDP; survives dead ranks and takes in new ones between steps");
   ElasticOptions o;
   RunOptions& r = o.run;
   r.context = 64, r.batch = 12, r.steps = 60, r.warmup = 10, r.sample_bytes = 0;
-  o.min_ranks = env_int("DP_ELASTIC_MIN", 1);  // ddp_launch --min-nproc
   add_training_options(cli.app(), r);  // stage 08's: --corpus, --preset, --context, --batch, --accumulate, --steps,
                                        // --lr, --warmup
   cli.app().add_option("--sync", r.trainer.sync, "ddp only (zero1 and fsdp are refused: a dead rank's shard is gone)")
@@ -61,7 +55,8 @@ int main(int argc, char** argv) {
   cli.app().add_option("--checkpoint", r.checkpoint, "Checkpoint file: written at the end, or when too few ranks are left");
   cli.app().add_flag("--resume", r.resume, "Start from --checkpoint (stage 08's or this stage's)");
   cli.app().add_option("--curve", r.curve, "Write the loss curve and the membership changes as JSON");
-  cli.app().add_option("--min-ranks", o.min_ranks, "Stop (with a checkpoint) when fewer ranks are left "
+  std::optional<int> min_ranks;  // default: ddp_launch's --min-nproc (DP_ELASTIC_MIN), else 1
+  cli.app().add_option("--min-ranks", min_ranks, "Stop (with a checkpoint) when fewer ranks are left "
                                                    "(default: ddp_launch's --min-nproc, else 1)")->check(PositiveInt);
   cli.app().add_option("--trace", o.trace, "Write every process's timeline (rounds, groups, heals, steps) as a "
                                           "Chrome trace-event file");
@@ -78,12 +73,12 @@ int main(int argc, char** argv) {
     r.command = command_line(argc, argv);
     configure_cpu_threads();
     const LaunchEnv env = LaunchEnv::from_environment();
-    const char* store = std::getenv("DP_ELASTIC_STORE");
-    const bool own_store = !(store && *store);  // started by hand: a store file of its own, removed on the way out
+    o.min_ranks = min_ranks.value_or(env.elastic_min);
+    const bool own_store = env.elastic_store.empty();  // by hand: a store file of its own, removed on the way out
     if (env.launched && own_store)
       throw UsageError("stage 09 meets its peers in ddp_launch --elastic's store (DP_ELASTIC_STORE is unset); run "
                        "ddp_launch --elastic --nproc N -- stage09_elastic");
-    const std::string path = own_store ? fmt::format("/tmp/stage09_store.{}", ::getpid()) : store;
+    const std::string path = own_store ? fmt::format("/tmp/stage09_store.{}", ::getpid()) : env.elastic_store;
     const std::unique_ptr<const std::string, void (*)(const std::string*)> remove_store(
         own_store ? &path : nullptr, [](const std::string* p) { std::filesystem::remove(*p); });
     o.max_ranks = env.world_size;
@@ -95,14 +90,13 @@ int main(int argc, char** argv) {
     r.world_size = env.world_size;
     const TextCorpus corpus = load_corpus(r.corpus, (r.batch + 1) * (r.context + 1));
 
-    const int restart = env_int("DP_RESTART", 0);  // 0: one of the launcher's first processes
-    Membership members(path, fmt::format("{}.{}", env.rank, restart), o.max_ranks,
+    Membership members(path, fmt::format("{}.{}", env.rank, env.restart), o.max_ranks,
                        std::chrono::milliseconds(static_cast<int64_t>(o.settle_s * 1000)), dist.timeout);
-    Faults faults(members.store(), members.id(), env.rank, restart);
+    Faults faults(members.store(), members.id(), env.rank, env.restart);
     if (!o.trace.empty()) timeline::open(o.trace, members.id());
     json curve;
     try {
-      curve = train_elastic(o, corpus, members, faults, dist, /*with_state=*/restart == 0);
+      curve = train_elastic(o, corpus, members, faults, dist, /*with_state=*/env.restart == 0);
     } catch (const RunOver& e) {  // a replacement started as the last generation finished: nothing to join
       print_rank("{}; nothing is left for this process to do", e.what());
       return 0;

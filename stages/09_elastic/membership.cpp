@@ -1,6 +1,5 @@
 #include "stages/09_elastic/membership.hpp"
 
-#include "common/errors.hpp"
 #include "common/store_values.hpp"
 #include "common/timeline.hpp"
 
@@ -10,7 +9,6 @@
 #include <fmt/format.h>
 
 #include <fstream>
-#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -50,20 +48,26 @@ c10::intrusive_ptr<c10d::Store> Membership::generation_store(int64_t round) {
 }
 
 // [join]
-Quorum Membership::join(int64_t from, int64_t step, int64_t generation, const std::function<void()>& on_claim) {
+Membership::Claim Membership::claim(int64_t from, int64_t step, int64_t generation,
+                                     const std::function<void()>& on_claim) {
+  throw_if_over();  // a replacement that came too late: nobody will take it in
+  Claim c{first_open_round(from), step, generation};
+  // Claim the lowest free slot: compare-and-set succeeds for exactly one claimant, so slots are taken
+  // without gaps and each holds its claimant's step and id.
   const std::string me = fmt::format("{} {} {}", step, generation, id_);
+  while (store_text(store_->compareSet(key(c.round, fmt::format("m{}", c.slot)), {}, store_bytes(me))) != me) ++c.slot;
+  if (on_claim) on_claim();
+  if (step >= 0 && generation == c.round - 1)
+    store_->compareSet(key(c.round, "t0"), {}, store_bytes(fmt::format("{:.3f}", wall_seconds())));
+  return c;
+}
+
+Quorum Membership::join(Claim c, const std::function<void()>& on_claim) {
   const auto patience = 2 * timeout_ + settle_;
   const auto deadline = std::chrono::steady_clock::now() + patience;
-  for (int64_t r = first_open_round(from);; r = first_open_round(r + 1)) {
-    throw_if_over();  // a replacement that came too late: nobody will take it in
-    // Claim the lowest free slot: compare-and-set succeeds for exactly one claimant, so slots are
-    // taken without gaps and each holds its claimant's step and id.
-    int idx = 0;
-    while (store_text(store_->compareSet(key(r, fmt::format("m{}", idx)), {}, store_bytes(me))) != me) ++idx;
-    if (on_claim) on_claim();
-    // The settle clock starts with the first member of the latest generation: newcomers, and processes left
-    // out of that generation, wait for its members (who find them at their next step boundary).
-    if (step >= 0 && generation == r - 1) store_->compareSet(key(r, "t0"), {}, store_bytes(fmt::format("{:.3f}", wall_seconds())));
+  for (;; c = claim(c.round + 1, c.step, c.generation, on_claim)) {
+    const int64_t r = c.round;
+    const int idx = c.slot;
     const double settle = std::chrono::duration<double>(r == 0 ? timeout_ : settle_).count();
     int seen = idx + 1, closed = -1;
     while (closed < 0) {

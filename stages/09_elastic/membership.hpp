@@ -3,12 +3,12 @@
 //
 // A generation is a process group of fixed members. When one fails (a collective throws: a peer died,
 // or hung past --timeout) or a newcomer waits, the members leave it and meet in the next *round*: each
-// claims a numbered slot in the store (an atomic compare-and-set, so no two claim the same one), and the
-// first to see every slot taken, or the settle time run out since the first member of the latest
-// generation arrived, closes the round with the count it saw (compare-and-set again: one count wins). Those inside the count
-// are the next generation; one that arrives after the close waits in the round after it, where the
-// members will find it at their next step boundary. Each generation meets in a prefix of its own
-// ("gen<round>/"), so no collective ever mixes generations.
+// claims a numbered slot in the store (compare-and-set: no two claim the same one; a survivor claims as
+// it sees the failure), and the first to see every slot taken, or the settle time run out since the first
+// member of the latest generation came, closes the round with the count it saw (compare-and-set again:
+// one count wins). Those inside the count are the next generation; one that comes after the close waits
+// in the next round, where the members find it at their next step boundary. Each generation meets in a
+// prefix of its own ("gen<round>/"), so no collective ever mixes generations.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -55,16 +55,19 @@ class Membership {
   Membership(const std::string& path, std::string id, int max_members, std::chrono::milliseconds settle,
              std::chrono::milliseconds timeout);
 
-  /// Waits in the first round at or after `from` that is still open, announcing `step` (-1: no state),
-  /// until a round closes with this process inside it. Throws std::runtime_error after 2 x `timeout` +
-  /// `settle` without a close (nobody with state is left to close one; members still waiting out a hung
-  /// peer's timeout come within it).
-  /// `generation`: the last round this process was a member of (-1: none yet). Only a member of the
-  /// latest generation (or anyone, in round 0) starts a round's settle clock: a process left out of that
-  /// generation, or a newcomer, waits until its members come, so that no process ever closes a round
-  /// alone beside a generation that is still training (two generations at once: a split brain).
-  /// `on_claim` runs once this process holds a slot (the tests inject a failure there).
-  Quorum join(int64_t from, int64_t step, int64_t generation, const std::function<void()>& on_claim = {});
+  /// A slot held in a round (claim()), with what its holder announced there.
+  struct Claim { int64_t round = 0, step = -1, generation = -1; int slot = 0; };
+  /// Claims the lowest free slot of the first open round at or after `from`, announcing `step` (-1: no
+  /// state) and `generation`, the last round this process was a member of (-1: none). Only a member of the
+  /// latest generation (or anyone, in round 0) starts the round's settle clock: a newcomer, or a process
+  /// left out of that generation, could otherwise close a round alone beside a generation still training
+  /// (a split brain). A survivor claims as it sees a failure, before it copies its state and closes its
+  /// group, however long those take. `on_claim` runs once the slot is held (tests inject failures there).
+  Claim claim(int64_t from, int64_t step, int64_t generation, const std::function<void()>& on_claim = {});
+  /// Waits until a round closes with this process inside it: `c`'s, or the next open one (claimed alike).
+  /// Throws std::runtime_error after 2 x `timeout` + `settle` without a close (nobody with state is left
+  /// to close one; members still waiting out a hung peer's timeout come within it).
+  Quorum join(Claim c, const std::function<void()>& on_claim = {});
   /// The run is over (`steps` trained): join() throws RunOver from now on, in whoever waits or comes later.
   void close_run(int64_t steps);
   /// True when someone waits in round `round` and it is still open: the members of the generation before

@@ -352,6 +352,21 @@ TEST(LaunchEnv, ReadsTorchrunVariablesAndRejectsBadOnes) {
   EXPECT_EQ(env.local_world_size, 2);
   EXPECT_EQ(env.master_addr, "10.1.2.3");
   EXPECT_EQ(env.master_port, 29999);
+  EXPECT_EQ(env.elastic_min, 1);  // ddp_launch's elastic variables, unset: their defaults
+  EXPECT_EQ(env.restart, 0);
+  setenv("DP_ELASTIC_STORE", "/tmp/store", 1);
+  setenv("DP_ELASTIC_MIN", "2", 1);
+  setenv("DP_RESTART", "1", 1);
+  env = dp::LaunchEnv::from_environment();
+  EXPECT_EQ(env.elastic_store, "/tmp/store");
+  EXPECT_EQ(env.elastic_min, 2);
+  EXPECT_EQ(env.restart, 1);
+  setenv("DP_RESTART", "one", 1);  // atoi would have read 0: the first process, not a replacement
+  EXPECT_THROW(dp::LaunchEnv::from_environment(), dp::UsageError);
+  setenv("DP_ELASTIC_MIN", "0", 1);
+  setenv("DP_RESTART", "1", 1);
+  EXPECT_THROW(dp::LaunchEnv::from_environment(), dp::UsageError);
+  for (auto v : {"DP_ELASTIC_STORE", "DP_ELASTIC_MIN", "DP_RESTART"}) unsetenv(v);
   setenv("RANK", "4", 1);
   EXPECT_THROW(dp::LaunchEnv::from_environment(), dp::UsageError);
   setenv("RANK", "x", 1);

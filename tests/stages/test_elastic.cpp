@@ -38,7 +38,7 @@ std::vector<Quorum> join_together(const std::string& path, const std::vector<int
   for (size_t i = 0; i < steps.size(); ++i)
     f.push_back(std::async(std::launch::async, [&, i] {
       Membership m(path, std::to_string(i) + ".0", max_members, settle, 2000ms);
-      return m.join(from, steps[i], from - 1);  // members of the generation before
+      return m.join(m.claim(from, steps[i], from - 1));  // members of the generation before
     }));
   std::vector<Quorum> out;
   for (auto& x : f) out.push_back(x.get());
@@ -87,11 +87,11 @@ TEST(Membership, TiesGoToTheLatestGeneration) {
   StoreFile f;
   auto left_out = std::async(std::launch::async, [&] {
     Membership m(f.path, "0.0", 2, 100ms, 2000ms);
-    return m.join(2, 20, /*generation=*/0);  // arrives first: rank 0
+    return m.join(m.claim(2, 20, /*generation=*/0));  // arrives first: rank 0
   });
   std::this_thread::sleep_for(100ms);
   Membership alone(f.path, "2.0", 2, 100ms, 2000ms);
-  const Quorum q = alone.join(2, 20, /*generation=*/1);  // trained generation 1 alone
+  const Quorum q = alone.join(alone.claim(2, 20, /*generation=*/1));  // trained generation 1 alone
   EXPECT_EQ(left_out.get().source, q.source);
   ASSERT_EQ(q.size(), 2);
   EXPECT_EQ(q.members[0].id, "0.0");
@@ -117,7 +117,7 @@ TEST(Membership, OneWhoComesLateWaitsInTheNextRoundWhereTheMembersFindIt) {
   EXPECT_FALSE(member.someone_waiting(2));
   auto late = std::async(std::launch::async, [&] {
     Membership m(f.path, "2.1", 3, 100ms, 2000ms);
-    return m.join(1, -1, -1);  // round 1 is closed: it claims a slot in round 2
+    return m.join(m.claim(1, -1, -1));  // round 1 is closed: it claims a slot in round 2
   });
   for (int i = 0; i < 200 && !member.someone_waiting(2); ++i) std::this_thread::sleep_for(10ms);
   ASSERT_TRUE(member.someone_waiting(2)) << "the members would never know that someone waits";
@@ -137,7 +137,7 @@ TEST(Membership, ALateMemberWithStateWaitsForTheLatestGeneration) {
   ASSERT_EQ(q[0].size(), 2);
   auto late = std::async(std::launch::async, [&] {
     Membership m(f.path, "2.0", 3, 100ms, 2000ms);
-    return m.join(1, 5, /*generation=*/0);  // left out of round 1: waits in round 2
+    return m.join(m.claim(1, 5, /*generation=*/0));  // left out of round 1: waits in round 2
   });
   std::this_thread::sleep_for(400ms);  // four settle times: it would have closed round 2 alone by now
   Membership probe(f.path, "probe", 3, 100ms, 2000ms);
@@ -157,7 +157,7 @@ TEST(Membership, NewcomersAloneNeverTrainAndSaySo) {
   Membership m(g.path, "1.1", 3, 50ms, 100ms);
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    m.join(1, -1, -1);
+    m.join(m.claim(1, -1, -1));
     FAIL() << "a newcomer alone closed a round";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("no member with state is left"), std::string::npos) << e.what();
@@ -173,7 +173,7 @@ TEST(Membership, OneWhoComesAfterTheRunIsOverIsToldAtOnce) {
   join_together(f.path, {5, 5}, 2, 1, 100ms);  // generation 1 trains; a replacement then waits in round 2
   auto waiting = std::async(std::launch::async, [&] {
     Membership m(f.path, "2.1", 3, 100ms, 5000ms);
-    m.join(2, -1, -1);
+    m.join(m.claim(2, -1, -1));
   });
   Membership member(f.path, "0.0", 2, 100ms, 5000ms);
   for (int i = 0; i < 200 && !member.someone_waiting(2); ++i) std::this_thread::sleep_for(10ms);
@@ -187,7 +187,7 @@ TEST(Membership, OneWhoComesAfterTheRunIsOverIsToldAtOnce) {
     EXPECT_NE(std::string(e.what()).find("all 60 steps"), std::string::npos) << e.what();
   }
   Membership later(f.path, "2.2", 3, 100ms, 5000ms);
-  EXPECT_THROW(later.join(2, -1, -1), dp::RunOver);
+  EXPECT_THROW(later.join(later.claim(2, -1, -1)), dp::RunOver);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2000ms) << "told only when its patience (10.1 s) ran out";
 }
 

@@ -1,6 +1,5 @@
 // train_probe: a short bucketed-DDP training run that prints a fingerprint of the final parameters,
 // so two launches (for example 1 node x 4 ranks and 2 nodes x 2 ranks) can be compared exactly.
-#include "common/checkpoint_file.hpp"
 #include "common/data.hpp"
 #include "common/models.hpp"
 #include "common/params.hpp"
@@ -32,11 +31,7 @@ int main() {
     // FNV-1a over the raw bytes of every parameter, one after the other: equal only if bit-identical.
     // It starts from the value this probe always used (FNV's offset basis, kFnv1a64Basis, with its last
     // digit lost), so its fingerprints stay the same as before.
-    uint64_t h = 1469598103934665603ull;
-    for (auto& p : unique_parameters(*model)) {
-      auto c = p.detach().contiguous();
-      h = fnv1a64(c.data_ptr(), static_cast<size_t>(c.numel() * c.element_size()), h);
-    }
+    const uint64_t h = parameter_hash(*model, 1469598103934665603ull);
     print0("PARAMS {:016x} world {}", h, pg.world_size());
     pg.barrier();
     pg.shutdown();
