@@ -106,7 +106,8 @@ torch::Tensor flat_chunk(const std::vector<torch::Tensor>& tensors, const FlatLa
                          const torch::TensorOptions& options) {
   int64_t n = 0;
   for (const auto& t : tensors) n += t.numel();
-  if (n != L.numel) throw std::invalid_argument(fmt::format("flat_chunk: {} elements for a layout of {}", n, L.numel));
+  if (n != L.numel)
+    throw std::invalid_argument(fmt::format("flat_chunk: {} elements for a layout of {}", n, L.numel));
   torch::NoGradGuard no_grad;
   auto flat = torch::zeros({L.padded}, options.requires_grad(false));
   int64_t off = 0;
@@ -119,7 +120,8 @@ std::vector<torch::Tensor> gather_flat_chunks(ProcessGroup& pg, const torch::Ten
   torch::NoGradGuard no_grad;
   torch::Tensor mine = chunk.detach().reshape(-1).contiguous();
   if (mine.numel() != L.chunk)
-    throw std::invalid_argument(fmt::format("gather_flat_chunks: a chunk of {} elements for a layout's {}", mine.numel(), L.chunk));
+    throw std::invalid_argument(fmt::format("gather_flat_chunks: a chunk of {} elements for a layout's {}",
+                                            mine.numel(), L.chunk));
   torch::Tensor flat = torch::empty({L.padded}, mine.options());
   all_gather_flat(pg, mine, flat, "gather chunks");
   std::vector<torch::Tensor> out;

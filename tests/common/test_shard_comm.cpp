@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <tuple>
+#include <vector>
 
 using dp::FlatLayout;
 using dp::ProcessGroup;
@@ -105,6 +106,26 @@ TEST_P(ShardComm, ReduceScatterThenAllGatherIsAnAllReduce) {
     dp::reduce_scatter(pg, flat, mine);
     dp::all_gather_flat(pg, mine, flat);
     EXPECT_TRUE(torch::equal(flat, reduced));
+  });
+}
+
+// flat_chunk() cuts each rank's chunk of tensors laid back to back (zeros in the padding), and
+// gather_flat_chunks() puts the chunks back together into tensors of the original shapes, in order.
+TEST_P(ShardComm, FlatChunkThenGatherGivesBackTheTensors) {
+  const auto [W, n] = GetParam();
+  run_ranks(W, [&, W = W, n = n](ProcessGroup& pg) {
+    const auto whole = torch::arange(n + 6, torch::kFloat32);  // a [2, 3] tensor, then a [n] one
+    const std::vector<torch::Tensor> tensors{whole.narrow(0, 0, 6).view({2, 3}), whole.narrow(0, 6, n)};
+    const auto l = FlatLayout::of(n + 6, W);
+    const auto chunk = dp::flat_chunk(tensors, l, pg.rank(), torch::kFloat32);
+    auto padded = torch::zeros({l.padded});
+    padded.narrow(0, 0, n + 6).copy_(whole);
+    EXPECT_TRUE(torch::equal(chunk, padded.narrow(0, l.offset(pg.rank()), l.chunk)));
+    const auto back = dp::gather_flat_chunks(pg, chunk, l, tensors);
+    ASSERT_EQ(back.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) EXPECT_TRUE(torch::equal(back[i], tensors[i])) << "tensor " << i;
+    EXPECT_THROW(dp::flat_chunk({tensors[0]}, l, pg.rank(), torch::kFloat32), std::invalid_argument);
+    EXPECT_THROW(dp::gather_flat_chunks(pg, torch::zeros({l.chunk + 1}), l, tensors), std::invalid_argument);
   });
 }
 

@@ -105,7 +105,8 @@ TYPED_TEST(FsdpContract, GatherFullAndShardFullRoundTrip) {
 
 // The prefetch: when unit u starts computing in forward, units up to u + 1 have been launched; a step
 // issues 2U - 1 all-gathers when resharding (the last unit is not freed after forward), else U, U
-// reduce-scatters and one all-reduce (the replicated norm gains); afterwards nothing stays gathered. Reshard keeps at most two units gathered at once.
+// reduce-scatters and one all-reduce (the replicated norm gains); afterwards nothing stays gathered.
+// Reshard keeps at most two units gathered at once.
 TYPED_TEST(FsdpContract, PrefetchAndCollectiveCounts) {
   run_ranks(2, [](ProcessGroup& pg) {
     auto model = seeded_toy(1);
