@@ -40,7 +40,7 @@ struct Quorum {
   int size() const { return static_cast<int>(members.size()); }
 };
 
-/// join() found the run over (a replacement that came too late): stage 09 says so and exits 0.
+/// claim() or join() found the run over (a replacement that came too late): stage 09 says so and exits 0.
 struct RunOver : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -68,7 +68,8 @@ class Membership {
   /// Throws std::runtime_error after 2 x `timeout` + `settle` without a close (nobody with state is left
   /// to close one; members still waiting out a hung peer's timeout come within it).
   Quorum join(Claim c, const std::function<void()>& on_claim = {});
-  /// The run is over (`steps` trained): join() throws RunOver from now on, in whoever waits or comes later.
+  /// The run is over (`steps` trained): claim() and join() throw RunOver from now on, in whoever waits or
+  /// comes later.
   void close_run(int64_t steps);
   /// True when someone waits in round `round` and it is still open: the members of the generation before
   /// it re-form at their next step boundary (only one rank asks, and tells the others).
