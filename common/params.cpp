@@ -46,6 +46,8 @@ void copy_parameters(torch::nn::Module& dst, const torch::nn::Module& src) {
 
 std::string shape_text(c10::IntArrayRef sizes) { return fmt::format("[{}]", fmt::join(sizes, ", ")); }
 
+static_assert(kFnv1a64Basis == 0xcbf29ce484222325ULL, "parameter_hash()'s default basis (params.hpp) is FNV's");
+
 uint64_t parameter_hash(const torch::nn::Module& m, uint64_t basis) {
   uint64_t h = basis;
   for (const auto& p : unique_parameters(m, /*trainable_only=*/true)) {

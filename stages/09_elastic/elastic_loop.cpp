@@ -196,10 +196,11 @@ json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership
   int64_t generation = -1, joined = 0;  // the last round this process was in; rounds joined
   std::optional<Membership::Claim> claimed;  // a survivor's slot in the next round
   const auto on_claim = [&] { if (joined > 0) faults.at(fmt::format("quorum{}", joined)); };
+  const auto claim_next = [&] { return members.claim(generation + 1, c.has_state ? c.done : -1, generation, on_claim); };
   for (;;) {
     // 1. A round: who is in the next generation, and whose state everyone takes.
     const double t0 = wall_seconds();
-    if (!claimed) claimed = members.claim(generation + 1, c.has_state ? c.done : -1, generation, on_claim);
+    if (!claimed) claimed = claim_next();
     const Quorum q = members.join(*claimed, on_claim);
     ++joined, generation = q.round, claimed.reset();
     const double t_quorum = wall_seconds();
@@ -261,7 +262,7 @@ json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership
                  first_line(e.what()));
       // Into the next round at once: its settle time runs from the first survivor's claim, and this
       // rank's state copy and teardown below, however slow, cannot make it miss the round.
-      claimed = members.claim(generation + 1, c.has_state ? c.done : -1, generation, on_claim);
+      claimed = claim_next();
       faults.at("leaving");  // (tests/elastic.py's "slow": a survivor that pauses here is still in the round)
       if (s && c.has_state) c.state = s->full_state();
     }
