@@ -5,6 +5,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <stdexcept>
+
 namespace dp {
 namespace {
 // One ring pass over P fp32 values: each rank sends (N-1)/N of the 4P bytes.
@@ -46,6 +49,24 @@ double activation_bytes(const TransformerConfig& c, int64_t batch, int64_t token
                            3.0 * c.vocab_size + 2.0 * c.d_model;
   return per_token * double(batch) * double(tokens) * bytes_per_value;
 }
+
+// [estimate]
+double peak_training_bytes(const TransformerConfig& m, const std::string& design, int world_size, int64_t batch,
+                           int compute_bytes) {
+  const double P = static_cast<double>(m.num_parameters()), N = world_size, e = compute_bytes;
+  const double act = activation_bytes(m, batch, m.context_length, compute_bytes);
+  if (design == "ddp") return 20 * P + act;  // weights, grads, AdamW 16P, + 4P of buckets
+  if (design == "zero1") return 12 * P + 12 * P / N + act;  // + the all-to-all's 4P buffers
+  if (design != "fsdp" && design != "fsdp-keep")
+    throw std::invalid_argument("peak_training_bytes: design '" + design + "' is not ddp, zero1, fsdp or fsdp-keep");
+  const double unit = std::max(4.0 * m.d_model * m.d_model + 3.0 * m.d_model * m.d_ff, double(m.vocab_size) * m.d_model);
+  // 16P/N of shards, shard grads and AdamW state; gathered units: the one computing, the one prefetched,
+  // the all-to-all's send copy; two units' fp32 gradients in flight. fsdp-keep holds every unit from
+  // forward to backward.
+  const double gathered = design == "fsdp" ? 3 * unit * e : P * e + 2 * unit * e;
+  return 16 * P / N + gathered + 2 * 4 * unit + act;
+}
+// [estimate]
 
 std::string describe(const TransformerConfig& cfg) {
   const int64_t p = cfg.num_parameters();

@@ -51,6 +51,16 @@ double fsdp_bytes_per_step(int64_t num_params, int world_size, int gather_bytes 
 /// loss, times `bytes_per_value`. An estimate for memory checks, not a measurement.
 double activation_bytes(const TransformerConfig& cfg, int64_t batch, int64_t tokens, int bytes_per_value = 4);
 
+/// About the most bytes one rank holds while training the TransformerLM `m` with AdamW on `world_size` ranks,
+/// `batch` sequences of `m.context_length` tokens per backward (its activations in `compute_bytes` per value:
+/// 4 fp32, 2 bf16). `design`: "ddp" 20P (16P of training state, and stage 05's buckets, a copy of the
+/// gradients), "zero1" 12P + 12P/N (the moments split, and the all-to-all's buffers), "fsdp" 16P/N and three
+/// gathered units (the computing one, the prefetched one, the send copy) and two units' gradients in flight,
+/// "fsdp-keep" every unit gathered from forward to backward. An estimate for the refusals before any work
+/// (dp::check_fits_in_memory()), not a measurement. Throws std::invalid_argument on another design.
+double peak_training_bytes(const TransformerConfig& m, const std::string& design, int world_size, int64_t batch,
+                           int compute_bytes = 4);
+
 /// One line: preset, shape, parameter count with thousands separators and the fp32 bytes of weights,
 /// gradients and AdamW state (decimal units: 1 MB = 10^6 B), e.g.
 /// "small: d_model 768, d_ff 3072, 12 layers, 12 heads, ctx 128, vocab 10000; 128,625,408 params;

@@ -27,22 +27,11 @@ namespace dp {
 
 namespace optim = torch::optim;
 
-// [estimate]
 double estimated_bytes_per_rank(const FsdpBenchOptions& o, const std::string& variant, int world) {
-  const auto m = TransformerConfig::preset(o.cfg.preset, o.cfg.context);
-  const double P = static_cast<double>(m.num_parameters());
-  const double e = o.compute_dtype == torch::kFloat32 ? 4 : 2;  // bytes per gathered value
-  const double act = activation_bytes(m, o.cfg.global_batch / world, o.cfg.context, static_cast<int>(e));
-  if (variant == "ddp") return 20 * P + act;  // weights, grads, AdamW 16P, + 4P of buckets
-  if (variant.rfind("zero1", 0) == 0) return 12 * P + 12 * P / world + act;  // + the all-to-all's 4P buffers
-  const double unit = std::max(4.0 * m.d_model * m.d_model + 3.0 * m.d_model * m.d_ff, double(m.vocab_size) * m.d_model);
-  // 16P/N of shards, shard grads and AdamW state; gathered units: the one computing, the one prefetched,
-  // the all-to-all's send copy; two units' fp32 gradients in flight. fsdp-keep holds every unit from
-  // forward to backward.
-  const double gathered = variant == "fsdp" ? 3 * unit * e : P * e + 2 * unit * e;
-  return 16 * P / world + gathered + 2 * 4 * unit + act;
+  const int e = o.compute_dtype == torch::kFloat32 ? 4 : 2;  // bytes per gathered value
+  return peak_training_bytes(TransformerConfig::preset(o.cfg.preset, o.cfg.context), variant, world,
+                             o.cfg.global_batch / world, e);
 }
-// [estimate]
 
 void check_memory(FsdpBenchOptions& o, int world) {
   // Where the tensors live: this machine's memory, shared by its ranks; on CUDA one GPU's, shared by the

@@ -62,12 +62,13 @@ int main(int argc, char** argv) {
     configure_cpu_threads();
     check_blas();
     // Bad input exits 2 before the process group forms: flags, a missing checkpoint or corpus, a batch the
-    // world size does not split. The launch environment knows this rank and the world size already.
+    // world size does not split, a model this machine cannot hold. The launch environment knows this rank
+    // and the world size already.
     validate_run_options(o);
     const LaunchEnv env = LaunchEnv::from_environment();
     const TextCorpus corpus = load_corpus(o.corpus, (o.batch + 1) * (o.context + 1));
     DistributedSampler sampler(window_count(corpus.train, o.context), o.batch, o.seed, env.rank, env.world_size);
-    check_micro_batches(o, env.world_size);
+    check_run_fits(o, env.world_size, env.local_world_size);
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
     o.world_size = pg.world_size();
     print0("process group: backend {}, world size {}; corpus {}: {} bytes of training text, {} held out",

@@ -4,6 +4,7 @@
 #include "common/cli.hpp"     // check_writable
 #include "common/models.hpp"
 #include "common/accounting.hpp"
+#include "common/memory.hpp"  // check_fits_in_memory
 #include "common/params.hpp"
 #include "common/results.hpp"
 #include "common/runtime.hpp"
@@ -55,10 +56,18 @@ void validate_run_options(const RunOptions& o) {
     throw UsageError(fmt::format("--warmup {} is longer than --steps {}", o.warmup, o.steps));
 }
 
-void check_micro_batches(const RunOptions& o, int world_size) {
-  if (o.batch % (world_size * o.accumulate) != 0)
+void check_run_fits(const RunOptions& o, int world_size, int ranks_here) {
+  const int64_t split = world_size * o.accumulate;
+  if (o.batch % split != 0)
     throw UsageError(fmt::format("--batch {} does not split into {} ranks x --accumulate {} equal micro-batches; use a "
-                                 "multiple of {}", o.batch, world_size, o.accumulate, world_size * o.accumulate));
+                                 "multiple of {}", o.batch, world_size, o.accumulate, split));
+  auto m = TransformerConfig::preset(o.preset, o.context);
+  m.vocab_size = TextCorpus::kVocab;  // as make_byte_lm() builds it
+  check_fits_in_memory(peak_training_bytes(m, o.trainer.sync, world_size, o.batch / split), ranks_here,
+                       fmt::format("--sync {} --preset {} --context {} with micro-batches of {} sequences", o.trainer.sync,
+                                   o.preset, o.context, o.batch / split),
+                       "use a smaller --preset or --context, a larger --accumulate, fewer ranks on this machine, or "
+                       "--sync fsdp (stage 07: every state sharded)");
 }
 
 std::vector<Batch> micro_batches(const TextCorpus& c, const std::vector<int64_t>& ids, int64_t k, int64_t context,

@@ -52,8 +52,11 @@ void add_training_options(CLI::App& app, RunOptions& o);
 /// a --checkpoint or --curve file that cannot be written, --warmup beyond --steps.
 void validate_run_options(const RunOptions& o);
 
-/// Throws dp::UsageError unless the global batch splits into world_size x accumulate equal micro-batches.
-void check_micro_batches(const RunOptions& o, int world_size);
+/// Throws dp::UsageError unless the global batch splits into world_size x accumulate equal micro-batches,
+/// and unless the `ranks_here` ranks on this machine can each hold their share of the training state and
+/// one micro-batch's activations (dp::peak_training_bytes() for o.trainer.sync, against the memory
+/// available): a --preset or --context too large is refused before any work, not killed halfway.
+void check_run_fits(const RunOptions& o, int world_size, int ranks_here);
 
 /// This rank's windows `ids` of the training text cut into `k` equal micro-batches, in order, on `device`.
 std::vector<Batch> micro_batches(const TextCorpus& c, const std::vector<int64_t>& ids, int64_t k, int64_t context,

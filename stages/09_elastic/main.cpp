@@ -86,6 +86,7 @@ int main(int argc, char** argv) {
     if (dist.on_gpu()) throw UsageError("stage 09 runs on the CPU over Gloo; drop --device cuda / --backend nccl");
     validate_elastic_options(o);
     validate_run_options(r);
+    check_run_fits(r, o.max_ranks, env.local_world_size);  // every started rank: the most any membership holds
     if (!o.trace.empty()) check_writable("--trace", o.trace);
     r.world_size = env.world_size;
     const TextCorpus corpus = load_corpus(r.corpus, (r.batch + 1) * (r.context + 1));

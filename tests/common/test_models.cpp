@@ -178,6 +178,25 @@ TEST(Accounting, MatchesScript) {
   EXPECT_DOUBLE_EQ(dp::fsdp_bytes_per_step(1000, 4, 2), 0.75 * (4000 + 4000));
 }
 
+// The estimate behind the memory refusals (stage 08, stage 09, extension 07a): its closed forms at one point,
+// and the order of the designs that the refusals' remedies rely on (sharding more needs less).
+TEST(Accounting, PeakTrainingBytes) {
+  auto m = dp::TransformerConfig::preset("small", 128);
+  m.vocab_size = 256;
+  const double P = static_cast<double>(m.num_parameters()), act = dp::activation_bytes(m, 8, 128);
+  EXPECT_DOUBLE_EQ(dp::peak_training_bytes(m, "ddp", 4, 8), 20 * P + act);
+  EXPECT_DOUBLE_EQ(dp::peak_training_bytes(m, "zero1", 4, 8), 12 * P + 3 * P + act);
+  EXPECT_DOUBLE_EQ(dp::peak_training_bytes(m, "ddp", 4, 8, 2), 20 * P + dp::activation_bytes(m, 8, 128, 2));
+  const double ddp = dp::peak_training_bytes(m, "ddp", 4, 8), zero1 = dp::peak_training_bytes(m, "zero1", 4, 8);
+  const double keep = dp::peak_training_bytes(m, "fsdp-keep", 4, 8), fsdp = dp::peak_training_bytes(m, "fsdp", 4, 8);
+  EXPECT_GT(ddp, zero1);
+  EXPECT_GT(zero1, keep);
+  EXPECT_GT(keep, fsdp);
+  EXPECT_GT(fsdp, 4 * P + act);  // 16P/4 of shards, and the gathered units beside them
+  EXPECT_LT(dp::peak_training_bytes(m, "fsdp", 8, 8), fsdp);
+  EXPECT_THROW(dp::peak_training_bytes(m, "zero3", 4, 8), std::invalid_argument);
+}
+
 TEST(TransformerConfig, UnknownPresetThrowsUsageError) {
   expect_usage_error([] { dp::TransformerConfig::preset("huge"); }, {"huge", "tiny", "small", "xl", "2.7b"});
   auto desc = dp::describe(dp::TransformerConfig::preset("xl"));

@@ -167,6 +167,13 @@ dp_bad_input(stage01_warmup_inf 2 "--warmup: 'inf': the value must be a finite n
 dp_bad_input(stage08_checkpoint_unwritable 2 "--checkpoint /nonexistent-dir/lm.ckpt: cannot write there"
   ${S08} --checkpoint /nonexistent-dir/lm.ckpt)
 dp_bad_input(stage08_curve_unwritable 2 "--curve /nonexistent-dir/c.json: cannot write there" ${S08} --curve /nonexistent-dir/c.json)
+# A model this machine cannot hold is refused before the rendezvous (rank 1 alone, as above): whole replicas of
+# `large` (20 B per parameter with the buckets) on two ranks of a 24 GB machine, pointing at FSDP; a context whose
+# attention scores alone need terabytes.
+dp_bad_input(stage08_large_does_not_fit 2 "\\[rank 1/2\\] error: --sync ddp --preset large .* needs about [0-9.]+ GB per rank.*--sync fsdp"
+  ${MEM} ${ALONE} LOCAL_WORLD_SIZE=2 ${S08} --preset large --timeout 2s)
+dp_bad_input(stage08_context_does_not_fit 2 "--context 20000 with micro-batches of 16 sequences needs about [0-9.]+ GB per rank"
+  ${MEM} ${S08} --context 20000 --batch 16)
 
 
 # Stage 09: what cannot be elastic, and memberships the global batch does not split into, are refused before
@@ -178,6 +185,9 @@ dp_bad_input(stage09_zero1_refused 2 "--sync zero1: elastic training needs every
 dp_bad_input(stage09_fsdp_refused 2 "--sync fsdp: .*with FSDP a dead rank's shard dies with it" ${S09} --sync fsdp)
 dp_bad_input(stage09_batch_not_split 2 "--batch 10 does not split evenly over every membership from 1 to 3 ranks .*use a multiple of 6"
   ${ELASTIC_ENV} ${S09} --batch 10)
+# Whole replicas of `large` for the 3 ranks started on this machine (stage 09 trains with DDP only).
+dp_bad_input(stage09_large_does_not_fit 2 "--sync ddp --preset large .* GB per rank, .* for the 3 rank.s. on this machine"
+  ${MEM} ${ELASTIC_ENV} ${S09} --preset large)
 dp_bad_input(stage09_min_ranks_above_started 2 "--min-ranks 4 is above the 3 ranks started" ${ELASTIC_ENV} ${S09} --min-ranks 4)
 dp_bad_input(stage09_not_elastic 2 "DP_ELASTIC_STORE is unset.*ddp_launch --elastic" env RANK=0 WORLD_SIZE=2 ${S09})
 dp_bad_input(stage09_bad_fault 2 "DP_FAULT entry 'explode@1:step3' is not ACTION@SLOT:POINT" env DP_FAULT=explode@1:step3 ${S09})
