@@ -41,10 +41,12 @@ void validate_bench_config(BenchConfig& cfg, int world) {
     check_fits_in_memory(cfg.bytes_per_param * static_cast<double>(mcfg.num_parameters()) +
                              activation_bytes(mcfg, cfg.global_batch / world, cfg.context),
                          LaunchEnv::from_environment().local_world_size,
-                         fmt::format("--preset {} ({} parameters, {:.0f} bytes each on every rank)", cfg.preset,
-                                     with_commas(mcfg.num_parameters()), cfg.bytes_per_param),
-                         "use a smaller --preset, fewer ranks on this machine, or shard the parameters too (FSDP, "
-                         "stage 07; its extension 07a, ext07a_fsdp_bench, trains it with no whole replica beside it)");
+                         fmt::format("--preset {} ({} parameters, {:.0f} bytes each on every rank) with --context {} "
+                                     "and --batch {}", cfg.preset, with_commas(mcfg.num_parameters()),
+                                     cfg.bytes_per_param, cfg.context, cfg.global_batch),
+                         "use a smaller --preset, --context or --batch, fewer ranks on this machine, or shard the "
+                         "parameters too (FSDP, stage 07; its extension 07a, ext07a_fsdp_bench, trains it with no "
+                         "whole replica beside it)");
   if (!cfg.trace.empty()) check_writable("--trace", cfg.trace);  // fails now, not after the whole benchmark
 }
 

@@ -3,6 +3,8 @@
 set(S01 $<TARGET_FILE:stage01_allreduce>)
 set(S02 $<TARGET_FILE:stage02_naive_ddp>)
 set(TINY --bench --preset tiny --context 16 --warmup 0 --steps 2)
+# MEM stands in a 24 GB machine (common/memory.hpp), so that the memory refusals are the same on a machine with more.
+set(MEM env DP_AVAILABLE_MEMORY_BYTES=24000000000)
 
 # name | expected exit | output regex | command...
 function(dp_bad_input name code regex)
@@ -43,6 +45,8 @@ dp_bad_input(stage01_size_unit 2 "unknown unit 'xb'" ${S01} --sizes 1MB,10XB)
 dp_bad_input(stage01_zero_iters 2 "positive" ${S01} --iters 0)
 dp_bad_input(stage01_negative_warmup 2 "warmup" ${S01} --warmup -1)
 dp_bad_input(stage01_bad_budget 2 "budget" ${S01} --budget 5h)
+# A size no rank here can hold is refused before the demo (MEM: a 24 GB machine), not failed in an allocation.
+dp_bad_input(stage01_size_does_not_fit 2 "--sizes 100 GB needs about 110.4 GB per rank.*use smaller --sizes" ${MEM} ${S01} --bench --sizes 1MB,100GB)
 foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt stage07_fsdp
              ext05d_feature_bench)
   set(P $<TARGET_FILE:${prog}>)
@@ -79,12 +83,13 @@ dp_bad_input(stage05_unknown_variant 2 "--variants: zero1 not in .naive,flat,ove
 # Whole replicas of the 970 M-parameter `large` preset (about 16 B per parameter on every rank, plus the
 # benchmark's second replica) do not fit a machine of this project's kind: refused up front, pointing at
 # FSDP (stage 07), instead of being killed by the kernel. Stage 07 refuses what does not fit even sharded.
-# MEM stands in a 24 GB machine (common/memory.hpp), so the refusals are the same on a machine with more.
-set(MEM env DP_AVAILABLE_MEMORY_BYTES=24000000000)
 foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt)
   dp_bad_input(${prog}_large_does_not_fit 2 "--preset large .* needs about .* GB per rank.*FSDP, stage 07"
     ${MEM} ${LAUNCH} --nproc 2 -- $<TARGET_FILE:${prog}> --bench --preset large)
 endforeach()
+# A context whose activations (attention scores: batch x heads x context^2 values a layer) no rank can hold.
+dp_bad_input(stage03_context_does_not_fit 2 "--preset tiny .* with --context 100000 and --batch [0-9]+ needs about .* GB per rank.*smaller --preset, --context or --batch"
+  ${MEM} $<TARGET_FILE:stage03_flat> --bench --preset tiny --context 100000)
 # Stage 07's benchmark trains FSDP beside a whole no-communication replica: `large` is refused as above,
 # pointing at extension 07a, which builds each way of training alone and refuses what does not fit even sharded.
 dp_bad_input(stage07_large_points_at_ext07a 2 "--preset large .* needs about .* GB per rank.*ext07a_fsdp_bench"
