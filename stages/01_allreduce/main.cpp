@@ -139,11 +139,12 @@ int main(int argc, char** argv) {
     // Every rank here holds the largest tensor: a size this machine cannot hold is refused now, not failed
     // in an allocation after the demo. Measured: 1GB at 2 ranks peaks at 1.39 GB resident per rank (LibTorch
     // itself about 0.3 GB, Gloo's buffers little). On a GPU the tensors live in the GPU's memory instead.
-    uint64_t largest = 0;
-    for (const auto& size : sizes) largest = std::max(largest, parse_size(size, "--sizes"));
-    if (run_bench && !cli.dist_options().on_gpu())
+    if (run_bench && !cli.dist_options().on_gpu()) {
+      uint64_t largest = 0;
+      for (const auto& size : sizes) largest = std::max(largest, parse_size(size, "--sizes"));
       check_fits_in_memory(1.1 * static_cast<double>(largest) + 0.4e9, LaunchEnv::from_environment().local_world_size,
                            "--sizes " + format_bytes(static_cast<double>(largest)), "use smaller --sizes or fewer ranks");
+    }
     configure_cpu_threads();
     check_blas();
     auto pg = ProcessGroup::init_from_env(cli.dist_options());

@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
     const LaunchEnv env = LaunchEnv::from_environment();
     const TextCorpus corpus = load_corpus(o.corpus, (o.batch + 1) * (o.context + 1));
     DistributedSampler sampler(window_count(corpus.train, o.context), o.batch, o.seed, env.rank, env.world_size);
-    check_run_fits(o, env.world_size, env.local_world_size);
+    check_run_fits(o, env.world_size, env.local_world_size, cli.dist_options().on_gpu());
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
     o.world_size = pg.world_size();
     print0("process group: backend {}, world size {}; corpus {}: {} bytes of training text, {} held out",

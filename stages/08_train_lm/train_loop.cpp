@@ -56,18 +56,21 @@ void validate_run_options(const RunOptions& o) {
     throw UsageError(fmt::format("--warmup {} is longer than --steps {}", o.warmup, o.steps));
 }
 
-void check_run_fits(const RunOptions& o, int world_size, int ranks_here) {
+void check_run_fits(const RunOptions& o, int world_size, int ranks_here, bool on_gpu) {
   const int64_t split = world_size * o.accumulate;
   if (o.batch % split != 0)
     throw UsageError(fmt::format("--batch {} does not split into {} ranks x --accumulate {} equal micro-batches; use a "
                                  "multiple of {}", o.batch, world_size, o.accumulate, split));
   auto m = TransformerConfig::preset(o.preset, o.context);
   m.vocab_size = TextCorpus::kVocab;  // as make_byte_lm() builds it
-  check_fits_in_memory(peak_training_bytes(m, o.trainer.sync, world_size, o.batch / split), ranks_here,
+  // On a GPU the state lives in its memory, shared by the ranks bound to it (its total: every rank decides alike).
+  const double gpu = on_gpu ? static_cast<double>(cuda_total_memory_bytes(torch::Device(torch::kCUDA, 0))) : -1;
+  check_fits_in_memory(peak_training_bytes(m, o.trainer.sync, world_size, o.batch / split),
+                       on_gpu ? ranks_per_gpu(ranks_here) : ranks_here,
                        fmt::format("--sync {} --preset {} --context {} with micro-batches of {} sequences", o.trainer.sync,
                                    o.preset, o.context, o.batch / split),
                        "use a smaller --preset or --context, a larger --accumulate, fewer ranks on this machine, or "
-                       "--sync fsdp (stage 07: every state sharded)");
+                       "--sync fsdp (stage 07: every state sharded)", gpu, on_gpu ? "one GPU" : "this machine");
 }
 
 std::vector<Batch> micro_batches(const TextCorpus& c, const std::vector<int64_t>& ids, int64_t k, int64_t context,

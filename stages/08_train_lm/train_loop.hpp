@@ -55,8 +55,9 @@ void validate_run_options(const RunOptions& o);
 /// Throws dp::UsageError unless the global batch splits into world_size x accumulate equal micro-batches,
 /// and unless the `ranks_here` ranks on this machine can each hold their share of the training state and
 /// one micro-batch's activations (dp::peak_training_bytes() for o.trainer.sync, against the memory
-/// available): a --preset or --context too large is refused before any work, not killed halfway.
-void check_run_fits(const RunOptions& o, int world_size, int ranks_here);
+/// available; `on_gpu`: one GPU's, shared by the ranks bound to it): a --preset or --context too large is
+/// refused before any work, not killed halfway.
+void check_run_fits(const RunOptions& o, int world_size, int ranks_here, bool on_gpu = false);
 
 /// This rank's windows `ids` of the training text cut into `k` equal micro-batches, in order, on `device`.
 std::vector<Batch> micro_batches(const TextCorpus& c, const std::vector<int64_t>& ids, int64_t k, int64_t context,
