@@ -12,7 +12,8 @@
   train_lm.py lostwork LAUNCH PROGRAM WORKDIR  --checkpoint without --checkpoint-every writes the
                                               checkpoint at the end; a run whose loss turns non-finite
                                               (--lr 1e30) stops at that step with the hint, exit 1, and
-                                              writes no checkpoint after the last finite step
+                                              writes no checkpoint after the last finite step; a sample
+                                              longer than --timeout fails no peer
 
 Exit 0: pass; 1: fail; 77: skipped (the corpus, Debian's fortunes package, is not installed).
 TOL: curves of different world sizes sum the same gradients in another order. This one bound is an
@@ -176,6 +177,13 @@ def lostwork(launch, prog, work):
         stop = int(m.group(2))
         ok = must(os.path.exists(ck2) and max(written, default=0) == stop - 1,
                   f"checkpoints written after steps {written}, none after the loss turned {m.group(1)} at step {stop}") and ok
+    # Rank 0 samples alone after the run's last collective: however long that takes (1000 bytes, several
+    # seconds), no peer waits in a collective past --timeout meanwhile. (The final barrier after the sample
+    # failed this: "barrier failed ... Timed out waiting 3000ms".)
+    no_sample = [a for i, a in enumerate(short) if a != "--sample" and (i == 0 or short[i - 1] != "--sample")]
+    rc, out = run(launch, prog, 2, no_sample + ["--sample", "1000", "--timeout", "3s"], os.path.join(work, "sample.log"))
+    ok = must(rc == 0 and "PASS stage 08" in out and "sampled from the model" in out,
+              f"--sample 1000 at --timeout 3s: exit {rc}, the sample and PASS") and ok
     if not ok:
         print(out[-3000:])
     return ok

@@ -193,6 +193,9 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
   curve["config"] = o.config();
   curve["command"] = o.command, curve["machine"] = machine_description(), curve["link"] = link_description();
   curve["threads"] = torch::get_num_threads();  // per rank: the order of a matmul's sums depends on it
+  // The run's last collective. Rank 0 samples after it, alone: a peer waiting in a collective meanwhile would
+  // fail after --timeout, however long sampling takes (--sample 3000 at --timeout 3s did).
+  pg.barrier();
   if (o.sample_bytes > 0 && pg.rank() == 0) {
     if (o.trainer.sync == "fsdp") {
       print0("(no sample: under FSDP no rank holds the whole model)");

@@ -79,7 +79,8 @@ struct NonFiniteLoss : std::runtime_error {
 
 /// Trains (from step 0, or from the checkpoint with --resume) to o.steps and returns the curve, as also
 /// written to o.curve. Checkpoints (with --checkpoint) every o.checkpoint_every steps and after the last
-/// step; throws NonFiniteLoss at the first non-finite loss. The curve: {"config", "train": [[step, loss,
+/// step; throws NonFiniteLoss at the first non-finite loss. Ends with a barrier, its last collective; rank 0
+/// then samples o.sample_bytes alone. The curve: {"config", "train": [[step, loss,
 /// tokens/s]...], "val": [[step, loss]...],
 /// "phases": median seconds per step of data, forward, backward, sync, optimizer (this rank), "sample",
 /// "command", "machine", "link"}.

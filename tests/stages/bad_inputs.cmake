@@ -46,7 +46,8 @@ dp_bad_input(stage01_zero_iters 2 "positive" ${S01} --iters 0)
 dp_bad_input(stage01_negative_warmup 2 "warmup" ${S01} --warmup -1)
 dp_bad_input(stage01_bad_budget 2 "budget" ${S01} --budget 5h)
 # A size no rank here can hold is refused before the demo (MEM: a 24 GB machine), not failed in an allocation.
-dp_bad_input(stage01_size_does_not_fit 2 "--sizes 100 GB needs about 110.4 GB per rank.*use smaller --sizes" ${MEM} ${S01} --bench --sizes 1MB,100GB)
+dp_bad_input(stage01_size_does_not_fit 2 "--sizes 100 GB needs about 110.4 GB per rank.*use smaller --sizes"
+  ${MEM} ${S01} --bench --sizes 1MB,100GB)
 foreach(prog stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt stage07_fsdp
              ext05d_feature_bench)
   set(P $<TARGET_FILE:${prog}>)
