@@ -137,7 +137,15 @@ void save_state_file(const std::string& path, ProcessGroup& pg, const nlohmann::
         params.push_back({{"name", name}, {"shape", p.sizes().vec()},
                           {"state", {{"present", st.present}, {"step", st.step}, {"tensors", tensors}}}});
       }
+      // Its size reserved up front: grown by doubling, the string holds up to twice the state while it is
+      // copied over (measured, stage 08's `small` saving a 1.36 GB file: 6.5 GB peak resident, 5.5 GB reserved).
       std::string payload;
+      int64_t bytes = 0;
+      for (size_t i = 0; i < state.params.size(); ++i) {
+        bytes += state.params[i].second.nbytes() + 4096;  // a record's name and alignment, generously
+        for (const auto& [key, t] : state.optimizer[i].tensors) bytes += t.nbytes() + 4096;
+      }
+      payload.reserve(static_cast<size_t>(bytes) + (size_t{1} << 20));
       archive.save_to([&](const void* data, size_t size) {
         payload.append(static_cast<const char*>(data), size);
         return size;

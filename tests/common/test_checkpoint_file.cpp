@@ -60,6 +60,7 @@ TEST(CheckpointFile, HeaderLengthAndChecksumAreChecked) {
   expect_usage_error([&] { dp::read_checkpoint_file(good, {"TESTFILE", 4}); },
                      {"format version 3", "this program reads version 4"});
   expect_usage_error([&] { dp::read_checkpoint_file(dir.file("missing.bin"), kTest); }, {"cannot read checkpoint"});
+  expect_usage_error([&] { dp::read_checkpoint_file(dir.path.string(), kTest); }, {"cannot read checkpoint", "directory"});
 }
 
 TEST(CheckpointFile, FailedWriteLeavesThePreviousFileIntact) {

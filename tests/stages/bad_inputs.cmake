@@ -178,6 +178,9 @@ dp_bad_input(stage08_curve_unwritable 2 "--curve /nonexistent-dir/c.json: cannot
 # attention scores alone need terabytes.
 dp_bad_input(stage08_large_does_not_fit 2 "\\[rank 1/2\\] error: --sync ddp --preset large .* needs about [0-9.]+ GB per rank.*--sync fsdp"
   ${MEM} ${ALONE} LOCAL_WORLD_SIZE=2 ${S08} --preset large --timeout 2s)
+# FSDP holds `large` in 16 bytes a parameter / 2 ranks, but a checkpoint gathers its whole state on every rank.
+dp_bad_input(stage08_checkpoint_does_not_fit 2 "--sync fsdp --preset large .* needs about [0-9.]+ GB per rank.*no --checkpoint .it gathers the whole state., or more machines"
+  ${MEM} ${ALONE} LOCAL_WORLD_SIZE=2 ${S08} --preset large --sync fsdp --checkpoint /tmp/dp_bad_input_large.ckpt --timeout 2s)
 dp_bad_input(stage08_context_does_not_fit 2 "--context 20000 with micro-batches of 16 sequences needs about [0-9.]+ GB per rank"
   ${MEM} ${S08} --context 20000 --batch 16)
 
