@@ -165,4 +165,11 @@ int ranks_per_gpu(int local_ranks) {
   return (std::max(1, local_ranks) + gpus - 1) / gpus;
 }
 
+MemoryPool memory_pool(int local_ranks, bool on_gpu) {
+  if (on_gpu)
+    return {static_cast<double>(cuda_total_memory_bytes(torch::Device(torch::kCUDA, 0))), ranks_per_gpu(local_ranks),
+            "one GPU"};
+  return {static_cast<double>(available_memory_bytes()), local_ranks, "this machine"};
+}
+
 }  // namespace dp

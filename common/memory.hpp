@@ -56,6 +56,16 @@ int64_t available_memory_bytes();
 void check_fits_in_memory(double bytes_per_rank, int ranks_here, const std::string& what, const std::string& remedy,
                           double available = -1, const std::string& where = "this machine");
 
+/// Where a rank's tensors live, for check_fits_in_memory(): this machine's available memory, shared by its
+/// `local_ranks` ranks, or (`on_gpu`) one GPU's total memory, shared by the ranks bound to it (its total: every
+/// rank decides alike, whatever the others allocated already).
+struct MemoryPool {
+  double available = 0;  ///< bytes (0: unknown, and check_fits_in_memory() checks nothing)
+  int ranks = 1;         ///< the ranks that share it
+  std::string where;     ///< "this machine" or "one GPU", for messages
+};
+MemoryPool memory_pool(int local_ranks, bool on_gpu);
+
 /// Peak bytes allocated by the CUDA caching allocator on `device` since the last reset_cuda_peak()
 /// (on a GPU the number that matters, not the host's RSS); 0 for a CPU device or a build without CUDA.
 int64_t cuda_peak_allocated_bytes(const torch::Device& device);

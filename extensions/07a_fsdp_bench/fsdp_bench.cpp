@@ -34,35 +34,32 @@ double estimated_bytes_per_rank(const FsdpBenchOptions& o, const std::string& va
 }
 
 void check_memory(FsdpBenchOptions& o, int world) {
-  // Where the tensors live: this machine's memory, shared by its ranks; on CUDA one GPU's, shared by the
-  // ranks bound to it (its total memory: every rank decides alike, whatever the others allocated already).
-  const int local = LaunchEnv::from_environment().local_world_size;
-  const int here = o.cuda ? ranks_per_gpu(local) : local;
-  const double avail = o.cuda ? static_cast<double>(cuda_total_memory_bytes(torch::Device(torch::kCUDA, 0)))
-                              : static_cast<double>(available_memory_bytes());
-  const std::string where = o.cuda ? "one GPU" : "this machine";
+  // Where the tensors live: this machine's memory, shared by its ranks, or one GPU's, shared by those bound to it.
+  const MemoryPool pool = memory_pool(LaunchEnv::from_environment().local_world_size, o.cuda);
   const std::string remedy = o.compute_dtype == torch::kFloat32
                                  ? "use more ranks (more machines), a smaller --preset or --compute-dtype bf16"
                                  : "use more ranks (more machines) or a smaller --preset";
   for (const auto& v : o.variants)
     if (v != "ddp")
-      check_fits_in_memory(estimated_bytes_per_rank(o, v, world), here, "FSDP (" + v + ")", remedy, avail, where);
+      check_fits_in_memory(estimated_bytes_per_rank(o, v, world), pool.ranks, "FSDP (" + v + ")", remedy, pool.available,
+                           pool.where);
   // The variants train side by side: keep those that fit together, FSDP first, and say what was left out.
   std::vector<std::string> order = o.variants, kept;
   std::stable_partition(order.begin(), order.end(), [](const std::string& v) { return v == "fsdp"; });
   double total = 0;
   for (const auto& v : order) {
-    const double need = estimated_bytes_per_rank(o, v, world) * here;
-    if (avail > 0 && total + need > 0.9 * avail) {
+    const double need = estimated_bytes_per_rank(o, v, world) * pool.ranks;
+    if (pool.available > 0 && total + need > 0.9 * pool.available) {
       print0("note: {} left out: it needs about {:.1f} GB per rank ({:.1f} GB for {} ranks here) beside the others, "
-             "and {} has {:.1f} GB available", v, need / here / 1e9, need / 1e9, here, where, avail / 1e9);
+             "and {} has {:.1f} GB available", v, need / pool.ranks / 1e9, need / 1e9, pool.ranks, pool.where,
+             pool.available / 1e9);
       continue;
     }
     total += need, kept.push_back(v);
   }
   if (kept.empty())  // nothing left to measure: an empty table is no result
     throw UsageError(fmt::format("no variant of --variants fits in {} with a tenth of it to spare ({:.1f} GB "
-                                 "available): {}", where, avail / 1e9, remedy));
+                                 "available): {}", pool.where, pool.available / 1e9, remedy));
   std::vector<std::string> in_order;  // back to the requested order
   for (const auto& v : o.variants)
     if (std::count(kept.begin(), kept.end(), v)) in_order.push_back(v);

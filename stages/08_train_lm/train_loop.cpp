@@ -63,21 +63,20 @@ void check_run_fits(const RunOptions& o, int world_size, int ranks_here, bool on
                                  "multiple of {}", o.batch, world_size, o.accumulate, split));
   auto m = TransformerConfig::preset(o.preset, o.context);
   m.vocab_size = TextCorpus::kVocab;  // as make_byte_lm() builds it
-  // On a GPU the state lives in its memory, shared by the ranks bound to it (its total: every rank decides alike).
-  const double gpu = on_gpu ? static_cast<double>(cuda_total_memory_bytes(torch::Device(torch::kCUDA, 0))) : -1;
+  const MemoryPool pool = memory_pool(ranks_here, on_gpu);  // this machine's, or one GPU's
   // A checkpoint holds the whole state again in host memory (full_state(), gathered under FSDP: weights and
   // AdamW's moments, 12 bytes a parameter) and the file's bytes (12 more). Measured on `small` (114 M
   // parameters), peak resident: 2.98 GB training, 5.50 GB saving, 5.99 GB resuming (26 bytes a parameter more).
   const double checkpoint = o.checkpoint.empty() || on_gpu ? 0 : 32.0 * static_cast<double>(m.num_parameters());
   check_fits_in_memory(peak_training_bytes(m, o.trainer.sync, world_size, o.batch / split) + checkpoint,
-                       on_gpu ? ranks_per_gpu(ranks_here) : ranks_here,
+                       pool.ranks,
                        fmt::format("--sync {} --preset {} --context {} with micro-batches of {} sequences", o.trainer.sync,
                                    o.preset, o.context, o.batch / split),
                        fmt::format("use a smaller --preset or --context, a larger --accumulate, fewer ranks on this "
                                    "machine{}{}", o.checkpoint.empty() ? "" : ", no --checkpoint (it gathers the whole state)",
                                    o.trainer.sync == "fsdp" ? ", or more machines" : ", or --sync fsdp (stage 07: every "
                                    "state sharded)"),
-                       gpu, on_gpu ? "one GPU" : "this machine");
+                       pool.available, pool.where);
 }
 
 std::vector<Batch> micro_batches(const TextCorpus& c, const std::vector<int64_t>& ids, int64_t k, int64_t context,

@@ -59,6 +59,10 @@ TEST(Memory, AvailableMemoryStandIn) {
   EXPECT_EQ(dp::available_memory_bytes(), 24'000'000'000);
   EXPECT_THROW(dp::check_fits_in_memory(13e9, 2, "two ranks", "use fewer"), dp::UsageError);  // 26 GB > 24
   EXPECT_NO_THROW(dp::check_fits_in_memory(11e9, 2, "two ranks", "use fewer"));               // 22 GB
+  const dp::MemoryPool pool = dp::memory_pool(3, /*on_gpu=*/false);  // this machine's, shared by its 3 ranks
+  EXPECT_EQ(pool.available, 24e9);
+  EXPECT_EQ(pool.ranks, 3);
+  EXPECT_EQ(pool.where, "this machine");
   for (const char* bad : {"24GB", "", "-1", "0", "1e9", "99999999999999999999"}) {
     ::setenv("DP_AVAILABLE_MEMORY_BYTES", bad, 1);
     try {
