@@ -23,12 +23,11 @@ static std::string read_bytes(const fs::path& p) {
   return s.str();
 }
 
-TextCorpus load_corpus(const std::string& path, int64_t min_bytes) {
-  const std::string remedy = "install Debian's text with `apt-get install fortunes` (scripts/install_deps.sh does), "
-                             "or pass --corpus FILE|DIR";
+TextCorpus load_corpus(const std::string& path, int64_t batch, int64_t context) {
   std::error_code ec;
   if (!fs::exists(path, ec))
-    throw UsageError(fmt::format("--corpus {}: no such file or directory; {}", path, remedy));
+    throw UsageError(fmt::format("--corpus {}: no such file or directory; install Debian's text with `apt-get "
+                                 "install fortunes` (scripts/install_deps.sh does), or pass --corpus FILE|DIR", path));
   TextCorpus c;
   std::string text;
   if (fs::is_directory(path, ec)) {
@@ -43,19 +42,24 @@ TextCorpus load_corpus(const std::string& path, int64_t min_bytes) {
     c.source = path;
   }
   // Blocks of 4 KiB, every 20th held out: validation text comes from all over the corpus (a tail split
-  // would hold out the last files only, which are about other things).
+  // would hold out the last files only, which are about other things). A text under 20 blocks (80 KiB,
+  // such as the single file fortunes/fortunes, 24 kB) is cut into 20 blocks instead, so it holds out 5% too.
   const auto n = static_cast<int64_t>(text.size());
+  const int64_t block = std::clamp<int64_t>(n / TextCorpus::kValEvery, 1, TextCorpus::kBlock);
   auto all = torch::from_blob(text.data(), {n}, torch::kUInt8).to(torch::kLong);  // copies: text may go
   std::vector<torch::Tensor> train, val;
-  for (int64_t b = 0, i = 0; b < n; b += TextCorpus::kBlock, ++i)
+  for (int64_t b = 0, i = 0; b < n; b += block, ++i)
     (i % TextCorpus::kValEvery == TextCorpus::kValEvery - 1 ? val : train)
-        .push_back(all.narrow(0, b, std::min(TextCorpus::kBlock, n - b)));
+        .push_back(all.narrow(0, b, std::min(block, n - b)));
   c.train = train.empty() ? torch::empty({0}, torch::kLong) : torch::cat(train);
   c.val = val.empty() ? torch::empty({0}, torch::kLong) : torch::cat(val);
-  if (c.train.numel() < min_bytes || c.val.numel() < min_bytes / 20)
-    throw UsageError(fmt::format("--corpus {}: {} bytes of training text and {} held out, too little for one batch "
-                                 "(needs {} and {}); {}", c.source, c.train.numel(), c.val.numel(), min_bytes,
-                                 min_bytes / 20, remedy));
+  // Training draws `batch` windows of context + 1 bytes (one more, with room to spare); validation at least one.
+  const int64_t need_train = (batch + 1) * (context + 1), need_val = context + 1;
+  if (c.train.numel() < need_train || c.val.numel() < need_val)
+    throw UsageError(fmt::format("--corpus {}: {} bytes of training text and {} held out, too little for --batch {} "
+                                 "and --context {} (needs {} and {}); pass a larger --corpus, or a smaller --batch or "
+                                 "--context", c.source, c.train.numel(), c.val.numel(), batch, context, need_train,
+                                 need_val));
   return c;
 }
 

@@ -21,7 +21,7 @@ struct TextCorpus {
   torch::Tensor train;           ///< [n_train] int64 bytes in [0, 256)
   torch::Tensor val;             ///< [n_val] int64
   static constexpr int64_t kVocab = 256;     ///< byte-level tokens
-  static constexpr int64_t kBlock = 4096;    ///< the split works on blocks of this many bytes...
+  static constexpr int64_t kBlock = 4096;    ///< the split works on blocks of this many bytes (n / 20 under 80 KiB)...
   static constexpr int64_t kValEvery = 20;   ///< ...and every 20th block (5%) is held out
 };
 
@@ -31,8 +31,9 @@ inline const char* kDefaultCorpus = "/usr/share/games/fortunes";
 
 /// Reads `path`: a file, or every regular file directly in a directory (sorted by name; symbolic links
 /// and `*.dat` index files skipped), concatenated. Throws dp::UsageError naming the path and the remedy
-/// when it does not exist or holds fewer than `min_bytes` bytes of training text.
-TextCorpus load_corpus(const std::string& path, int64_t min_bytes);
+/// when it does not exist, or when its training text holds fewer than (batch + 1) x (context + 1) bytes or
+/// its held-out text fewer than context + 1 (one validation window).
+TextCorpus load_corpus(const std::string& path, int64_t batch, int64_t context);
 
 /// Windows of `context + 1` tokens (inputs and their next tokens) cut from `tokens` at multiples of
 /// `context`: window j is tokens[j*T, j*T + T + 1).

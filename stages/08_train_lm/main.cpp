@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
     // and the world size already.
     validate_run_options(o);
     const LaunchEnv env = LaunchEnv::from_environment();
-    const TextCorpus corpus = load_corpus(o.corpus, (o.batch + 1) * (o.context + 1));
+    const TextCorpus corpus = load_corpus(o.corpus, o.batch, o.context);
     DistributedSampler sampler(window_count(corpus.train, o.context), o.batch, o.seed, env.rank, env.world_size);
     check_run_fits(o, env.world_size, env.local_world_size, cli.dist_options().on_gpu());
     auto pg = ProcessGroup::init_from_env(cli.dist_options());

@@ -51,7 +51,7 @@ void validate_run_options(const RunOptions& o) {
   // Every file the run will write, checked before any work: a typo costs a second, not the run.
   if (!o.checkpoint.empty()) check_writable("--checkpoint", o.checkpoint);
   if (!o.curve.empty()) check_writable("--curve", o.curve);
-  if (!std::filesystem::exists(o.corpus)) load_corpus(o.corpus, 0);  // throws its message, with the remedy
+  if (!std::filesystem::exists(o.corpus)) load_corpus(o.corpus, 0, 0);  // throws its message, with the remedy
   if (o.warmup > o.steps)
     throw UsageError(fmt::format("--warmup {} is longer than --steps {}", o.warmup, o.steps));
 }

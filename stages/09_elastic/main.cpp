@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     check_run_fits(r, o.max_ranks, env.local_world_size);  // every started rank: the most any membership holds
     if (!o.trace.empty()) check_writable("--trace", o.trace);
     r.world_size = env.world_size;
-    const TextCorpus corpus = load_corpus(r.corpus, (r.batch + 1) * (r.context + 1));
+    const TextCorpus corpus = load_corpus(r.corpus, r.batch, r.context);
 
     Membership members(path, fmt::format("{}.{}", env.rank, env.restart), o.max_ranks,
                        std::chrono::milliseconds(static_cast<int64_t>(o.settle_s * 1000)), dist.timeout);

@@ -157,6 +157,10 @@ dp_bad_input(stage08_resume_missing_file 2 "checkpoint /nonexistent/lm.ckpt does
 dp_bad_input(stage08_unknown_sync 2 "--sync" ${S08} --sync zero3)
 dp_bad_input(stage08_missing_corpus 2 "--corpus /nonexistent: no such file or directory.*apt-get install fortunes"
   ${S08} --corpus /nonexistent)
+# A text too short for the run (README.md, 25 kB, against 2 x 30001 bytes) is refused before any work, naming
+# what would help; a held-out part shorter than one window is Corpus.EveryTwentiethBlockIsHeldOut's case.
+dp_bad_input(stage08_corpus_too_small 2 "too little for --batch 1 and --context 30000.*a larger --corpus, or a smaller"
+  ${S08} --corpus ${CMAKE_SOURCE_DIR}/README.md --batch 1 --context 30000)
 dp_bad_input(stage08_batch_not_divisible 2 "--batch 15 is not a positive multiple of the world size 2"
   ${LAUNCH} --nproc 2 -- ${S08} --batch 15)
 

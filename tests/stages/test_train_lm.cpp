@@ -27,13 +27,36 @@ TEST(Corpus, EveryTwentiethBlockIsHeldOut) {
   std::string text;
   for (int b = 0; b < 20; ++b) text += std::string(4096, static_cast<char>('a' + b));
   std::ofstream(path, std::ios::binary) << text;
-  const auto c = dp::load_corpus(path, 1000);
+  const auto c = dp::load_corpus(path, 9, 99);  // needs 10 x 100 bytes of training text, 100 held out
   EXPECT_EQ(c.train.numel(), 19 * 4096);
   EXPECT_EQ(c.val.numel(), 4096);
   EXPECT_EQ(c.val[0].item<int64_t>(), 'a' + 19);
   EXPECT_EQ(c.train[18 * 4096].item<int64_t>(), 'a' + 18);
-  EXPECT_THROW(dp::load_corpus(path, 100000), dp::UsageError);  // too little text for the batch
-  EXPECT_THROW(dp::load_corpus(temp_path("missing"), 1), dp::UsageError);
+  EXPECT_THROW(dp::load_corpus(path, 999, 99), dp::UsageError);  // 1000 x 100 bytes: too little training text
+  // One window of --context 4096 needs 4097 held-out bytes: refused here, not in the first validation.
+  try {
+    dp::load_corpus(path, 1, 4096);
+    ADD_FAILURE() << "a held-out text shorter than one window was accepted";
+  } catch (const dp::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("4096 held out, too little for --batch 1 and --context 4096"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(dp::load_corpus(temp_path("missing"), 1, 1), dp::UsageError);
+  std::remove(path.c_str());
+}
+
+// A text under 20 blocks of 4 KiB (a single small file) is cut into 20 blocks of n / 20 bytes: it too
+// holds out its 20th block, rather than nothing (which no run could validate on).
+TEST(Corpus, SmallTextHoldsOutItsTwentiethPart) {
+  const std::string path = temp_path("small.txt");
+  std::string text;
+  for (int b = 0; b < 20; ++b) text += std::string(100, static_cast<char>('a' + b));
+  std::ofstream(path, std::ios::binary) << text;
+  const auto c = dp::load_corpus(path, 1, 63);
+  EXPECT_EQ(c.train.numel(), 19 * 100);
+  ASSERT_EQ(c.val.numel(), 100);
+  EXPECT_EQ(c.val[0].item<int64_t>(), 'a' + 19);
+  EXPECT_EQ(c.val[99].item<int64_t>(), 'a' + 19);
   std::remove(path.c_str());
 }
 
