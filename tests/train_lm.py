@@ -10,7 +10,8 @@
                                               by DDP; a torn temporary file is ignored, a truncated
                                               checkpoint refused with exit 2
   train_lm.py lostwork LAUNCH PROGRAM WORKDIR  --checkpoint without --checkpoint-every writes the
-                                              checkpoint at the end; a run whose loss turns non-finite
+                                              checkpoint at the end, resumed again trains nothing,
+                                              with fewer --steps is refused (exit 2); a run whose loss turns non-finite
                                               (--lr 1e30) stops at that step with the hint, exit 1, and
                                               writes no checkpoint after the last finite step; a sample
                                               longer than --timeout fails no peer
@@ -164,6 +165,13 @@ def lostwork(launch, prog, work):
     if not ok:
         print(out[-3000:])
         return False
+    # Resumed again once finished (a requeued job): it trains nothing and passes. Resumed with fewer --steps
+    # than the checkpoint holds: refused, exit 2, naming both.
+    rc, out = run(launch, prog, 2, short + ["--checkpoint", ck, "--resume"], os.path.join(work, "again.log"))
+    ok = must(rc == 0 and "nothing left to train" in out, f"a finished run resumed: exit {rc}, nothing left to train") and ok
+    rc, out = run(launch, prog, 2, ["--steps", "2"] + short[2:] + ["--checkpoint", ck, "--resume"],
+                  os.path.join(work, "past.log"))
+    ok = must(rc == 2 and "is at step 3, past --steps 2" in out, f"resumed with --steps 2 < 3: exit {rc} (want 2)") and ok
     # A learning rate that blows the weights up: the loss turns inf or nan within a step or two. The run
     # stops at that step with the hint, and the checkpoint of the step before is the last one written.
     ck2 = os.path.join(work, "diverge.ckpt")

@@ -153,8 +153,9 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
     auto [meta, state] = load_lm_checkpoint(o.checkpoint, o.config(), unique_named_parameters(*model, true));
     trainer->load_full_state(state);
     start = meta.step, curve = meta.curve;
-    print0("resumed from {} at step {} (saved by {} rank(s), --sync {})", o.checkpoint, start,
-           meta.config.value("world_size", 0), meta.config.value("sync", "?"));
+    print0("resumed from {} at step {} (saved by {} rank(s), --sync {}){}", o.checkpoint, start,
+           meta.config.value("world_size", 0), meta.config.value("sync", "?"),
+           start == o.steps ? "; nothing left to train before --steps" : "");
   }
   std::vector<double> data_s, fwd_s, bwd_s, sync_s, opt_s;
   const int64_t every = std::max<int64_t>(1, o.steps / 20);
