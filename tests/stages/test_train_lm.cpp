@@ -111,7 +111,7 @@ TEST(LmCheckpoint, RoundTripAndRefusals) {
       st.tensors = {{"exp_avg", torch::randn(p.sizes())}, {"exp_avg_sq", torch::rand(p.sizes())}};
       s.optimizer.push_back(st);
     }
-    nlohmann::json cfg = {{"preset", "tiny"}, {"batch", 16}, {"world_size", 2}, {"sync", "ddp"}};
+    nlohmann::json cfg = {{"preset", "tiny"}, {"batch", 16}, {"world_size", 2}, {"sync", "ddp"}, {"steps", 20}};
     dp::save_lm_checkpoint(path, pg, {20, cfg, {{"train", {{0, 5.5, 0.1}}}}}, s);
     auto other = cfg;
     other["world_size"] = 4, other["sync"] = "fsdp";
@@ -124,6 +124,15 @@ TEST(LmCheckpoint, RoundTripAndRefusals) {
       EXPECT_TRUE(torch::equal(got.optimizer[i].tensors.at("exp_avg"), s.optimizer[i].tensors.at("exp_avg")));
       EXPECT_TRUE(torch::equal(got.optimizer[i].tensors.at("exp_avg_sq"), s.optimizer[i].tensors.at("exp_avg_sq")));
     }
+    other["steps"] = 19;  // fewer steps than the checkpoint has done: nothing to resume to
+    try {
+      dp::load_lm_checkpoint(path, other, s.params);
+      ADD_FAILURE() << "a checkpoint at step 20 was resumed with --steps 19";
+    } catch (const dp::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("is at step 20, past --steps 19"), std::string::npos) << e.what();
+    }
+    other["steps"] = 20;  // a finished run resumed again: accepted (it trains nothing)
+    EXPECT_EQ(dp::load_lm_checkpoint(path, other, s.params).first.step, 20);
     other["batch"] = 32;
     try {
       dp::load_lm_checkpoint(path, other, s.params);
