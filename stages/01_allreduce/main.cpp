@@ -128,7 +128,13 @@ int main(int argc, char** argv) {
   std::string budget = "10s";
   cli.app().add_flag("--bench", run_bench, "After the demo, benchmark all-reduce at --sizes");
   cli.app().add_option("--sizes", sizes, "Tensor sizes (float32), e.g. 1MB,10MB,100MB,1GB (MB = 10^6 B, MiB = 2^20 B)")
-      ->delimiter(',')->check(SizeText);
+      ->delimiter(',')->check(SizeText)
+      ->check(CLI::Validator([](std::string& s) {  // the table's bytes must be the bytes sent: whole floats
+        const uint64_t b = parse_size(s);
+        return b % sizeof(float) == 0 ? std::string()
+                                      : fmt::format("size '{}' is {} bytes, not a whole number of 4-byte floats; use "
+                                                    "a multiple of 4, e.g. {}B", s, b, (b / 4 + 1) * 4);
+      }, "SIZE"));
   cli.app().add_option("--warmup", warmup, "Untimed iterations before measuring")->check(NonNegativeFinite);
   cli.app().add_option("--iters", iters, "Timed iterations per size")->check(PositiveInt);
   cli.app().add_option("--budget", budget, "Stop measuring a size after this long (e.g. 10s)");
