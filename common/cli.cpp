@@ -86,6 +86,12 @@ const CLI::Validator SizeText = CLI::Validator(
     },
     "SIZE");
 
+void bench_only(CLI::App& app, const std::vector<std::string>& names) {
+  CLI::Option* bench = app.get_option_no_throw("--bench");
+  if (!bench) return;
+  for (const auto& name : names) app.get_option(name)->needs(bench);  // throws for a name never added
+}
+
 // Finite numbers with a lower bound, named in words.
 static CLI::Validator finite_at_least(double low, bool strict, const std::string& name) {
   return CLI::Validator(

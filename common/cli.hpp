@@ -60,6 +60,11 @@ extern const CLI::Validator PositiveFinite;
 /// CLI11 check: a finite number, 0 or more (such as --warmup).
 extern const CLI::Validator NonNegativeFinite;
 
+/// Marks the named options of `app` as meaningful only with its --bench flag, where it has one: given
+/// without --bench, parse() refuses them ("--preset requires --bench", exit 2) rather than run the checks
+/// alone and ignore them. A program that always benchmarks (no --bench) takes them as they are.
+void bench_only(CLI::App& app, const std::vector<std::string>& names);
+
 /// Throws dp::UsageError naming `option` and `path` unless a file can be written there: its folder
 /// exists and is writable, and the path is not a folder or a read-only file. Creates nothing. Every
 /// program calls it for each output file (results, traces, curves, checkpoints) before any work, so a

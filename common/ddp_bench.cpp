@@ -239,11 +239,10 @@ void add_bench_options(CLI::App& app, BenchConfig& cfg) {
   app.add_option("--batch", cfg.global_batch, "Global batch (sequences per step, split over ranks)")->check(PositiveInt);
   app.add_option("--context", cfg.context, "Context length (tokens per sequence)")->check(PositiveInt);
   app.add_option("--warmup", cfg.warmup, "Untimed steps per variant")->check(NonNegativeFinite);
-  app.add_option("--steps", cfg.steps, "Timed steps per variant (default 10)")->check(PositiveInt);
+  app.add_option("--steps", cfg.steps, "Timed steps per variant")->check(PositiveInt);
   app.add_option("--budget", cfg.budget, "Stop timing after this long (e.g. 60s, 5m); reported when it cuts steps");
-  auto* trace = app.add_option("--trace", cfg.trace, "Write a Chrome trace (Perfetto) of the timed steps to FILE")
-                    ->type_name("FILE");
-  if (auto* bench = app.get_option_no_throw("--bench")) trace->needs(bench);
+  app.add_option("--trace", cfg.trace, "Write a Chrome trace (Perfetto) of the timed steps to FILE")->type_name("FILE");
+  bench_only(app, {"--preset", "--batch", "--context", "--warmup", "--steps", "--budget", "--trace"});
 }
 
 void print_bench_header(const ProcessGroup& pg, const BenchConfig& cfg) {

@@ -88,6 +88,7 @@ int main(int argc, char** argv) {
   double cap = 25;
   cli.app().add_flag("--bench", bench, "After the checks, benchmark the Transformer against stage 05's DDP");
   cli.app().add_option("--cap", cap, "Bucket cap of DDP and of ZeRO-1 in buckets, in MB (10^6 bytes)")->check(PositiveFinite);
+  bench_only(cli.app(), {"--cap"});
   add_bench_options(cli.app(), cfg);
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 

@@ -138,6 +138,7 @@ int main(int argc, char** argv) {
   cli.app().add_option("--warmup", warmup, "Untimed iterations before measuring")->check(NonNegativeFinite);
   cli.app().add_option("--iters", iters, "Timed iterations per size")->check(PositiveInt);
   cli.app().add_option("--budget", budget, "Stop measuring a size after this long (e.g. 10s)");
+  bench_only(cli.app(), {"--sizes", "--warmup", "--iters", "--budget"});  // without --bench: refused, not ignored
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {

@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
                        "bucketed (the stage 05 rows, one per cap)")
       ->delimiter(',')->check(CLI::IsMember({"naive", "flat", "overlap", "bucketed"}));
   add_bench_options(cli.app(), cfg);
+  bench_only(cli.app(), {"--caps", "--variants"});
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {

@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
   cli.app().add_flag("--bench", bench, "After the checks, train the Transformer with FSDP on the common benchmark");
   add_bench_options(cli.app(), cfg);
   add_fsdp_flags(cli.app(), flags);
+  bench_only(cli.app(), {"--compute-dtype"});  // the checks run fp32 and bf16 both
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {

@@ -78,6 +78,25 @@ TEST(Cli, BadInputExitsTwo) {
   EXPECT_EQ(parse({"--iters"}), 2);  // missing value
 }
 
+// dp::bench_only(): a benchmark's option without --bench is refused (exit 2), with it accepted; a program
+// without a --bench flag takes the option as it is.
+TEST(Cli, BenchOnlyOptionsNeedBench) {
+  auto parse_with = [](bool has_bench, std::vector<std::string> args) {
+    dp::Cli cli("prog", "test");
+    bool bench = false;
+    int steps = 1;
+    if (has_bench) cli.app().add_flag("--bench", bench);
+    cli.app().add_option("--steps", steps);
+    dp::bench_only(cli.app(), {"--steps"});
+    std::vector<char*> argv{const_cast<char*>("prog")};
+    for (auto& a : args) argv.push_back(a.data());
+    return cli.parse(static_cast<int>(argv.size()), argv.data());
+  };
+  EXPECT_EQ(parse_with(true, {"--steps", "3"}), 2);
+  EXPECT_EQ(parse_with(true, {"--bench", "--steps", "3"}), -1);
+  EXPECT_EQ(parse_with(false, {"--steps", "3"}), -1);
+}
+
 // --backend nccl exits 2 on a CPU build, and on a CUDA build where there is no GPU (this machine).
 TEST(Cli, NcclWithoutBuildOrGpuExitsTwo) {
 #ifdef DP_WITH_NCCL

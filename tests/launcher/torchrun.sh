@@ -32,7 +32,7 @@ export OMP_NUM_THREADS=1
 tr_args=(--standalone --local-addr 127.0.0.1 --nproc_per_node 2 --no-python)
 if [ "$major" -lt 2 ]; then
   t0=$(date +%s)
-  timeout -k 5 60 "$torchrun" "${tr_args[@]}" "$stage01" --sizes 1MB --iters 3 \
+  timeout -k 5 60 "$torchrun" "${tr_args[@]}" "$stage01" --bench --sizes 1MB --iters 3 \
     > "$out/refusal.log" 2>&1; rc=$?
   if [ $rc -eq 0 ] || [ $rc -eq 124 ] || ! grep -q "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" "$out/refusal.log"; then
     echo "FAIL: LibTorch $major.x under torchrun's agent store: expected a refusal naming the remedy (exit $rc)"
@@ -42,7 +42,7 @@ if [ "$major" -lt 2 ]; then
   fi
   export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 fi
-run torchrun_stage01 "$torchrun" "${tr_args[@]}" "$stage01" --sizes 1MB --iters 3
+run torchrun_stage01 "$torchrun" "${tr_args[@]}" "$stage01" --bench --sizes 1MB --iters 3
 run torchrun_stage05 "$torchrun" "${tr_args[@]}" "$stage05" \
     --bench --preset tiny --context 16 --warmup 0 --steps 1 --caps 1
 run ddp_launch_python "$launch" --nproc 2 -- "$py" "$peer"

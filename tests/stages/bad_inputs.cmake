@@ -41,11 +41,11 @@ dp_bad_input(stage01_unknown_device 2 "--device: tpu not in" ${S01} --device tpu
 if(DP_HAVE_NCCL)
   dp_bad_input(stage01_nccl_on_cpu_tensors 2 "NCCL moves CUDA tensors only" ${S01} --backend nccl --device cpu)
 endif()
-dp_bad_input(stage01_size_unit 2 "unknown unit 'xb'" ${S01} --sizes 1MB,10XB)
+dp_bad_input(stage01_size_unit 2 "unknown unit 'xb'" ${S01} --bench --sizes 1MB,10XB)
 dp_bad_input(stage01_size_not_whole_floats 2 "size .6B. is 6 bytes, not a whole number of 4-byte floats.*e.g. 8B" ${S01} --bench --sizes 1MB,6B)
-dp_bad_input(stage01_zero_iters 2 "positive" ${S01} --iters 0)
-dp_bad_input(stage01_negative_warmup 2 "warmup" ${S01} --warmup -1)
-dp_bad_input(stage01_bad_budget 2 "budget" ${S01} --budget 5h)
+dp_bad_input(stage01_zero_iters 2 "positive" ${S01} --bench --iters 0)
+dp_bad_input(stage01_negative_warmup 2 "warmup" ${S01} --bench --warmup -1)
+dp_bad_input(stage01_bad_budget 2 "--budget.*5h" ${S01} --bench --budget 5h)
 # A size no rank here can hold is refused before the demo (MEM: a 24 GB machine), not failed in an allocation.
 dp_bad_input(stage01_size_does_not_fit 2 "--sizes 100 GB needs about 110.4 GB per rank.*use smaller --sizes"
   ${MEM} ${S01} --bench --sizes 1MB,100GB)
@@ -79,9 +79,13 @@ dp_bad_input(stage08_batch_checked_before_rendezvous 2 "\\[rank 1/2\\] error: --
   ${ALONE} $<TARGET_FILE:stage08_train_lm> --batch 15 --timeout 2s)
 dp_bad_input(stage02_world_size_checked_before_rendezvous 2 "\\[rank 1/3\\] error: .*world size 3 does not divide 20"
   env RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=9 ${S02} --timeout 2s)
-dp_bad_input(stage05_zero_cap 2 "caps" $<TARGET_FILE:stage05_bucketed> --caps 0)
+# A benchmark's option without --bench is refused, not ignored (the checks alone would run and pass).
+dp_bad_input(stage05_preset_without_bench 2 "--preset requires --bench" $<TARGET_FILE:stage05_bucketed> --preset small)
+dp_bad_input(stage01_sizes_without_bench 2 "--sizes requires --bench" ${S01} --sizes 1MB)
+dp_bad_input(stage07_dtype_without_bench 2 "--compute-dtype requires --bench" $<TARGET_FILE:stage07_fsdp> --compute-dtype bf16)
+dp_bad_input(stage05_zero_cap 2 "caps" $<TARGET_FILE:stage05_bucketed> --bench --caps 0)
 dp_bad_input(stage05_unknown_variant 2 "--variants: zero1 not in .naive,flat,overlap,bucketed."
-  $<TARGET_FILE:stage05_bucketed> --variants bucketed,zero1)
+  $<TARGET_FILE:stage05_bucketed> --bench --variants bucketed,zero1)
 # Whole replicas of the 970 M-parameter `large` preset (about 16 B per parameter on every rank, plus the
 # benchmark's second replica) do not fit a machine of this project's kind: refused up front, pointing at
 # FSDP (stage 07), instead of being killed by the kernel. Stage 07 refuses what does not fit even sharded.
@@ -106,7 +110,7 @@ dp_bad_input(ext07a_no_variant_with_spare 2 "no variant of --variants fits in th
 dp_bad_input(memory_stand_in_not_a_number 2 "DP_AVAILABLE_MEMORY_BYTES=24GB: not a whole number of bytes"
   env DP_AVAILABLE_MEMORY_BYTES=24GB ${E7} --preset nano)
 dp_bad_input(stage07_unknown_compute_dtype 2 "unknown compute dtype 'float16'.*bfloat16"
-  $<TARGET_FILE:stage07_fsdp> --compute-dtype float16)
+  $<TARGET_FILE:stage07_fsdp> --bench --compute-dtype float16)
 dp_bad_input(ext07a_unknown_compute_dtype 2 "unknown compute dtype 'float16'.*bfloat16" ${E7} --compute-dtype float16)
 dp_bad_input(stage07_reshard_misspelt 2 "--reshard-after-forward.*yes" $<TARGET_FILE:stage07_fsdp> --reshard-after-forward yes)
 dp_bad_input(ext07a_unknown_variant 2 "--variants.*zero2" ${E7} --variants ddp,zero2)
@@ -172,8 +176,8 @@ dp_bad_input(stage08_lr_inf 2 "--lr: 'inf': the value must be a finite number > 
 dp_bad_input(stage08_lr_negative 2 "--lr: '-1': the value must be a finite number > 0" ${S08} --lr -1)
 dp_bad_input(stage08_lr_not_a_number 2 "--lr: 'fast' is not a number: it must be a finite number > 0" ${S08} --lr fast)
 dp_bad_input(stage08_bucket_mb_zero 2 "--bucket-mb: '0': the value must be a finite number > 0" ${S08} --bucket-mb 0)
-dp_bad_input(stage05_caps_nan 2 "--caps: 'nan': the value must be a finite number > 0" $<TARGET_FILE:stage05_bucketed> --caps 1,nan)
-dp_bad_input(stage01_warmup_inf 2 "--warmup: 'inf': the value must be a finite number >= 0" ${S01} --warmup inf)
+dp_bad_input(stage05_caps_nan 2 "--caps: 'nan': the value must be a finite number > 0" $<TARGET_FILE:stage05_bucketed> --bench --caps 1,nan)
+dp_bad_input(stage01_warmup_inf 2 "--warmup: 'inf': the value must be a finite number >= 0" ${S01} --bench --warmup inf)
 # Output files of stage 08 (checkpoint, curve) and stage 06 (its checkpoint folder), checked before any work.
 dp_bad_input(stage08_checkpoint_unwritable 2 "--checkpoint /nonexistent-dir/lm.ckpt: cannot write there"
   ${S08} --checkpoint /nonexistent-dir/lm.ckpt)
