@@ -65,6 +65,8 @@ int main(int argc, char** argv) {
     // world size does not split, a model this machine cannot hold. The launch environment knows this rank
     // and the world size already.
     validate_run_options(o);
+    if (cli.app().count("--bucket-mb") && o.trainer.sync != "ddp")  // given, it would be ignored
+      throw UsageError(fmt::format("--bucket-mb sets DDP's buckets; --sync {} has none: leave it out", o.trainer.sync));
     const LaunchEnv env = LaunchEnv::from_environment();
     const TextCorpus corpus = load_corpus(o.corpus, o.batch, o.context);
     DistributedSampler sampler(window_count(corpus.train, o.context), o.batch, o.seed, env.rank, env.world_size);

@@ -160,6 +160,7 @@ dp_bad_input(stage08_resume_without_checkpoint 2 "--resume need --checkpoint FIL
 dp_bad_input(stage08_resume_missing_file 2 "checkpoint /nonexistent/lm.ckpt does not exist"
   ${S08} --resume --checkpoint /nonexistent/lm.ckpt)
 dp_bad_input(stage08_unknown_sync 2 "--sync" ${S08} --sync zero3)
+dp_bad_input(stage08_bucket_mb_without_ddp 2 "--bucket-mb sets DDP's buckets. --sync fsdp has none" ${S08} --sync fsdp --bucket-mb 5)
 dp_bad_input(stage08_missing_corpus 2 "--corpus /nonexistent: no such file or directory.*apt-get install fortunes"
   ${S08} --corpus /nonexistent)
 # A text too short for the run (README.md, 25 kB, against 2 x 30001 bytes) is refused before any work, naming
