@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 
 namespace dp {
 
@@ -145,6 +147,31 @@ std::string broadcast_text(ProcessGroup& pg, const std::string& text, int root) 
   pg.broadcast(bytes, root);
   bytes = bytes.cpu();
   return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(n));
+}
+
+std::string run_on_root(ProcessGroup& pg, int root, const std::function<void()>& work) {
+  std::string error;
+  std::future<void> done;
+  if (pg.rank() == root)
+    done = std::async(std::launch::async, [&] {
+      try {
+        work();
+      } catch (const std::exception& e) {
+        error = e.what();
+      } catch (...) {
+        error = "unknown error";
+      }
+    });
+  // Sum of the root's "done" flag: every rank leaves the loop after the same all-reduce.
+  auto flag = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat32).device(pg.device()));
+  for (;;) {
+    const bool finished =
+        pg.rank() == root && done.wait_for(std::chrono::milliseconds(50)) == std::future_status::ready;
+    flag.fill_(finished ? 1.0 : 0.0);
+    pg.all_reduce(flag, "waiting for rank " + std::to_string(root));
+    if (flag.item<float>() > 0) break;
+  }
+  return broadcast_text(pg, error, root);  // `error` was written before `done` became ready
 }
 
 }  // namespace dp

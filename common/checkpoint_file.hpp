@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -67,5 +68,13 @@ void write_file_atomically(const std::string& path, const std::vector<const std:
 /// Sends `text` from rank `root` to every rank (its length, then its bytes) and returns it on every
 /// rank. A collective. Used to let every rank throw the error that only the writing rank saw.
 std::string broadcast_text(ProcessGroup& pg, const std::string& text, int root);
+
+/// Runs `work` on rank `root` alone (on a thread of its own) and returns, on every rank, what it threw
+/// (the exception's what()), or "" when it returned. A collective. Meanwhile every rank, root included,
+/// joins a one-float all-reduce every 50 ms until `work` is done: the others wait in collectives that end
+/// within a poll, never in one that must outlast `work`, so work longer than the collective timeout (a
+/// checkpoint of many GB written to a slow disk) fails no peer, while a root that dies still ends the others
+/// after the timeout. `work` must not use `pg`.
+std::string run_on_root(ProcessGroup& pg, int root, const std::function<void()>& work);
 
 }  // namespace dp

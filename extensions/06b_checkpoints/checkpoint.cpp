@@ -140,21 +140,16 @@ void save_checkpoint(const std::string& path, ProcessGroup& pg, torch::nn::Modul
     meta["groups"].push_back({{"options", options_json(g.options())}, {"tensors", g.params().size()}});
 
   // 3. Rank 0 writes (common/checkpoint_file.hpp: header, checksum, temporary file and rename); every
-  //    rank learns whether it worked, so all of them go on or all of them stop with the same error.
-  std::string error;
-  if (root) {
-    try {
-      std::string payload;
-      archive.save_to([&](const void* data, size_t size) {
-        payload.append(static_cast<const char*>(data), size);
-        return size;
-      });
-      write_checkpoint_file(path, kFormat, meta.dump(), payload);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  error = broadcast_text(pg, error, 0);
+  //    rank learns whether it worked, so all of them go on or all of them stop with the same error. The
+  //    others keep the group alive meanwhile (run_on_root()): a slow disk fails no peer at --timeout.
+  const std::string error = run_on_root(pg, 0, [&] {
+    std::string payload;
+    archive.save_to([&](const void* data, size_t size) {
+      payload.append(static_cast<const char*>(data), size);
+      return size;
+    });
+    write_checkpoint_file(path, kFormat, meta.dump(), payload);
+  });
   if (!error.empty()) throw UsageError(error);
 }
 // [save]

@@ -8,8 +8,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -85,6 +88,22 @@ TEST(BroadcastText, EveryRankGetsTheRootsText) {
     if (dp::broadcast_text(pg, mine, 1) != "error on rank 1") throw dp::CheckFailed("wrong text");
     if (!dp::broadcast_text(pg, mine, 0).empty()) throw dp::CheckFailed("empty text not kept");
   });
+}
+
+// Rank 1 works alone for 1.5 s, three times the group's 500 ms collective timeout (a big checkpoint on a
+// slow disk, in small): the others wait in short all-reduces and time out in none. What the work throws
+// reaches every rank. (A single broadcast after the work, as before run_on_root(), times out here.)
+TEST(RunOnRoot, WorkLongerThanTheTimeoutFailsNoPeer) {
+  run_ranks(3, [](dp::ProcessGroup& pg) {
+    bool ran = false;
+    const std::string ok = dp::run_on_root(pg, 1, [&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      ran = true;
+    });
+    if (!ok.empty() || ran != (pg.rank() == 1)) throw dp::CheckFailed("the work ran elsewhere, or failed: " + ok);
+    const std::string failed = dp::run_on_root(pg, 1, [] { throw std::runtime_error("disk full"); });
+    if (failed != "disk full") throw dp::CheckFailed("rank " + std::to_string(pg.rank()) + " got '" + failed + "'");
+  }, std::chrono::milliseconds(500));
 }
 
 }  // namespace
