@@ -141,7 +141,7 @@ Cli::Cli(const std::string& program, const std::string& description) : app_(desc
   app_.add_option("--timeout", common_.timeout,
                   "Rendezvous and collective timeout (e.g. 30s, 2m); a dead or hung peer fails the run after it");
   app_.add_option("--json", common_.json, "Write results as JSON to this file");
-  app_.add_option("--seed", common_.seed, "Random seed");
+  app_.add_option("--seed", common_.seed, "Random seed")->check(NonNegativeFinite);  // strtoull takes -1 as 2^64 - 1
 }
 
 Cli::~Cli() = default;
