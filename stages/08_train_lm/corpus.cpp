@@ -53,7 +53,7 @@ TextCorpus load_corpus(const std::string& path, int64_t batch, int64_t context) 
         .push_back(all.narrow(0, b, std::min(block, n - b)));
   c.train = train.empty() ? torch::empty({0}, torch::kLong) : torch::cat(train);
   c.val = val.empty() ? torch::empty({0}, torch::kLong) : torch::cat(val);
-  // Training draws `batch` windows of context + 1 bytes (one more, with room to spare); validation at least one.
+  // Training needs a batch of windows of context + 1 bytes (and one window more); validation at least one window.
   const int64_t need_train = (batch + 1) * (context + 1), need_val = context + 1;
   if (c.train.numel() < need_train || c.val.numel() < need_val)
     throw UsageError(fmt::format("--corpus {}: {} bytes of training text and {} held out, too little for --batch {} "
