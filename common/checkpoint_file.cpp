@@ -9,10 +9,16 @@
 
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <future>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
 
 namespace dp {
 
@@ -150,10 +156,18 @@ std::string broadcast_text(ProcessGroup& pg, const std::string& text, int root) 
 }
 
 std::string run_on_root(ProcessGroup& pg, int root, const std::function<void()>& work) {
-  std::string error;
-  std::future<void> done;
+  // What the worker thread reports. It may outlive this call only by ending the process (below).
+  struct Outcome {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::string error;
+  };
+  auto out = std::make_shared<Outcome>();
+  std::thread worker;
   if (pg.rank() == root)
-    done = std::async(std::launch::async, [&] {
+    worker = std::thread([out, &work] {
+      std::string error;
       try {
         work();
       } catch (const std::exception& e) {
@@ -161,17 +175,44 @@ std::string run_on_root(ProcessGroup& pg, int root, const std::function<void()>&
       } catch (...) {
         error = "unknown error";
       }
+      std::lock_guard<std::mutex> lock(out->mu);
+      out->error = std::move(error), out->done = true;
+      out->cv.notify_all();
     });
-  // Sum of the root's "done" flag: every rank leaves the loop after the same all-reduce.
+  // The root's state, summed: 0 working, 1 done, 2 past the deadline. Every rank leaves after the same all-reduce.
+  const auto limit = 10 * pg.timeout();
+  const auto deadline = std::chrono::steady_clock::now() + limit;
   auto flag = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat32).device(pg.device()));
-  for (;;) {
-    const bool finished =
-        pg.rank() == root && done.wait_for(std::chrono::milliseconds(50)) == std::future_status::ready;
-    flag.fill_(finished ? 1.0 : 0.0);
-    pg.all_reduce(flag, "waiting for rank " + std::to_string(root));
-    if (flag.item<float>() > 0) break;
+  float state = 0;
+  try {
+    while (state == 0) {
+      if (pg.rank() == root) {
+        std::unique_lock<std::mutex> lock(out->mu);
+        if (out->cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return out->done; }))
+          state = 1;
+        else if (std::chrono::steady_clock::now() > deadline)
+          state = 2;
+      }
+      flag.fill_(state);
+      pg.all_reduce(flag, "waiting for rank " + std::to_string(root));
+      state = flag.item<float>();
+    }
+  } catch (...) {  // a peer failed: the work holds the caller's data, so let it end before unwinding
+    if (worker.joinable()) worker.join();
+    throw;
   }
-  return broadcast_text(pg, error, root);  // `error` was written before `done` became ready
+  if (state == 2) {
+    const std::string what = fmt::format(
+        "rank {} worked alone (writing a checkpoint) for more than 10 x --timeout ({:.0f} s) and did not finish: "
+        "is its disk stuck?", root, std::chrono::duration<double>(limit).count());
+    if (pg.rank() != root) throw std::runtime_error(what);
+    // The worker still runs on the caller's data: this process cannot return, so it ends here (exit 1).
+    std::fprintf(stderr, "[rank %d/%d] error: %s\n", pg.rank(), pg.world_size(), what.c_str());
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
+  if (worker.joinable()) worker.join();  // done: it has returned
+  return broadcast_text(pg, out->error, root);  // out->error was written before done
 }
 
 }  // namespace dp

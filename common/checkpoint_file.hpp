@@ -74,7 +74,9 @@ std::string broadcast_text(ProcessGroup& pg, const std::string& text, int root);
 /// joins a one-float all-reduce every 50 ms until `work` is done: the others wait in collectives that end
 /// within a poll, never in one that must outlast `work`, so work longer than the collective timeout (a
 /// checkpoint of many GB written to a slow disk) fails no peer, while a root that dies still ends the others
-/// after the timeout. `work` must not use `pg`.
+/// after the timeout. Work still running after 10 x the timeout (a stuck disk) ends the run: the others throw
+/// std::runtime_error saying so, and the root, whose thread still uses the caller's data, prints it and exits 1.
+/// `work` must not use `pg`.
 std::string run_on_root(ProcessGroup& pg, int root, const std::function<void()>& work);
 
 }  // namespace dp

@@ -14,7 +14,8 @@
                                               with fewer --steps is refused (exit 2); a run whose loss turns non-finite
                                               (--lr 1e30) stops at that step with the hint, exit 1, and
                                               writes no checkpoint after the last finite step; a sample
-                                              longer than --timeout fails no peer
+                                              longer than --timeout fails no peer; a checkpoint write
+                                              that never ends stops the run after 10 x --timeout
 
 Exit 0: pass; 1: fail; 77: skipped (the corpus, Debian's fortunes package, is not installed).
 TOL: curves of different world sizes sum the same gradients in another order. This one bound is an
@@ -193,6 +194,16 @@ def lostwork(launch, prog, work):
     rc, out = run(launch, prog, 2, no_sample + ["--sample", "1000", "--timeout", "3s"], os.path.join(work, "sample.log"))
     ok = must(rc == 0 and "PASS stage 08" in out and "sampled from the model" in out,
               f"--sample 1000 at --timeout 3s: exit {rc}, the sample and PASS") and ok
+    # A checkpoint whose write never ends (its temporary file a FIFO nobody reads: a stuck disk, in small) ends
+    # the run after 10 x --timeout with the reason, exit 1, rather than hanging it.
+    stuck = os.path.join(work, "stuck.ckpt")
+    os.mkfifo(stuck + ".tmp")
+    t0 = time.monotonic()
+    rc, out = run(launch, prog, 2, short + ["--checkpoint", stuck, "--timeout", "2s"], os.path.join(work, "stuck.log"))
+    secs = time.monotonic() - t0
+    os.remove(stuck + ".tmp")
+    ok = must(rc == 1 and "for more than 10 x --timeout (20 s) and did not finish" in out and secs < 80,
+              f"a checkpoint write that never ends: exit {rc} (want 1) after {secs:.0f} s, the reason said") and ok
     if not ok:
         print(out[-3000:])
     return ok

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -104,6 +106,26 @@ TEST(RunOnRoot, WorkLongerThanTheTimeoutFailsNoPeer) {
     const std::string failed = dp::run_on_root(pg, 1, [] { throw std::runtime_error("disk full"); });
     if (failed != "disk full") throw dp::CheckFailed("rank " + std::to_string(pg.rank()) + " got '" + failed + "'");
   }, std::chrono::milliseconds(500));
+}
+
+// Work that outlasts 10 x the timeout (a stuck disk) ends the run rather than hang it: the root prints why
+// and exits 1 (its thread still holds the caller's data), the others throw. In a child process (a gtest
+// death test), since the root's exit ends every rank-thread of it.
+TEST(RunOnRoot, WorkPastTenTimeoutsEndsTheRun) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        try {
+          run_ranks(2, [](dp::ProcessGroup& pg) {
+            dp::run_on_root(pg, 0, [] { std::this_thread::sleep_for(std::chrono::seconds(60)); });
+          }, std::chrono::milliseconds(200));
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "rank 1 threw: %s\n", e.what());  // then rank 0 exits; run_ranks waits for it
+        }
+        std::this_thread::sleep_for(std::chrono::seconds(30));
+        std::_Exit(3);  // not reached when the root exits as it should
+      },
+      ::testing::ExitedWithCode(1), "rank 0 worked alone .writing a checkpoint. for more than 10 x --timeout .2 s.");
 }
 
 }  // namespace
