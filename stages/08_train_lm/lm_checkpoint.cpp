@@ -39,10 +39,11 @@ std::pair<LmCheckpointMeta, FullState> load_lm_checkpoint(const std::string& pat
                                      "--eval-every and --checkpoint-every may change)",
                                      path, key, meta.config.value(key, json()).dump(), value.dump()));
     // Equal is a finished run, resumed again (a requeued job): it trains no step and ends as it did.
-    if (config.contains("steps") && meta.step > config.at("steps").get<int64_t>())
+    const int64_t steps = config.value("steps", meta.step);  // a configuration without it asks nothing here
+    if (meta.step > steps)
       throw UsageError(fmt::format("checkpoint {} is at step {}, past --steps {}: pass --steps {} or more to train on "
-                                   "from it, or leave out --resume to start again", path, meta.step,
-                                   config.at("steps").get<int64_t>(), meta.step + 1));
+                                   "from it, or leave out --resume to start again", path, meta.step, steps,
+                                   meta.step + 1));
   };
   StateFile f = load_state_file(path, like, check);
   return {meta, std::move(f.state)};
