@@ -29,7 +29,7 @@ bool fault_requested(const std::string& action, int rank) {
 void maybe_inject_fault(int rank) {
   for (const char* action : {"die", "hang"}) {
     if (!fault_requested(action, rank)) continue;
-    fmt::print(stderr, "[rank {}/{}] DP_FAULT: {} now\n", log_rank(), log_world(), action);
+    fmt::print(stderr, "{} DP_FAULT: {} now\n", log_tag(), action);
     std::fflush(stderr);
     if (std::string(action) == "die") std::raise(SIGKILL);
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));

@@ -5,6 +5,7 @@ namespace dp {
 namespace {
 int g_rank = 0;
 int g_world = 1;
+int g_tag_rank = -1, g_tag_world = -1;  // set_log_tag()'s, or -1: the group's
 }  // namespace
 
 void set_log_rank(int rank, int world_size) {
@@ -13,5 +14,13 @@ void set_log_rank(int rank, int world_size) {
 }
 int log_rank() { return g_rank; }
 int log_world() { return g_world; }
+
+void set_log_tag(int rank, int world_size) {
+  g_tag_rank = rank;
+  g_tag_world = world_size;
+}
+std::string log_tag() {
+  return g_tag_rank < 0 ? fmt::format("[rank {}/{}]", g_rank, g_world) : fmt::format("[rank {}/{}]", g_tag_rank, g_tag_world);
+}
 
 }  // namespace dp

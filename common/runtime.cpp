@@ -29,13 +29,13 @@ int run_main(const std::function<int()>& body) {
   try {
     return body();
   } catch (const UsageError& e) {
-    fmt::print(stderr, "[rank {}/{}] error: {}\n", log_rank(), log_world(), e.what());
+    fmt::print(stderr, "{} error: {}\n", log_tag(), e.what());
     return 2;
   } catch (const CheckFailed& e) {
-    fmt::print(stderr, "[rank {}/{}] CHECK FAILED: {}\n", log_rank(), log_world(), e.what());
+    fmt::print(stderr, "{} CHECK FAILED: {}\n", log_tag(), e.what());
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "[rank {}/{}] error: {}\n", log_rank(), log_world(), first_line(e.what()));
+    fmt::print(stderr, "{} error: {}\n", log_tag(), first_line(e.what()));
     return 1;
   }
 }

@@ -120,10 +120,10 @@ void record(const Quorum& q, Carried& c, double t0, double t_quorum, double t_gr
   if (c.seen_s >= 0) c.curve["events"].back()["seen_s"] = c.seen_s;
   timeline::span(fmt::format("round {}", q.round), t0, t_quorum, {{"members", ids}, {"why", c.why}});
   timeline::span("new group", t_quorum, t_group, {{"ranks", q.size()}, {"rank", q.rank}});
-  timeline::span("heal", t_group, t_healed, {{"from rank", q.source}, {"bytes", healed}});
-  print0("generation {}: {} rank{} ({}) at step {}, {}; round {:.3f} s, group {:.3f} s, state from rank {} "
+  timeline::span("heal", t_group, t_healed, {{"from", q.members[q.source].id}, {"bytes", healed}});
+  print0("generation {}: {} rank{} ({}) at step {}, {}; round {:.3f} s, group {:.3f} s, state from {} "
          "({:.2f} MB) {:.3f} s", q.round, q.size(), q.size() == 1 ? "" : "s", ids, c.done, c.why, t_quorum - t0,
-         t_group - t_quorum, q.source, healed / 1e6, t_healed - t_group);
+         t_group - t_quorum, q.members[q.source].id, healed / 1e6, t_healed - t_group);
 }
 
 // The run's end, in its last generation: the checkpoint, the curve, the merged timeline.

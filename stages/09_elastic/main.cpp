@@ -19,7 +19,7 @@
 // Correct output: "generation 0: 3 ranks ..."; after the kill, from the survivors, "generation 0 failed at step 21:
 // all_reduce ... Connection closed by peer", "generation 1: 2 ranks ... after a failure at step 21 (seen 0.08-0.3 s
 // after it ...)" and "step 21 done 1-1.6 s after the failure"; then "generation 2: 3 ranks ... a newcomer waits
-// ... state from rank 0 (51.93 MB)"; the loss falling from 6.1 below 2.7 by step 60, as in stage 08; "PASS replicas
+// ... state from 0.0 (51.93 MB)"; the loss falling from 6.1 below 2.7 by step 60, as in stage 08; "PASS replicas
 // bit-identical going into every step"; last "PASS stage 09: 60 steps, ..., ranks 3 -> 2 -> 3".
 //
 // What it leaves: one node (the store is a file; across machines it would be a TCP store in a process
@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
     if (!o.trace.empty()) check_writable("--trace", o.trace);
     r.world_size = env.world_size;
     const TextCorpus corpus = load_corpus(r.corpus, r.batch, r.context);
-
+    set_log_tag(env.rank, env.world_size);  // its lines keep the launcher's tag; its rank changes each generation
     Membership members(path, fmt::format("{}.{}", env.rank, env.restart), o.max_ranks,
                        std::chrono::milliseconds(static_cast<int64_t>(o.settle_s * 1000)), dist.timeout);
     Faults faults(members.store(), members.id(), env.rank, env.restart);

@@ -1,6 +1,7 @@
 // Options: sizes with units, durations, and every bad value ends in exit code 2 with a message.
 #include "common/cli.hpp"
 #include "common/format.hpp"
+#include "common/log.hpp"
 #include "common/runtime.hpp"
 
 #include <gtest/gtest.h>
@@ -95,6 +96,27 @@ TEST(Cli, BenchOnlyOptionsNeedBench) {
   EXPECT_EQ(parse_with(true, {"--steps", "3"}), 2);
   EXPECT_EQ(parse_with(true, {"--bench", "--steps", "3"}), -1);
   EXPECT_EQ(parse_with(false, {"--steps", "3"}), -1);
+}
+
+// Stage 09's processes keep the launcher's tag while their rank changes with each generation; print0 still
+// follows the group's rank 0 (a summary must come from whoever is rank 0 now, whichever slot that is).
+TEST(Log, TagOutlivesTheGroupRank) {
+  dp::set_log_tag(2, 3);
+  dp::set_log_rank(0, 2);  // this process is rank 0 of the new generation
+  testing::internal::CaptureStdout();
+  dp::print0("summary");
+  dp::print_rank("mine");
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "summary\n[rank 2/3] mine\n");
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(dp::run_main([]() -> int { throw dp::UsageError("bad"); }), 2);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "[rank 2/3] error: bad\n");
+  dp::set_log_rank(1, 2);
+  testing::internal::CaptureStdout();
+  dp::print0("summary");
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");
+  dp::set_log_tag(-1, -1);  // back to the group's rank, as every other program
+  dp::set_log_rank(0, 1);
+  EXPECT_EQ(dp::log_tag(), "[rank 0/1]");
 }
 
 // --backend nccl exits 2 on a CPU build, and on a CUDA build where there is no GPU (this machine).
