@@ -66,10 +66,11 @@ int main(int argc, char** argv) {
   std::string dir;
   bool resume_only = false;
   cli.app().add_option("--checkpoint", dir, "Folder for the checkpoint file (made if missing)")->required();
-  cli.app().add_flag("--resume-only", resume_only,
-                     "Load the file an earlier run saved (at any world size), train one step, save nothing");
+  auto* resume = cli.app().add_flag("--resume-only", resume_only,
+                                    "Load the file an earlier run saved (at any world size), train one step, save nothing");
   cli.app().add_option("--preset", cfg.preset, "Transformer size")->check(CLI::IsMember(TransformerConfig::preset_names()));
-  cli.app().add_option("--steps", cfg.steps, "Steps before the checkpoint")->check(PositiveInt);
+  cli.app().add_option("--steps", cfg.steps, "Steps before the checkpoint (not with --resume-only: one step)")
+      ->check(PositiveInt)->excludes(resume);
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
