@@ -61,6 +61,9 @@ int main(int argc, char** argv) {
     o.cfg.bytes_per_param = 0;  // check_memory below knows each variant's own needs
     validate_bench_config(o.cfg, world);
     o.compute_dtype = flags.compute_dtype();
+    if (cli.app().count("--compute-dtype") && std::find(variants.begin(), variants.end(), "fsdp") == variants.end())
+      throw UsageError(fmt::format("--compute-dtype {} is the dtype of FSDP's gathered weights, and --variants {} has "
+                                   "no fsdp: add it, or leave out --compute-dtype", flags.dtype, fmt::join(variants, ",")));
     o.cuda = cli.dist_options().on_gpu();  // the group's device, known before it forms
     o.variants.clear();
     for (const auto& v : variants) {

@@ -114,6 +114,8 @@ dp_bad_input(stage07_unknown_compute_dtype 2 "unknown compute dtype 'float16'.*b
 dp_bad_input(ext07a_unknown_compute_dtype 2 "unknown compute dtype 'float16'.*bfloat16" ${E7} --compute-dtype float16)
 dp_bad_input(stage07_reshard_misspelt 2 "--reshard-after-forward.*yes" $<TARGET_FILE:stage07_fsdp> --reshard-after-forward yes)
 dp_bad_input(ext07a_unknown_variant 2 "--variants.*zero2" ${E7} --variants ddp,zero2)
+dp_bad_input(ext07a_compute_dtype_without_fsdp 2 "--compute-dtype bf16 is the dtype of FSDP's gathered weights, and --variants ddp,zero1 has no fsdp"
+  ${E7} --variants ddp,zero1 --compute-dtype bf16)
 dp_bad_input(ext07a_zero_steps 2 "steps" ${E7} --steps 0)
 dp_bad_input(ext07a_unknown_preset 2 "huge" ${E7} --preset huge)
 dp_bad_input(ext07a_batch_not_divisible 2 "cannot be split" ${LAUNCH} --nproc 2 -- ${E7} --batch 3)
