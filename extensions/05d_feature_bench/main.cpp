@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
                        "Micro-batches per optimizer step (K): with --bench, also time K micro-batches of --batch "
                        "under no_sync() against K = 1 (first cap, hook and order)")->check(PositiveInt);
   add_bench_options(cli.app(), cfg);
-  bench_only(cli.app(), {"--caps", "--overlap-optimizer", "--accumulate"});
+  bench_only(cli.app(), {"--caps", "--comm-hook", "--overlap-optimizer", "--accumulate"});  // the checks use no hook
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
