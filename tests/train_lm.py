@@ -5,10 +5,10 @@
                                               --accumulate 2): the same loss curves as one process
   train_lm.py resume LAUNCH PROGRAM WORKDIR   a run killed with SIGKILL after its step-20 checkpoint
                                               and resumed continues the uninterrupted curve bit for bit
-                                              (same world size) or within the tolerance (1 rank DDP,
-                                              4 ranks ZeRO-1, 2 ranks FSDP); an FSDP checkpoint resumed
-                                              by DDP; a torn temporary file is ignored, a truncated
-                                              checkpoint refused with exit 2
+                                              (same world size) or within the tolerance (1 rank DDP
+                                              with --accumulate 2, 4 ranks ZeRO-1, 2 ranks FSDP); an
+                                              FSDP checkpoint resumed by DDP; a torn temporary file is
+                                              ignored, a truncated checkpoint refused with exit 2
   train_lm.py lostwork LAUNCH PROGRAM WORKDIR  --checkpoint without --checkpoint-every writes the
                                               checkpoint at the end, resumed again trains nothing,
                                               with fewer --steps is refused (exit 2); a run whose loss turns non-finite
@@ -127,14 +127,17 @@ def resume(launch, prog, work):
         got = curve(resumed_path)
         ok = must(got == full, "2 ranks -> killed -> 2 ranks: the whole curve equals the uninterrupted one bit for bit"
                   if got == full else "the resumed curve differs from the uninterrupted one") and ok
-    for n, sync in [(1, "ddp"), (4, "zero1"), (2, "fsdp")]:
+    # One rank takes the two ranks' batch in two micro-batches (--accumulate 2): what one does to resume on fewer
+    # devices with the memory of each unchanged.
+    for n, sync, acc in [(1, "ddp", 2), (4, "zero1", 1), (2, "fsdp", 1)]:
         shutil.copy(ck + ".saved", ck)
         path = os.path.join(work, f"resumed_{n}.json")
-        rc, out = run(launch, prog, n, STEPS + ["--checkpoint", ck, "--resume", "--sync", sync, "--curve", path],
-                      os.path.join(work, f"resumed_{n}.log"))
-        ok = must(rc == 0, f"resumed with {n} rank(s), --sync {sync} (exit {rc})") and ok
+        rc, out = run(launch, prog, n, STEPS + ["--checkpoint", ck, "--resume", "--sync", sync, "--accumulate", str(acc),
+                                                "--curve", path], os.path.join(work, f"resumed_{n}.log"))
+        ok = must(rc == 0, f"resumed with {n} rank(s), --sync {sync}, --accumulate {acc} (exit {rc})") and ok
         if rc == 0:
-            ok = compare(f"2 ranks -> killed -> {n} rank(s) {sync} vs uninterrupted", full, curve(path), TOL) and ok
+            ok = compare(f"2 ranks -> killed -> {n} rank(s) {sync}, --accumulate {acc}, vs uninterrupted", full,
+                         curve(path), TOL) and ok
     # FSDP saves too: its shards gathered whole. Train 20 steps with FSDP at 2 ranks, go on with DDP alone.
     fck = os.path.join(work, "fsdp.ckpt")
     rc, out = run(launch, prog, 2, STEPS[:1] + ["20"] + STEPS[2:] + ["--sync", "fsdp", "--checkpoint", fck,

@@ -5,17 +5,21 @@
 #include "common/errors.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 
 namespace dp {
 
 using json = nlohmann::json;
 
-// Configuration fields a resumed run may change: how many ranks and how they synchronize (the state
-// is the same full state either way), and how long it runs or how often it evaluates and saves.
-static bool may_differ(const std::string& key) {
-  return key == "world_size" || key == "sync" || key == "steps" || key == "eval_every" ||
-         key == "checkpoint_every" || key == "bucket_mb";
-}
+// Configuration fields a resumed run may change, with the option that sets each: how the global batch is
+// split (ranks, micro-batches: the same rows, summed in another order) and synchronized (the state is the
+// same full state either way), and how long it runs or how often it evaluates and saves.
+static const std::vector<std::pair<std::string, std::string>> kMayDiffer = {
+    {"world_size", "the number of ranks"}, {"accumulate", "--accumulate"}, {"sync", "--sync"},
+    {"bucket_mb", "--bucket-mb"}, {"steps", "--steps"}, {"eval_every", "--eval-every"},
+    {"checkpoint_every", "--checkpoint-every"}};
 
 // [save]
 void save_lm_checkpoint(const std::string& path, ProcessGroup& pg, const LmCheckpointMeta& meta,
@@ -32,12 +36,15 @@ std::pair<LmCheckpointMeta, FullState> load_lm_checkpoint(const std::string& pat
     meta.step = m.at("step").get<int64_t>();
     meta.config = m.at("config");
     meta.curve = m.at("curve");
-    for (const auto& [key, value] : config.items())
-      if (!may_differ(key) && meta.config.value(key, json()) != value)
-        throw UsageError(fmt::format("checkpoint {} was written with {} = {}, this run has {}: resume with the same "
-                                     "model, batch, data and schedule (only the number of ranks, --sync, --steps, "
-                                     "--eval-every and --checkpoint-every may change)",
-                                     path, key, meta.config.value(key, json()).dump(), value.dump()));
+    for (const auto& [key, value] : config.items()) {
+      const auto is_key = [&key = key](const auto& field) { return field.first == key; };
+      if (meta.config.value(key, json()) == value || std::any_of(kMayDiffer.begin(), kMayDiffer.end(), is_key)) continue;
+      std::vector<std::string> options;
+      for (const auto& field : kMayDiffer) options.push_back(field.second);
+      throw UsageError(fmt::format("checkpoint {} was written with {} = {}, this run has {}: resume with the same model, "
+                                   "batch, data and schedule (only {} may change)", path, key,
+                                   meta.config.value(key, json()).dump(), value.dump(), fmt::join(options, ", ")));
+    }
     // Equal is a finished run, resumed again (a requeued job): it trains no step and ends as it did.
     const int64_t steps = config.value("steps", meta.step);  // a configuration without it asks nothing here
     if (meta.step > steps)

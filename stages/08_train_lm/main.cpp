@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   cli.app().add_option("--eval-every", o.eval_every, "Validation loss every N steps (and at the end)")->check(PositiveInt);
   cli.app().add_option("--checkpoint", o.checkpoint, "Checkpoint file (written atomically)");
   cli.app().add_option("--checkpoint-every", o.checkpoint_every, "Save every N steps (needs --checkpoint)")->check(PositiveInt);
-  cli.app().add_flag("--resume", o.resume, "Continue from --checkpoint (any world size, any --sync)");
+  cli.app().add_flag("--resume", o.resume, "Continue from --checkpoint (any world size, --sync or --accumulate)");
   cli.app().add_option("--curve", o.curve, "Write the loss curve, timings and sample as JSON (rank 0)");
   cli.app().add_option("--sample", o.sample_bytes, "Bytes of text to sample from the model at the end (0: none)")
       ->check(NonNegativeFinite);

@@ -111,10 +111,11 @@ TEST(LmCheckpoint, RoundTripAndRefusals) {
       st.tensors = {{"exp_avg", torch::randn(p.sizes())}, {"exp_avg_sq", torch::rand(p.sizes())}};
       s.optimizer.push_back(st);
     }
-    nlohmann::json cfg = {{"preset", "tiny"}, {"batch", 16}, {"world_size", 2}, {"sync", "ddp"}, {"steps", 20}};
+    nlohmann::json cfg = {{"preset", "tiny"}, {"batch", 16}, {"world_size", 2}, {"accumulate", 1}, {"sync", "ddp"},
+                          {"steps", 20}};
     dp::save_lm_checkpoint(path, pg, {20, cfg, {{"train", {{0, 5.5, 0.1}}}}}, s);
     auto other = cfg;
-    other["world_size"] = 4, other["sync"] = "fsdp";
+    other["world_size"] = 1, other["accumulate"] = 2, other["sync"] = "fsdp";  // the same batch, split otherwise
     auto [meta, got] = dp::load_lm_checkpoint(path, other, s.params);
     EXPECT_EQ(meta.step, 20);
     for (size_t i = 0; i < 2; ++i) {
@@ -139,6 +140,8 @@ TEST(LmCheckpoint, RoundTripAndRefusals) {
       ADD_FAILURE() << "a checkpoint of another batch size was accepted";
     } catch (const dp::UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("batch = 16, this run has 32"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("only the number of ranks, --accumulate, --sync,"), std::string::npos)
+          << e.what();
     }
     dp::FullState bigger = s;
     bigger.params[1].second = torch::zeros({5});
