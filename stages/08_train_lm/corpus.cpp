@@ -34,10 +34,16 @@ TextCorpus load_corpus(const std::string& path, int64_t batch, int64_t context) 
     std::vector<fs::path> files;
     for (const auto& e : fs::directory_iterator(path, ec))
       if (e.is_regular_file() && !e.is_symlink() && e.path().extension() != ".dat") files.push_back(e.path());
+    if (files.empty())  // a folder of folders (they are not read): "too little text" would not say why
+      throw UsageError(fmt::format("--corpus {}: no regular file directly in this folder (its subfolders, symbolic "
+                                   "links and *.dat files are not read); pass a file, or a folder of text files", path));
     std::sort(files.begin(), files.end());  // a fixed order: the same tokens on every machine
     for (const auto& f : files) text += read_bytes(f);
     c.source = fmt::format("{} ({} files)", path, files.size());
   } else {
+    if (!fs::is_regular_file(path, ec))  // /dev/zero would be read until memory runs out; /dev/stdin by every rank
+      throw UsageError(fmt::format("--corpus {} is neither a regular file nor a folder; pass a file, or a folder of "
+                                   "text files", path));
     text = read_bytes(path);
     c.source = path;
   }

@@ -31,8 +31,9 @@ inline const char* kDefaultCorpus = "/usr/share/games/fortunes";
 
 /// Reads `path`: a file, or every regular file directly in a directory (sorted by name; symbolic links
 /// and `*.dat` index files skipped), concatenated. Throws dp::UsageError naming the path and the remedy
-/// when it does not exist, or when its training text holds fewer than (batch + 1) x (context + 1) bytes or
-/// its held-out text fewer than context + 1 (one validation window).
+/// when it does not exist, is neither a regular file nor a folder, is a folder with no such file, or when
+/// its training text holds fewer than (batch + 1) x (context + 1) bytes or its held-out text fewer than
+/// context + 1 (one validation window).
 TextCorpus load_corpus(const std::string& path, int64_t batch, int64_t context);
 
 /// Windows of `context + 1` tokens (inputs and their next tokens) cut from `tokens` at multiples of

@@ -167,6 +167,10 @@ dp_bad_input(stage08_missing_corpus 2 "--corpus /nonexistent: no such file or di
   ${S08} --corpus /nonexistent)
 # A text too short for the run (README.md, 25 kB, against 2 x 30001 bytes) is refused before any work, naming
 # what would help; a held-out part shorter than one window is Corpus.EveryTwentiethBlockIsHeldOut's case.
+dp_bad_input(stage08_corpus_folder_of_folders 2 "--corpus /proc/sys: no regular file directly in this folder"
+  ${S08} --corpus /proc/sys --steps 1 --warmup 0)  # subfolders only: said so, not "too little text"
+dp_bad_input(stage08_corpus_device 2 "--corpus /dev/zero is neither a regular file nor a folder"
+  ${S08} --corpus /dev/zero --steps 1 --warmup 0)  # it would be read until memory runs out
 dp_bad_input(stage08_corpus_too_small 2 "too little for --batch 1 and --context 30000.*a larger --corpus, or a smaller"
   ${S08} --corpus ${CMAKE_SOURCE_DIR}/README.md --batch 1 --context 30000)
 dp_bad_input(stage08_batch_not_divisible 2 "--batch 15 is not a positive multiple of the world size 2"
