@@ -20,7 +20,8 @@ void set_log_tag(int rank, int world_size) {
   g_tag_world = world_size;
 }
 std::string log_tag() {
-  return g_tag_rank < 0 ? fmt::format("[rank {}/{}]", g_rank, g_world) : fmt::format("[rank {}/{}]", g_tag_rank, g_tag_world);
+  const bool own = g_tag_rank >= 0;
+  return fmt::format("[rank {}/{}]", own ? g_tag_rank : g_rank, own ? g_tag_world : g_world);
 }
 
 }  // namespace dp

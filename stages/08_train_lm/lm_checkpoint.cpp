@@ -20,6 +20,9 @@ static const std::vector<std::pair<std::string, std::string>> kMayDiffer = {
     {"world_size", "the number of ranks"}, {"accumulate", "--accumulate"}, {"sync", "--sync"},
     {"bucket_mb", "--bucket-mb"}, {"steps", "--steps"}, {"eval_every", "--eval-every"},
     {"checkpoint_every", "--checkpoint-every"}};
+static bool may_differ(const std::string& key) {
+  return std::any_of(kMayDiffer.begin(), kMayDiffer.end(), [&](const auto& field) { return field.first == key; });
+}
 
 // [save]
 void save_lm_checkpoint(const std::string& path, ProcessGroup& pg, const LmCheckpointMeta& meta,
@@ -37,8 +40,7 @@ std::pair<LmCheckpointMeta, FullState> load_lm_checkpoint(const std::string& pat
     meta.config = m.at("config");
     meta.curve = m.at("curve");
     for (const auto& [key, value] : config.items()) {
-      const auto is_key = [&key = key](const auto& field) { return field.first == key; };
-      if (meta.config.value(key, json()) == value || std::any_of(kMayDiffer.begin(), kMayDiffer.end(), is_key)) continue;
+      if (may_differ(key) || meta.config.value(key, json()) == value) continue;
       std::vector<std::string> options;
       for (const auto& field : kMayDiffer) options.push_back(field.second);
       throw UsageError(fmt::format("checkpoint {} was written with {} = {}, this run has {}: resume with the same model, "
