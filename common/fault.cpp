@@ -4,6 +4,7 @@
 
 #include "common/dist.hpp"
 #include "common/errors.hpp"
+#include "common/log.hpp"
 #include "common/runtime.hpp"
 #include "common/store_values.hpp"
 #include "common/timeline.hpp"
@@ -80,7 +81,7 @@ void Faults::at(const std::string& point) {
     const double now = wall_seconds();
     if (e.action != "pause") store_->set("fault/time", store_bytes(fmt::format("{:.6f}", now)));  // a failure
     timeline::instant(fmt::format("DP_FAULT: {} at {}", e.action, point), now);
-    fmt::print("[slot {}] DP_FAULT: {} at {}\n", slot_, e.action, point);
+    fmt::print("{} DP_FAULT: {} at {}\n", log_tag(), e.action, point);  // stage 09: the launcher's tag, its slot
     std::fflush(stdout);
     if (e.action == "die") std::raise(SIGKILL);
     if (e.action == "stop") std::raise(SIGSTOP);
