@@ -7,10 +7,13 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 
@@ -126,9 +129,27 @@ void check_writable(const std::string& option, const std::string& path) {
     throw UsageError(fmt::format("{} {}: cannot write there: the folder {} does not exist; create it (mkdir -p {}) "
                                  "or give a path in an existing, writable folder", option, path, dir.string(),
                                  dir.string()));
-  if (::access(dir.c_str(), W_OK) != 0 || (fs::exists(p, ec) && ::access(p.c_str(), W_OK) != 0))
-    throw UsageError(fmt::format("{} {}: cannot write there (permission denied); give a path in a writable folder",
-                                 option, path));
+  // Outputs are written to a new file beside PATH and renamed over it: a device, pipe or socket there
+  // (/dev/stdout) would be replaced by a plain file, not written to.
+  if (fs::exists(p, ec) && !fs::is_regular_file(p, ec))
+    throw UsageError(fmt::format("{} {}: cannot write there: it exists and is not a regular file (the output is "
+                                 "written beside it and renamed over it); give a file name", option, path));
+  // Try it rather than ask access(2), which says yes to root almost everywhere (/proc, a read-only mount):
+  // open an existing file for writing without truncating it, and create and remove a file beside it.
+  const auto refuse = [&](int err, const std::string& what) {
+    throw UsageError(fmt::format("{} {}: cannot write there: {} failed ({}); give a path in a writable folder",
+                                 option, path, what, std::strerror(err)));
+  };
+  if (fs::exists(p, ec)) {
+    const int fd = ::open(p.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) refuse(errno, "opening it for writing");
+    ::close(fd);
+  }
+  std::string probe = (dir / ("." + p.filename().string() + ".probe-XXXXXX")).string();
+  const int fd = ::mkstemp(probe.data());  // a unique name: every rank may probe the same folder at once
+  if (fd < 0) refuse(errno, "creating a file in " + dir.string());
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 Cli::Cli(const std::string& program, const std::string& description) : app_(description, program) {
