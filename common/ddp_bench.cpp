@@ -248,8 +248,8 @@ void add_bench_options(CLI::App& app, BenchConfig& cfg) {
 void print_bench_header(const ProcessGroup& pg, const BenchConfig& cfg) {
   print0("\nbenchmark: {}", describe(TransformerConfig::preset(cfg.preset, cfg.context)));
   const std::string comm = pg.device().is_cuda() ? pg.backend() + " on " + pg.device().str() : pg.backend();
-  print0("global batch {} ({} per rank), context {}, AdamW, {} ranks ({}, {}), {} warm-up + {} timed steps per variant",
-         cfg.global_batch, cfg.global_batch / pg.world_size(), cfg.context, pg.world_size(), comm,
+  print0("global batch {} ({} per rank), context {}, AdamW, {} ({}, {}), {} warm-up + {} timed steps per variant",
+         cfg.global_batch, cfg.global_batch / pg.world_size(), cfg.context, count_of(pg.world_size(), "rank"), comm,
          link_description(), cfg.warmup, cfg.steps);
 }
 

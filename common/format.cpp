@@ -29,6 +29,10 @@ std::string lowercase(std::string s) {
   return s;
 }
 
+std::string count_of(int64_t n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
 std::string first_line(const std::string& what) {
   const auto nl = what.find('\n');
   return nl == std::string::npos ? what : what.substr(0, nl);

@@ -1,5 +1,6 @@
-// Numbers and words as people read and write them: thousands separators, byte counts with units, lower
-// case for matching option values, and the first line of an exception's text.
+// Numbers and words as people read and write them: thousands separators, byte counts with units, counts
+// of things ("1 rank", "2 ranks"), lower case for matching option values, and the first line of an
+// exception's text.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,9 @@ std::string format_bytes(double bytes);
 
 /// `s` in ASCII lower case: option values such as units and preset names are matched case-insensitively.
 std::string lowercase(std::string s);
+
+/// `n` and a noun, singular for one: (1, "rank") -> "1 rank", (2, "rank") -> "2 ranks" (nouns that take -s).
+std::string count_of(int64_t n, const std::string& noun);
 
 /// The first line of `what`: c10d and Gloo put backtraces after it, which users need not read.
 std::string first_line(const std::string& what);

@@ -236,10 +236,10 @@ int64_t BucketedZero1::buffer_bytes() const {
 std::string BucketedZero1::describe() const {
   int64_t numel = 0, padded = 0;
   for (const auto& b : buckets_) numel += b.layout.numel, padded += b.layout.padded;
-  return fmt::format("bucketed ZeRO-1 {} over {} ranks: {} tensors, {} elements in {} buckets of <= {:g} MB "
+  return fmt::format("bucketed ZeRO-1 {} over {}: {} tensors, {} elements in {} buckets of <= {:g} MB "
                      "(padded to {}); gradients by {} from backward's hooks, parameters by {}",
-                     kind_, pg_->world_size(), params_.size(), with_commas(numel), buckets_.size(), cap_mb_,
-                     with_commas(padded), reduce_scatter_name(*pg_), all_gather_name(*pg_));
+                     kind_, count_of(pg_->world_size(), "rank"), params_.size(), with_commas(numel), buckets_.size(),
+                     cap_mb_, with_commas(padded), reduce_scatter_name(*pg_), all_gather_name(*pg_));
 }
 
 namespace {

@@ -99,8 +99,8 @@ int main(int argc, char** argv) {
       Run fresh(pg, mcfg, /*seed=*/5);
       const auto info = load_checkpoint(path, pg, *fresh.model, *fresh.opt);
       fresh.step(pg, cfg, info.max_step);
-      print0("PASS loaded {} (saved by {} ranks at step {}) into {} ranks, and trained on", path, info.world_size,
-             info.max_step, pg.world_size());
+      print0("PASS loaded {} (saved by {} at step {}) into {}, and trained on", path,
+             count_of(info.world_size, "rank"), info.max_step, count_of(pg.world_size(), "rank"));
     } else {
       Run run(pg, mcfg, /*seed=*/1);
       for (int64_t i = 0; i < cfg.steps; ++i) run.step(pg, cfg, i);
@@ -112,9 +112,9 @@ int main(int argc, char** argv) {
       fresh.step(pg, cfg, cfg.steps);
       // [resume]
       const bool same = max_param_diff(*run.model, *fresh.model) == 0.0;
-      print0("{} checkpoint {} ({}, saved by {} ranks, step {}): resumed step {} the uninterrupted one",
+      print0("{} checkpoint {} ({}, saved by {}, step {}): resumed step {} the uninterrupted one",
              same ? "PASS" : "FAIL", path, format_bytes(static_cast<double>(std::filesystem::file_size(path))),
-             info.world_size, info.max_step, same ? "equals" : "DIFFERS from");
+             count_of(info.world_size, "rank"), info.max_step, same ? "equals" : "DIFFERS from");
       if (!same) throw CheckFailed("resuming from the checkpoint changed the training");
     }
     pg.barrier();

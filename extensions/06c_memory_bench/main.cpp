@@ -19,6 +19,7 @@
 // What it leaves: the optimizer's state is the only thing sharded; stage 07's FSDP shards the rest.
 #include "common/cli.hpp"
 #include "common/ddp_bench.hpp"
+#include "common/format.hpp"
 #include "common/launch_env.hpp"
 #include "common/runtime.hpp"
 #include "common/trace.hpp"
@@ -60,7 +61,8 @@ int main(int argc, char** argv) {
     print_tables(results);
     if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     pg.barrier();
-    print0("PASS extension 06c: AdamW and the sharded designs measured one at a time ({} ranks)", pg.world_size());
+    print0("PASS extension 06c: AdamW and the sharded designs measured one at a time ({})",
+           count_of(pg.world_size(), "rank"));
     pg.shutdown();
     return 0;
   });

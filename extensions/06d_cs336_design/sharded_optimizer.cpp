@@ -178,8 +178,8 @@ std::string ShardedOptimizer::describe() const {
   int64_t trainable = 0, elements = 0;
   for (const auto& sh : per_rank) trainable += sh.params, elements += sh.elements;
   const int64_t frozen = static_cast<int64_t>(slots_.size()) - trainable;  // frozen tensors have no owner
-  std::string out = fmt::format("sharded {} over {} ranks: {} trainable tensors, {} elements", kind_,
-                                pg_->world_size(), trainable, with_commas(elements));
+  std::string out = fmt::format("sharded {} over {}: {} trainable tensors, {} elements", kind_,
+                                count_of(pg_->world_size(), "rank"), trainable, with_commas(elements));
   if (frozen > 0) out += fmt::format(" ({} frozen tensors not sharded)", frozen);
   for (const auto& sh : per_rank)
     out += fmt::format("\n  rank {}: {} tensors, {} elements, {} of parameters", sh.rank, sh.params,

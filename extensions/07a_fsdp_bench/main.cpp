@@ -23,6 +23,7 @@
 // What it leaves: the figures are one CPU machine's; a GPU changes the ratio of compute to communication.
 #include "common/cli.hpp"
 #include "common/ddp_bench.hpp"
+#include "common/format.hpp"
 #include "common/launch_env.hpp"
 #include "common/memory.hpp"
 #include "common/runtime.hpp"
@@ -84,7 +85,7 @@ int main(int argc, char** argv) {
     print_tables(results);
     if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     pg.barrier();
-    print0("PASS extension 07a: FSDP, DDP and ZeRO-1 measured side by side ({} ranks)", pg.world_size());
+    print0("PASS extension 07a: FSDP, DDP and ZeRO-1 measured side by side ({})", count_of(pg.world_size(), "rank"));
     pg.shutdown();
     return 0;
   });

@@ -167,7 +167,8 @@ int main(int argc, char** argv) {
     auto ring_oks = pg.all_gather(ring_ok ? 1.0 : 0.0);
     if (std::count(ring_oks.begin(), ring_oks.end(), 1.0) != pg.world_size())
       throw CheckFailed("the ring all-reduce (ring_allreduce.cpp) differs from all_reduce on some rank");
-    print0("PASS ring all-reduce from sends and receives equals all_reduce ({} ranks, 1001 elements)", pg.world_size());
+    print0("PASS ring all-reduce from sends and receives equals all_reduce ({}, 1001 elements)",
+           count_of(pg.world_size(), "rank"));
 
     if (run_bench) {
       Results results("allreduce");

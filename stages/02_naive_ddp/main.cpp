@@ -18,6 +18,7 @@
 #include "common/cli.hpp"
 #include "common/ddp_bench.hpp"
 #include "common/ddp_check.hpp"
+#include "common/format.hpp"
 #include "common/launch_env.hpp"
 #include "common/runtime.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
@@ -31,7 +32,7 @@ static std::unique_ptr<GradSync> make_naive(ProcessGroup& pg, std::shared_ptr<to
 // Correct before fast: the program refuses to time anything it has not checked.
 static void run_checks(ProcessGroup& pg, uint64_t seed) {
   // [checks]
-  print0("toy MLP, batch 100 split over {} ranks, SGD lr 0.01, 10 epochs:", pg.world_size());
+  print0("toy MLP, batch 100 split over {}, SGD lr 0.01, 10 epochs:", count_of(pg.world_size(), "rank"));
   report_margin(check_toy_mlp_experiment(pg, make_naive, /*verbose=*/true, seed),
                 "toy MLP: DDP weights equal single-process full-batch weights");
   for (const char* model : {"toy", "tied"})

@@ -18,6 +18,7 @@
 #include "common/data.hpp"
 #include "common/ddp_bench.hpp"
 #include "common/ddp_check.hpp"
+#include "common/format.hpp"
 #include "common/launch_env.hpp"
 #include "common/models.hpp"
 #include "common/runtime.hpp"
@@ -64,7 +65,7 @@ static void show_overlap(ProcessGroup& pg) {
 }
 
 static void run_checks(ProcessGroup& pg, uint64_t seed) {
-  print0("toy MLP, batch 100 split over {} ranks, SGD lr 0.01, 10 epochs:", pg.world_size());
+  print0("toy MLP, batch 100 split over {}, SGD lr 0.01, 10 epochs:", count_of(pg.world_size(), "rank"));
   report_margin(check_toy_mlp_experiment(pg, make_overlap, /*verbose=*/true, seed),
                 "toy MLP: DDP weights equal single-process full-batch weights");
   for (const char* model : {"toy", "tied"})

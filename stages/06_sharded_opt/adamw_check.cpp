@@ -1,6 +1,7 @@
 #include "stages/06_sharded_opt/adamw_check.hpp"
 
 #include "common/ddp_check.hpp"
+#include "common/format.hpp"
 #include "common/models.hpp"
 #include "common/params.hpp"
 #include "common/runtime.hpp"
@@ -59,8 +60,8 @@ bool check_against_adamw(ProcessGroup& pg, const std::string& what, const MakeSh
     const bool ok = matches_adamw(pg, name, make);
     auto votes = pg.all_gather(ok ? 1.0 : 0.0);
     const bool everyone = std::count(votes.begin(), votes.end(), 1.0) == pg.world_size();
-    print0("{} {} == AdamW on {} (10 steps, {} ranks, bit-identical after every step)", everyone ? "PASS" : "FAIL",
-           what, name, pg.world_size());
+    print0("{} {} == AdamW on {} (10 steps, {}, bit-identical after every step)", everyone ? "PASS" : "FAIL",
+           what, name, count_of(pg.world_size(), "rank"));
     all_ok = all_ok && everyone;
   }
   return all_ok;

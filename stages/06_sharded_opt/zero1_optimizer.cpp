@@ -90,9 +90,9 @@ int64_t Zero1Optimizer::buffer_bytes() const {
 }
 
 std::string Zero1Optimizer::describe() const {
-  return fmt::format("ZeRO-1 {} over {} ranks: {} tensors, {} elements in one flat buffer padded to {} ({} per "
+  return fmt::format("ZeRO-1 {} over {}: {} tensors, {} elements in one flat buffer padded to {} ({} per "
                      "rank); gradients by {}, parameters by {}",
-                     kind_, pg_->world_size(), params_.size(), with_commas(layout_.numel),
+                     kind_, count_of(pg_->world_size(), "rank"), params_.size(), with_commas(layout_.numel),
                      with_commas(layout_.padded), with_commas(layout_.chunk), reduce_scatter_name(*pg_, algo_),
                      all_gather_name(*pg_));
 }

@@ -355,8 +355,8 @@ int64_t Fsdp::resident_parameter_bytes() const {
 }
 
 std::string Fsdp::describe() const {
-  return fmt::format("FSDP over {} ranks, {} units ({} of {} parameters sharded), compute {}, reshard after forward {}",
-                     pg_.world_size(), units_.size(), with_commas(sharded_numel_),
+  return fmt::format("FSDP over {}, {} units ({} of {} parameters sharded), compute {}, reshard after forward {}",
+                     count_of(pg_.world_size(), "rank"), units_.size(), with_commas(sharded_numel_),
                      with_commas(sharded_numel_ + replicated_numel_), dtype_name(opts_.compute_dtype),
                      opts_.reshard_after_forward);
 }

@@ -3,6 +3,7 @@
 #include "stages/07_fsdp/fsdp_check.hpp"
 
 #include "common/ddp_check.hpp"
+#include "common/format.hpp"
 #include "common/log.hpp"
 #include "common/models.hpp"
 #include "common/params.hpp"
@@ -87,8 +88,8 @@ bool run_fsdp_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes, u
   for (const FsdpOptions& f : fsdp_check_modes(reshard_modes)) {
     // CS336 2026's test_fsdp_correctness is the common check with its settings (plain SGD, 10 rows per rank).
     bool ok = report_margin(check_strategy(pg, fsdp_strategy(f), StrategyCheck::cs336_fsdp(seed)),
-                            fmt::format("FSDP == one process on ToyFSDPModel ({}; 3 SGD steps, {} ranks)",
-                                        fsdp_mode_name(f), pg.world_size()));
+                            fmt::format("FSDP == one process on ToyFSDPModel ({}; 3 SGD steps, {})",
+                                        fsdp_mode_name(f), count_of(pg.world_size(), "rank")));
     check_fsdp_gradients(pg, f);  // throws CheckFailed
     print0("PASS FSDP gradients ({}): fp32, shard-shaped, replicated ones equal on every rank", fsdp_mode_name(f));
     // The check every Strategy passes (common/ddp_check.hpp), with a reference computing in f's dtype:

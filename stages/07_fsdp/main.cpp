@@ -27,6 +27,7 @@
 // gathered unit must fit on one device. Tensor and pipeline parallelism split the model itself.
 #include "common/cli.hpp"
 #include "common/ddp_bench.hpp"
+#include "common/format.hpp"
 #include "common/launch_env.hpp"
 #include "common/memory.hpp"
 #include "common/runtime.hpp"
@@ -83,7 +84,7 @@ int main(int argc, char** argv) {
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     }
     pg.barrier();
-    print0("PASS stage 07: FSDP trains like one process ({} ranks)", pg.world_size());
+    print0("PASS stage 07: FSDP trains like one process ({})", count_of(pg.world_size(), "rank"));
     pg.shutdown();
     return 0;
   });

@@ -24,6 +24,7 @@
 // parallelism) docs/08_train_lm.md lists the next steps.
 #include "common/cli.hpp"
 #include "common/dist.hpp"
+#include "common/format.hpp"
 #include "common/launch_env.hpp"
 #include "common/results.hpp"
 #include "common/runtime.hpp"
@@ -91,8 +92,8 @@ int main(int argc, char** argv) {
     if (!std::isfinite(last) || last >= first)
       throw CheckFailed(fmt::format("the training loss did not fall: {:.4f} at the first step, {:.4f} at the last",
                                     first, last));
-    print0("PASS stage 08: {} trained {} steps on {} ranks, loss {:.3f} -> {:.3f}", o.trainer.sync, o.steps,
-           pg.world_size(), first, last);
+    print0("PASS stage 08: {} trained {} steps on {}, loss {:.3f} -> {:.3f}", o.trainer.sync, o.steps,
+           count_of(pg.world_size(), "rank"), first, last);
     pg.shutdown();
     return 0;
   });

@@ -45,6 +45,12 @@ TEST(FormatBytes, DecimalUnits) {
   EXPECT_EQ(dp::format_bytes(512), "512 B");
 }
 
+TEST(CountOf, SingularForOne) {
+  EXPECT_EQ(dp::count_of(1, "rank"), "1 rank");
+  EXPECT_EQ(dp::count_of(2, "rank"), "2 ranks");
+  EXPECT_EQ(dp::count_of(0, "step"), "0 steps");
+}
+
 namespace {
 int parse(std::vector<std::string> args, int* iters = nullptr) {
   dp::Cli cli("prog", "test program");
