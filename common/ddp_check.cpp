@@ -3,6 +3,7 @@
 #include "common/ddp_check.hpp"
 
 #include "common/data.hpp"
+#include "common/format.hpp"
 #include "common/hints.hpp"
 #include "common/models.hpp"
 #include "common/params.hpp"
@@ -401,10 +402,13 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
 
     const double w = max_abs(unique_parameters(*ref, true));
     const double bound = sgd_weight_bound(lr, momentum, step, rel * G, w);
+    // The PASS line shows the derivation of the step with the largest ratio: it says which step that was.
     compare(fmt::format("step {}", step), bound,
-            fmt::format("lr {}{} x {} steps x ({} sums x u(fp32) + {:.0f} roundings x u({})) x max|g| {:.3g}, plus {} "
-                        "ulps of max|w| {:.3g}", lr, momentum > 0 ? fmt::format(" with momentum {}", momentum) : "",
-                        step, rows * W + W + accumulate, low_roundings, dtype_name(low), G, step, w));
+            fmt::format("lr {}{} x {} x ({} sums x u(fp32) + {:.0f} roundings x u({})) x max|g| {:.3g}, plus {} "
+                        "of max|w| {:.3g}, after step {} of {}", lr,
+                        momentum > 0 ? fmt::format(" with momentum {}", momentum) : "", count_of(step, "step"),
+                        rows * W + W + accumulate, low_roundings, dtype_name(low), G, count_of(step, "ulp"), w, step,
+                        c.steps));
   }
   return worst_over_ranks(pg, worst);
 }
