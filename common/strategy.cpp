@@ -1,5 +1,6 @@
 #include "common/strategy.hpp"
 
+#include "common/format.hpp"
 #include "common/memory.hpp"
 #include "common/params.hpp"
 
@@ -33,8 +34,8 @@ double DdpStrategy::sent_bytes_per_step() const {
 }
 
 std::string DdpStrategy::describe() const {
-  return sync_ ? name_ + " over " + std::to_string(pg_.world_size()) + " ranks, " + std::to_string(calls_per_step()) +
-                     " collectives per step"
+  return sync_ ? name_ + " over " + count_of(pg_.world_size(), "rank") + ", " + count_of(calls_per_step(), "collective") +
+                     " per step"
                : "each rank alone (no communication)";
 }
 

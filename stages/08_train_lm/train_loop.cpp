@@ -4,6 +4,7 @@
 #include "common/cli.hpp"     // check_writable
 #include "common/models.hpp"
 #include "common/accounting.hpp"
+#include "common/format.hpp"
 #include "common/memory.hpp"  // check_fits_in_memory
 #include "common/params.hpp"
 #include "common/results.hpp"
@@ -53,7 +54,8 @@ void validate_run_options(const RunOptions& o) {
   if (!o.curve.empty()) check_writable("--curve", o.curve);
   if (!std::filesystem::exists(o.corpus)) load_corpus(o.corpus, 0, 0);  // throws its message, with the remedy
   if (o.warmup > o.steps)
-    throw UsageError(fmt::format("--warmup {} is longer than --steps {}", o.warmup, o.steps));
+    throw UsageError(fmt::format("--warmup {} is longer than --steps {}: the learning rate would never reach --lr; "
+                                 "give --warmup {} or less (0: no warm-up)", o.warmup, o.steps, o.steps));
 }
 
 void check_run_fits(const RunOptions& o, int world_size, int ranks_here, bool on_gpu) {
@@ -142,9 +144,9 @@ static double median(const std::vector<double>& v) { return summarize(v).median;
 json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, DistributedSampler& sampler) {
   TransformerLM model = make_byte_lm(o.preset, o.context, o.seed, pg.device());
   auto trainer = std::make_unique<LmTrainer>(pg, model, o.trainer);
-  print0("{}; {}\n{}; global batch {} x {} bytes, {} micro-batch(es) of {} per rank; AdamW lr {:g} (warm-up {} steps)",
-         describe(model->cfg), trainer->describe(), o.trainer.sync, o.batch, o.context, o.accumulate,
-         o.batch / pg.world_size() / o.accumulate, o.lr, o.warmup);
+  print0("{}; {}\n{}; global batch {} x {} bytes, {} of {} per rank; AdamW lr {:g} (warm-up {} steps)",
+         describe(model->cfg), trainer->describe(), o.trainer.sync, o.batch, o.context,
+         count_of(o.accumulate, "micro-batch"), o.batch / pg.world_size() / o.accumulate, o.lr, o.warmup);
   json curve = {{"train", json::array()}, {"val", json::array()}};
   int64_t start = 0;
   if (o.resume) {

@@ -186,6 +186,7 @@ dp_bad_input(stage08_bucket_mb_zero 2 "--bucket-mb: '0': the value must be a fin
 dp_bad_input(stage05_caps_nan 2 "--caps: 'nan': the value must be a finite number > 0" $<TARGET_FILE:stage05_bucketed> --bench --caps 1,nan)
 dp_bad_input(stage02_seed_negative 2 "--seed: '-1': the value must be a finite number >= 0" ${S02} --seed -1)
 dp_bad_input(stage01_warmup_inf 2 "--warmup: 'inf': the value must be a finite number >= 0" ${S01} --bench --warmup inf)
+dp_bad_input(stage08_warmup_past_steps 2 "--warmup 20 is longer than --steps 2: .* give --warmup 2 or less" ${S08} --steps 2)
 # Output files of stage 08 (checkpoint, curve) and stage 06 (its checkpoint folder), checked before any work.
 dp_bad_input(stage08_checkpoint_unwritable 2 "--checkpoint /nonexistent-dir/lm.ckpt: cannot write there"
   ${S08} --checkpoint /nonexistent-dir/lm.ckpt)
