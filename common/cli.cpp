@@ -130,7 +130,11 @@ void check_writable(const std::string& option, const std::string& path) {
                                  "or give a path in an existing, writable folder", option, path, dir.string(),
                                  dir.string()));
   // Outputs are written to a new file beside PATH and renamed over it: a device, pipe or socket there
-  // (/dev/stdout) would be replaced by a plain file, not written to.
+  // (/dev/null) would be replaced by a plain file, not written to, and so would a symbolic link (/dev/stdout).
+  if (fs::is_symlink(p, ec))
+    throw UsageError(fmt::format("{} {}: cannot write there: it is a symbolic link, which the output would replace "
+                                 "(it is written beside it and renamed over it); give the path it points to",
+                                 option, path));
   if (fs::exists(p, ec) && !fs::is_regular_file(p, ec))
     throw UsageError(fmt::format("{} {}: cannot write there: it exists and is not a regular file (the output is "
                                  "written beside it and renamed over it); give a file name", option, path));

@@ -66,11 +66,11 @@ extern const CLI::Validator NonNegativeFinite;
 void bench_only(CLI::App& app, const std::vector<std::string>& names);
 
 /// Throws dp::UsageError naming `option` and `path` unless a file can be written there: the path is not a
-/// folder, its folder exists, anything already there is a regular file that opens for writing, and a file
-/// can be created beside it (tried: a uniquely named empty file is created and removed; an existing file
-/// is not changed), since outputs are written beside the path and renamed over it. Every
-/// program calls it for each output file (results, traces, curves, checkpoints) before any work, so a
-/// typo fails in a second instead of after the run; Cli::parse() does it for --json.
+/// folder, its folder exists, anything already there is a regular file (not a link) that opens for
+/// writing, and a file can be created beside it (tried: a uniquely named empty file is created and
+/// removed; an existing file is not changed), since outputs are written beside the path and renamed over
+/// it. Every program calls it for each output file (results, traces, curves, checkpoints) before any
+/// work, so a typo fails in a second instead of after the run; Cli::parse() does it for --json.
 void check_writable(const std::string& option, const std::string& path);
 
 }  // namespace dp

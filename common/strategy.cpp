@@ -34,8 +34,8 @@ double DdpStrategy::sent_bytes_per_step() const {
 }
 
 std::string DdpStrategy::describe() const {
-  return sync_ ? name_ + " over " + count_of(pg_.world_size(), "rank") + ", " + count_of(calls_per_step(), "collective") +
-                     " per step"
+  return sync_ ? name_ + " over " + count_of(pg_.world_size(), "rank") + ", " +
+                     count_of(calls_per_step(), "collective") + " per step"
                : "each rank alone (no communication)";
 }
 

@@ -192,11 +192,12 @@ dp_bad_input(stage08_checkpoint_unwritable 2 "--checkpoint /nonexistent-dir/lm.c
   ${S08} --checkpoint /nonexistent-dir/lm.ckpt)
 dp_bad_input(stage08_curve_unwritable 2 "--curve /nonexistent-dir/c.json: cannot write there" ${S08} --curve /nonexistent-dir/c.json)
 # The folder exists and access(2) says yes to root, but no file can be made there: tried, not asked (it used to
-# fail at the first save). A device is refused: the output is renamed over the path, which would replace it.
+# fail at the first save). A device or a link is refused: the output is renamed over the path, which would replace it.
 dp_bad_input(stage08_checkpoint_in_proc 2 "--checkpoint /proc/lm.ckpt: cannot write there: creating a file in /proc failed"
   ${S08} --checkpoint /proc/lm.ckpt)
 dp_bad_input(stage01_json_device 2 "--json /dev/null: cannot write there: it exists and is not a regular file"
   ${S01} --json /dev/null)
+dp_bad_input(stage01_json_symlink 2 "--json /dev/stdout: cannot write there: it is a symbolic link" ${S01} --json /dev/stdout)
 # A model this machine cannot hold is refused before the rendezvous (rank 1 alone, as above): whole replicas of
 # `large` (20 B per parameter with the buckets) on two ranks of a 24 GB machine, pointing at FSDP; a context whose
 # attention scores alone need terabytes.
