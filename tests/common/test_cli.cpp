@@ -4,7 +4,14 @@
 #include "common/log.hpp"
 #include "common/runtime.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 
 using dp::parse_size;
 
@@ -106,6 +113,40 @@ TEST(Cli, BenchOnlyOptionsNeedBench) {
 
 // Stage 09's processes keep the launcher's tag while their rank changes with each generation; print0 still
 // follows the group's rank 0 (a summary must come from whoever is rank 0 now, whichever slot that is).
+// check_writable() tries the write: it refuses what cannot be written or would be replaced, accepts a
+// writable path, changes no existing file and leaves no probe file behind.
+TEST(Cli, CheckWritableTriesAndLeavesNothing) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / fmt::format("dp_check_writable.{}", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto message = [](const std::string& path) {
+    try {
+      dp::check_writable("--out", path);
+    } catch (const dp::UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(message((dir / "new.json").string()), "accepted");
+  { std::ofstream((dir / "old.json").string()) << "kept"; }
+  EXPECT_EQ(message((dir / "old.json").string()), "accepted");
+  std::ifstream in((dir / "old.json").string());
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "kept");  // opened to try, not truncated
+  fs::create_symlink(dir / "old.json", dir / "link.json");
+  EXPECT_NE(message((dir / "link.json").string()).find("symbolic link"), std::string::npos);
+  EXPECT_NE(message("/dev/null").find("not a regular file"), std::string::npos);
+  EXPECT_NE(message("/proc/x.json").find("creating a file in /proc failed"), std::string::npos);
+  EXPECT_NE(message((dir / "missing" / "x.json").string()).find("does not exist"), std::string::npos);
+  EXPECT_NE(message(dir.string()).find("names a folder"), std::string::npos);
+  // Only what the test made: the probes were removed.
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"link.json", "old.json"}));
+  fs::remove_all(dir);
+}
+
 TEST(Log, TagOutlivesTheGroupRank) {
   dp::set_log_tag(2, 3);
   dp::set_log_rank(0, 2);  // this process is rank 0 of the new generation

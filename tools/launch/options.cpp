@@ -56,12 +56,13 @@ means bad options (the launcher's or a rank's); 127 means the program could not 
 
 Elastic mode (--elastic, for stages/09_elastic): a rank that fails no longer stops the others; they go
 on without it. --max-restarts K starts a new process in a failed rank's place, K times in all over the
-run, --restart-delay S seconds after the failure; --min-nproc M is handed to the program (DP_ELASTIC_MIN), which stops, with a checkpoint, when
-fewer than M ranks are left. The ranks meet in a store file the launcher creates and removes
-(DP_ELASTIC_STORE): it belongs to no rank, so no rank's death takes it down. A replacement gets
-DP_RESTART = how many processes its slot had before it. The launcher exits 0 once the run has
-finished (a rank exited 0) and no rank failed after that; a rank exiting 2 still stops everyone. A
-rank still running 30 s after the first one finished (hung, or SIGSTOPped and left out) is stopped.
+run, --restart-delay S seconds after the failure; --min-nproc M is handed to the program
+(DP_ELASTIC_MIN), which stops, with a checkpoint, when fewer than M ranks are left. The ranks meet in a
+store file the launcher creates and removes (DP_ELASTIC_STORE): it belongs to no rank, so no rank's
+death takes it down. A replacement gets DP_RESTART = how many processes its slot had before it. The
+launcher exits 0 once the run has finished (a rank exited 0) and no rank failed after that; a rank
+exiting 2 still stops everyone. A rank still running 30 s after the first one finished (hung, or
+SIGSTOPped and left out) is stopped.
 
 A cluster on one machine (--net RATE; needs root, i.e. CAP_NET_ADMIN and CAP_SYS_ADMIN, and
 iproute2): every rank runs in a network namespace of its own, with one veth interface into a Linux
