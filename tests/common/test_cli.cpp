@@ -111,8 +111,6 @@ TEST(Cli, BenchOnlyOptionsNeedBench) {
   EXPECT_EQ(parse_with(false, {"--steps", "3"}), -1);
 }
 
-// Stage 09's processes keep the launcher's tag while their rank changes with each generation; print0 still
-// follows the group's rank 0 (a summary must come from whoever is rank 0 now, whichever slot that is).
 // check_writable() tries the write: it refuses what cannot be written or would be replaced, accepts a
 // writable path, changes no existing file and leaves no probe file behind.
 TEST(Cli, CheckWritableTriesAndLeavesNothing) {
@@ -147,6 +145,8 @@ TEST(Cli, CheckWritableTriesAndLeavesNothing) {
   fs::remove_all(dir);
 }
 
+// Stage 09's processes keep the launcher's tag while their rank changes with each generation; print0 still
+// follows the group's rank 0 (a summary must come from whoever is rank 0 now, whichever slot that is).
 TEST(Log, TagOutlivesTheGroupRank) {
   dp::set_log_tag(2, 3);
   dp::set_log_rank(0, 2);  // this process is rank 0 of the new generation
