@@ -131,11 +131,12 @@ void check_writable(const std::string& option, const std::string& path) {
                                  dir.string()));
   // Outputs are written to a new file beside PATH and renamed over it: a device, pipe or socket there
   // (/dev/null) would be replaced by a plain file, not written to, and so would a symbolic link (/dev/stdout).
-  if (fs::is_symlink(p, ec))
+  const fs::file_status st = fs::symlink_status(p, ec);  // the path itself, a link not followed
+  if (fs::is_symlink(st))
     throw UsageError(fmt::format("{} {}: cannot write there: it is a symbolic link, which the output would replace "
                                  "(it is written beside it and renamed over it); give the path it points to",
                                  option, path));
-  if (fs::exists(p, ec) && !fs::is_regular_file(p, ec))
+  if (fs::exists(st) && !fs::is_regular_file(st))
     throw UsageError(fmt::format("{} {}: cannot write there: it exists and is not a regular file (the output is "
                                  "written beside it and renamed over it); give a file name", option, path));
   // Try it rather than ask access(2), which says yes to root almost everywhere (/proc, a read-only mount):
@@ -144,7 +145,7 @@ void check_writable(const std::string& option, const std::string& path) {
     throw UsageError(fmt::format("{} {}: cannot write there: {} failed ({}); give a path in a writable folder",
                                  option, path, what, std::strerror(err)));
   };
-  if (fs::exists(p, ec)) {
+  if (fs::exists(st)) {
     const int fd = ::open(p.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0) refuse(errno, "opening it for writing");
     ::close(fd);

@@ -121,8 +121,8 @@ void record(const Quorum& q, Carried& c, double t0, double t_quorum, double t_gr
   timeline::span(fmt::format("round {}", q.round), t0, t_quorum, {{"members", ids}, {"why", c.why}});
   timeline::span("new group", t_quorum, t_group, {{"ranks", q.size()}, {"rank", q.rank}});
   timeline::span("heal", t_group, t_healed, {{"from", q.members[q.source].id}, {"bytes", healed}});
-  print0("generation {}: {} rank{} ({}) at step {}, {}; round {:.3f} s, group {:.3f} s, state from {} "
-         "({:.2f} MB) {:.3f} s", q.round, q.size(), q.size() == 1 ? "" : "s", ids, c.done, c.why, t_quorum - t0,
+  print0("generation {}: {} ({}) at step {}, {}; round {:.3f} s, group {:.3f} s, state from {} "
+         "({:.2f} MB) {:.3f} s", q.round, count_of(q.size(), "rank"), ids, c.done, c.why, t_quorum - t0,
          t_group - t_quorum, q.members[q.source].id, healed / 1e6, t_healed - t_group);
 }
 
@@ -170,7 +170,7 @@ bool train_generation(const ElasticOptions& o, const TextCorpus& corpus, Process
       c.failed_at = c.seen_s = -1;
     }
     if (c.done % every == 0 || c.done == r.steps)
-      print0("step {:5d}/{}  loss {:.4f}  on {} rank{}", c.done, r.steps, loss, q.size(), q.size() == 1 ? "" : "s");
+      print0("step {:5d}/{}  loss {:.4f}  on {}", c.done, r.steps, loss, count_of(q.size(), "rank"));
   }
   return true;
 }
@@ -228,8 +228,8 @@ json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership
                               c.done, r.checkpoint);
         }
         if (!o.trace.empty() && pg->rank() == 0) timeline::merge(o.trace);
-        throw BelowMinRanks(fmt::format("{} rank{} left, fewer than --min-ranks {}: the run stops at step {}{}",
-                                        q.size(), q.size() == 1 ? "" : "s", o.min_ranks, c.done, saved));
+        throw BelowMinRanks(fmt::format("{} left, fewer than --min-ranks {}: the run stops at step {}{}",
+                                        count_of(q.size(), "rank"), o.min_ranks, c.done, saved));
       }
       // 4. Train until the run is over or somebody waits to join.
       if (train_generation(o, corpus, *pg, *s, model, q, members, faults, c)) {
