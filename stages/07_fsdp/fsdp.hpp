@@ -84,6 +84,10 @@ class Fsdp {
   std::vector<std::pair<std::string, torch::Tensor>> gather_full_parameters();
 
   size_t unit_count() const { return units_.size(); }
+  /// Unit u's flat layout over the ranks and the model's tensors it shards, in the buffer's order: what a
+  /// checkpoint written shard by shard needs (extension 07b).
+  const FlatLayout& unit_layout(size_t u) const { return units_.at(u).layout; }
+  const std::vector<torch::Tensor>& unit_sharded(size_t u) const { return units_.at(u).sharded; }
   /// Parameters P (sharded + replicated), and of them sharded.
   int64_t num_parameters() const { return sharded_numel_ + replicated_numel_; }
   int64_t sharded_parameters() const { return sharded_numel_; }
