@@ -176,7 +176,8 @@ ShardedCheckpointInfo save_sharded_checkpoint(const std::string& dir, ProcessGro
                                               const Fsdp& fsdp, const torch::optim::Optimizer& opt, int64_t step) {
   const int W = pg.world_size(), r = pg.rank();
   const auto pieces = fsdp.parameters();  // each unit's fp32 chunk, then the replicated tensors
-  const auto states = local_states(opt, pieces);
+  std::vector<ParamState> states;  // the optimizer's own tensors, not copies: a save adds one file's bytes at most
+  for (const auto& p : pieces) states.push_back(get_param_state(opt, p));
   // One id for this save, in every file: a load refuses files of two saves mixed.
   std::random_device rd;
   const std::string id = broadcast_text(pg, r == 0 ? fmt::format("{:08x}{:08x}", rd(), rd()) : "", 0);

@@ -1,7 +1,9 @@
 // Extension 07b, on stage 07: checkpoints written shard by shard, as PyTorch's Distributed Checkpoint (DCP)
 // writes them, and read back at any world size. Stage 08 saves through the training-strategy contract's
 // full state: every tensor gathered whole on every rank, 12P bytes with AdamW, which FSDP exists to avoid.
-// Here no rank ever holds more than its own pieces and one unit's slice of a file.
+// Here a save adds at most one file's bytes to what a rank holds (one unit's chunk and its state); a load,
+// the pieces the rank will hold (read in full before any is installed, so that a failed read changes
+// nothing) and one file.
 //
 // A checkpoint is a folder. Written by N ranks:
 //   u<u>.r<s>    unit u's chunk on rank s: the data part of its flat fp32 buffer (common/shard_comm.hpp's
