@@ -57,13 +57,15 @@ done
 # The extensions' own checks on the GPU, each at 1 rank over NCCL and 2 over Gloo on CUDA: 05d every stage 05
 # feature (communication hooks, buckets in arrival order, the optimizer overlapped), 06a ZeRO-1 in buckets,
 # 06d CS336's sharded design; 06b a checkpoint of ZeRO-1 saved by one rank (NCCL) and loaded by two (Gloo on
-# CUDA); 06c the optimizer's memory with CUDA's own peak allocated beside the tensors counted.
+# CUDA); 06c the optimizer's memory with CUDA's own peak allocated beside the tensors counted; 07b FSDP's
+# sharded checkpoint saved by one rank (NCCL) and loaded by two (Gloo on CUDA), checked against its files.
 for e in 05d_feature_bench 06a_zero1_buckets 06d_cs336_design; do
   step "ext${e%%_*}_nccl_w1" check 150 "$L --nproc 1 -- $B/ext$e --backend nccl"
   step "ext${e%%_*}_gloo_cuda_w2" check 150 "$L --nproc 2 -- $B/ext$e --device cuda"
 done
 step ext06b_save_w1_resume_w2 check 200 "rm -rf $build/gpu_ext06b && $L --nproc 1 -- $B/ext06b_checkpoints --backend nccl --checkpoint $build/gpu_ext06b && $L --nproc 2 -- $B/ext06b_checkpoints --device cuda --checkpoint $build/gpu_ext06b --resume-only"
 step ext06c_gloo_cuda_w2 check 150 "$L --nproc 2 -- $B/ext06c_memory_bench --device cuda"
+step ext07b_save_w1_resume_w2 check 200 "rm -rf $build/gpu_ext07b && $L --nproc 1 -- $B/ext07b_sharded_checkpoints --backend nccl --checkpoint $build/gpu_ext07b && $L --nproc 2 -- $B/ext07b_sharded_checkpoints --device cuda --checkpoint $build/gpu_ext07b --resume-only"
 # Stage 08: the capstone on the GPU, a short run (its corpus: this repository's pages; no Debian fortunes there).
 step stage08_ddp_nccl_w1 check 150 "$L --nproc 1 -- $B/stage08_train_lm --backend nccl --sync ddp --corpus docs --steps 40 --eval-every 20 --sample 0"
 step stage08_fsdp_gloo_cuda_w2 check 150 "$L --nproc 2 -- $B/stage08_train_lm --device cuda --sync fsdp --corpus docs --steps 40 --eval-every 20 --sample 0"

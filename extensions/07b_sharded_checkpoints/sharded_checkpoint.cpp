@@ -337,10 +337,11 @@ FullState gathered_state(Fsdp& fsdp, const torch::optim::Optimizer& opt) {
 std::string first_difference(const FullState& a, const FullState& b) {
   for (size_t i = 0; i < a.params.size(); ++i) {
     const auto& name = a.params[i].first;
-    if (!torch::equal(a.params[i].second, b.params.at(i).second)) return name;
+    // On the host: a state gathered on the GPU against one read from files.
+    if (!torch::equal(a.params[i].second.cpu(), b.params.at(i).second.cpu())) return name;
     if (a.optimizer[i].step != b.optimizer.at(i).step) return name + "'s step";
     for (const auto& [key, t] : a.optimizer[i].tensors)
-      if (!torch::equal(t, b.optimizer.at(i).tensors.at(key))) return name + "'s " + key;
+      if (!torch::equal(t.cpu(), b.optimizer.at(i).tensors.at(key).cpu())) return name + "'s " + key;
   }
   return "";
 }
