@@ -2,7 +2,7 @@
 # Regenerates the benchmark results behind docs/ on this machine, then the plots, timelines and tables.
 # Every result file records the exact command (launcher included) and the machine, row by row.
 #
-#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp weak features torch small zero ext06a ext06c ext07a lm elastic (default:
+#   bash scripts/bench_docs.sh [PART...]      PART: allreduce ddp weak features torch small zero ext06a ext06c ext07a ext07b lm elastic (default:
 #                                             all), or ext07a-memory, lm-speed (one table of those parts alone)
 #
 # The DDP runs use the tiny Transformer with 10 timed steps: once over loopback (where Gloo's
@@ -12,7 +12,7 @@
 # runs are skipped with the reason. About 100 minutes on 2 cores (ext07a alone: about 15, torch about 35, elastic 6).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-parts=${*:-allreduce ddp weak features torch small zero ext06a ext06c ext07a lm elastic}
+parts=${*:-allreduce ddp weak features torch small zero ext06a ext06c ext07a ext07b lm elastic}
 R=docs/results
 mkdir -p $R
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -140,6 +140,19 @@ for part in $parts; do
         --json $R/ext06c_designs.json
     net $L --nproc 2 --net 1gbit -- $B/ext06c_memory_bench --preset tiny --context 128 --batch 4 \
         --warmup 2 --steps 10 --json $R/ext06c_tiny_1gbit.json ;;
+  ext07b)
+    echo "== extension 07b: FSDP's sharded checkpoints, saved by 2 ranks and loaded by 3 (tiny, small; about 4 minutes)"
+    files=()
+    for preset in tiny small; do
+      ck=$(mktemp -d /tmp/dp_ext07b.XXXXXX)
+      $L --nproc 2 -- $B/ext07b_sharded_checkpoints --preset $preset --checkpoint $ck/ckpt --json $R/s7b_save_$preset.json
+      $L --nproc 3 -- $B/ext07b_sharded_checkpoints --preset $preset --checkpoint $ck/ckpt --resume-only \
+          --json $R/s7b_load_$preset.json
+      rm -rf "$ck"
+      files+=($R/s7b_save_$preset.json $R/s7b_load_$preset.json)
+    done
+    $PY scripts/merge_results.py $R/ext07b.json "${files[@]}"
+    rm -f "${files[@]}" ;;
   ext07a|ext07a-memory)
     echo "== extension 07a: FSDP's memory (one variant per process), speed against DDP on 1 Gbit/s, the large preset"
     S7="$L --nproc 2 -- $B/ext07a_fsdp_bench --context 128 --batch 4 --warmup 0 --steps 2"
@@ -228,6 +241,7 @@ for f in $R/*.json; do
   # No plot where it would repeat another picture: these runs measure speed, and their plot would draw only
   # the tensor bytes that ext06c_cs336.png and ext07a_memory.png already show (ext07a_large: one bar).
   case $f in */ext06c_designs.json|*/ext06c_tiny_1gbit.json|*/ext07a_large.json|*/ext07a_small_*.json) continue ;; esac
+  case $f in */ext07b.json) continue ;; esac  # a save and a load, not variants: its table says it
   $PY scripts/plot.py "$f"
 done
 $PY scripts/figures.py  # the pictures of the ideas: two of them drawn from the traces just recorded

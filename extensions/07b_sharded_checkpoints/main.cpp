@@ -11,11 +11,13 @@
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/ext07b_sharded_checkpoints --checkpoint /tmp/s7         # save, resume
 //   ./build/bin/ddp_launch --nproc 3 -- ./build/bin/ext07b_sharded_checkpoints --checkpoint /tmp/s7 --resume-only
 //       (loads what 2 ranks saved into 3 ranks, checks it against the whole state assembled, trains on)
-// Correct output: per rank, "[rank r/W] wrote 5 files, at most ... at once"; "PASS checkpoint ...: resumed step equals
-// the uninterrupted one" (the run that saved and a fresh replica loaded from the folder take the same next
-// step, bit for bit) with what a gathered checkpoint would hold on every rank beside it; with --resume-only
-// "PASS loaded ... saved by 2 ranks into 3 ranks: every tensor and its AdamW state equal to the whole state
-// assembled from the files"; "PASS extension 07b" last.
+// Correct output: per rank "[rank r/2] wrote 8 files, at most 15.4 MB at once" (6 on rank 1); "PASS checkpoint
+// ...: resumed step equals the uninterrupted one" (the run that saved and a fresh replica loaded from the
+// folder take the same next step, bit for bit); then what the save cost, beside gathering the whole state as
+// stage 08 does ("save: 0.30 s, peak resident memory +16 MB ...; gathering the whole state instead: +160 MB").
+// With --resume-only, per rank "read K of the checkpoint's 14 files", "PASS loaded ... (saved by 2 ranks at
+// step 3) into 3 ranks: every tensor and its AdamW state equal to the whole state assembled from the files"
+// and the load's cost; "PASS extension 07b" last. --json FILE writes the costs (scripts/bench_docs.sh ext07b).
 //
 // What it leaves: a save over an older checkpoint replaces it file by file (an interrupted one is refused on
 // load, not mixed; save to a new folder per step to keep the last good one); stage 08 still saves the full
@@ -27,9 +29,12 @@
 #include "common/full_state.hpp"
 #include "common/launch_env.hpp"
 #include "common/log.hpp"
+#include "common/memory.hpp"
 #include "common/models.hpp"
 #include "common/params.hpp"
+#include "common/results.hpp"
 #include "common/runtime.hpp"
+#include "common/timing.hpp"
 #include "common/transformer.hpp"
 #include "extensions/07b_sharded_checkpoints/sharded_checkpoint.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
@@ -66,6 +71,26 @@ struct Run {
   }
 };
 
+// Runs `f` on every rank and returns, the most of any rank: its seconds, and the peak resident memory it added
+// over what the rank held before it (MB). A collective.
+template <typename F>
+std::pair<double, double> measured(ProcessGroup& pg, F&& f) {
+  reset_peak_rss();  // the peak back down to the present (Linux's clear_refs)
+  const int64_t before = current_rss_bytes();
+  Timer timer(pg.device());
+  f();
+  const double s = timer.seconds(), mb = static_cast<double>(peak_rss_bytes() - before) / 1e6;
+  const auto all = pg.all_gather(std::vector<double>{s, mb});
+  std::pair<double, double> most{0, 0};
+  for (const auto& r : all) most.first = std::max(most.first, r[0]), most.second = std::max(most.second, r[1]);
+  return most;
+}
+
+double most_of(ProcessGroup& pg, int64_t v) {
+  const auto all = pg.all_gather(static_cast<double>(v));
+  return *std::max_element(all.begin(), all.end());
+}
+
 int main(int argc, char** argv) {
   Cli cli("ext07b_sharded_checkpoints", "Extension 07b: FSDP's checkpoints written shard by shard, loadable at any world size");
   BenchConfig cfg;
@@ -82,6 +107,9 @@ int main(int argc, char** argv) {
 
   return run_main([&] {
     configure_cpu_threads();
+    // A freed buffer goes back to the OS at once, so that resident memory follows the live tensors and the peak
+    // a save or a load adds is what it allocated (common/memory.hpp says what glibc does otherwise).
+    map_large_allocations();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
     validate_bench_config(cfg, world);                           // bad input: exit 2 before any rendezvous
     if (resume_only) {
@@ -94,10 +122,17 @@ int main(int argc, char** argv) {
     }
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
     const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
+    Results results("sharded_checkpoint");
+    const auto add_row = [&](nlohmann::json row, const Fsdp& fsdp) {  // what every row says of the run
+      const double P = static_cast<double>(fsdp.num_parameters());
+      row.update({{"preset", cfg.preset}, {"world_size", pg.world_size()}, {"parameters", P}, {"full_state_MB", 12 * P / 1e6}});
+      results.add(std::move(row));
+    };
     if (resume_only) {
       // [reshard]
       Run fresh(pg, mcfg, /*seed=*/5);  // other weights, no state: everything must come from the files
-      const auto info = load_sharded_checkpoint(dir, pg, *fresh.model, *fresh.fsdp, *fresh.opt);
+      ShardedCheckpointInfo info;
+      const auto [load_s, load_mb] = measured(pg, [&] { info = load_sharded_checkpoint(dir, pg, *fresh.model, *fresh.fsdp, *fresh.opt); });
       print_rank("read {} of the checkpoint's {} files, at most {} at once", info.files_touched, info.files,
                  format_bytes(static_cast<double>(info.largest_held)));
       // The reference: every file assembled on one process (the whole state: this check's cost, not the load's).
@@ -109,11 +144,18 @@ int main(int argc, char** argv) {
       print0("PASS loaded {} (saved by {} at step {}) into {}: every tensor and its AdamW state equal to the whole "
              "state assembled from the files; trained on", dir, count_of(info.world_size, "rank"), info.step,
              count_of(pg.world_size(), "rank"));
+      print0("load: {:.2f} s, peak resident memory +{:.0f} MB on the rank that added most", load_s, load_mb);
+      add_row({{"operation", "load"}, {"saved_by", info.world_size}, {"files_per_rank", most_of(pg, info.files_touched)},
+                   {"checkpoint_MB", info.bytes / 1e6}, {"largest_file_MB", most_of(pg, info.largest_held) / 1e6},
+                   {"rss_added_MB", load_mb}, {"seconds", load_s}}, *fresh.fsdp);
     } else {
       Run run(pg, mcfg, /*seed=*/1);
       for (int64_t i = 0; i < cfg.steps; ++i) run.step(pg, cfg, i);
       // [resume]
-      const auto saved = save_sharded_checkpoint(dir, pg, *run.model, *run.fsdp, *run.opt, cfg.steps);
+      ShardedCheckpointInfo saved;
+      const auto [save_s, save_mb] = measured(pg, [&] { saved = save_sharded_checkpoint(dir, pg, *run.model, *run.fsdp, *run.opt, cfg.steps); });
+      // What stage 08's way holds while it saves: the whole state gathered on every rank (measured the same way).
+      const auto [gather_s, gather_mb] = measured(pg, [&] { gathered_state(*run.fsdp, *run.opt); });
       print_rank("wrote {}, at most {} at once", count_of(saved.files_touched, "file"),
                  format_bytes(static_cast<double>(saved.largest_held)));
       Run fresh(pg, mcfg, /*seed=*/5);  // other weights, no state: everything must come from the files
@@ -131,7 +173,13 @@ int main(int argc, char** argv) {
              format_bytes(static_cast<double>(saved.bytes)), format_bytes(*std::max_element(held.begin(), held.end())),
              format_bytes(full), diff.empty() ? "equals" : "DIFFERS (" + diff + ") from");
       if (!diff.empty()) throw CheckFailed("resuming from the sharded checkpoint changed the training");
+      print0("save: {:.2f} s, peak resident memory +{:.0f} MB on the rank that added most; gathering the whole state "
+             "instead: +{:.0f} MB ({:.2f} s)", save_s, save_mb, gather_mb, gather_s);
+      add_row({{"operation", "save"}, {"saved_by", saved.world_size}, {"files_per_rank", most_of(pg, saved.files_touched)},
+                   {"checkpoint_MB", saved.bytes / 1e6}, {"largest_file_MB", most_of(pg, saved.largest_held) / 1e6},
+                   {"rss_added_MB", save_mb}, {"seconds", save_s}, {"gathered_rss_added_MB", gather_mb}}, *run.fsdp);
     }
+    if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     pg.barrier();
     print0("PASS extension 07b: sharded checkpoints resume training exactly, at any world size");
     pg.shutdown();
