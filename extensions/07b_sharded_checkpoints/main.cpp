@@ -112,8 +112,11 @@ int main(int argc, char** argv) {
     map_large_allocations();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
     validate_bench_config(cfg, world);                           // bad input: exit 2 before any rendezvous
-    if (resume_only) {
-      read_sharded_info(dir);  // "holds no complete sharded checkpoint", "damaged": exit 2 now
+    if (resume_only) {  // bad input: exit 2 now, before any rendezvous
+      const auto saved = read_sharded_info(dir).meta;  // "holds no complete sharded checkpoint", "damaged"
+      if (saved.value("preset", cfg.preset) != cfg.preset)
+        throw UsageError(fmt::format("--preset {}: {} was saved from --preset {}; give --preset {}", cfg.preset, dir,
+                                     saved.value("preset", ""), saved.value("preset", "")));
     } else {
       std::error_code ec;
       std::filesystem::create_directories(dir, ec);
@@ -153,7 +156,8 @@ int main(int argc, char** argv) {
       for (int64_t i = 0; i < cfg.steps; ++i) run.step(pg, cfg, i);
       // [resume]
       ShardedCheckpointInfo saved;
-      const auto [save_s, save_mb] = measured(pg, [&] { saved = save_sharded_checkpoint(dir, pg, *run.model, *run.fsdp, *run.opt, cfg.steps); });
+      const auto [save_s, save_mb] = measured(pg, [&] { saved = save_sharded_checkpoint(dir, pg, *run.model, *run.fsdp, *run.opt, cfg.steps,
+                                                                                 {{"preset", cfg.preset}}); });
       // What stage 08's way holds while it saves: the whole state gathered on every rank (measured the same way).
       const auto [gather_s, gather_mb] = measured(pg, [&] { gathered_state(*run.fsdp, *run.opt); });
       print_rank("wrote {}, at most {} at once", count_of(saved.files_touched, "file"),

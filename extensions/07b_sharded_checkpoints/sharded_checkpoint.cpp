@@ -159,8 +159,8 @@ std::vector<std::pair<std::string, int64_t>> piece_keys(const Meta& m, const std
 void check_layout(const std::string& dir, const Meta& m, const json& mine) {
   const json& saved = m.j;
   const auto differs = [&](const std::string& what, const json& a, const json& b) {
-    throw UsageError(fmt::format("checkpoint {} was written for another model: {} is {} in it, {} here", dir, what,
-                                 a.dump(), b.dump()));
+    throw UsageError(fmt::format("checkpoint {} was written for another model: {} is {} in it, {} here; load it into "
+                                 "the model it was saved from", dir, what, a.dump(), b.dump()));
   };
   if (saved.at("units").size() != mine.at("units").size())
     differs("the number of units", saved.at("units").size(), mine.at("units").size());
@@ -173,7 +173,8 @@ void check_layout(const std::string& dir, const Meta& m, const json& mine) {
 }  // namespace
 
 ShardedCheckpointInfo save_sharded_checkpoint(const std::string& dir, ProcessGroup& pg, const torch::nn::Module& model,
-                                              const Fsdp& fsdp, const torch::optim::Optimizer& opt, int64_t step) {
+                                              const Fsdp& fsdp, const torch::optim::Optimizer& opt, int64_t step,
+                                              const json& caller_meta) {
   const int W = pg.world_size(), r = pg.rank();
   const auto pieces = fsdp.parameters();  // each unit's fp32 chunk, then the replicated tensors
   std::vector<ParamState> states;  // the optimizer's own tensors, not copies: a save adds one file's bytes at most
@@ -229,6 +230,7 @@ ShardedCheckpointInfo save_sharded_checkpoint(const std::string& dir, ProcessGro
       json names = json::array();
       for (const auto& [name, t] : s0.tensors) names.push_back(name);
       meta.update({{"format", "dp sharded checkpoint (FSDP)"}, {"save_id", id}, {"world_size", W}, {"step", step},
+                   {"meta", caller_meta},
                    {"optimizer", optimizer_kind(opt)},
                    {"state", {{"present", s0.present}, {"step", s0.step}, {"tensors", names}}}});
       for (int k = 0; k < W; ++k) info.bytes += static_cast<int64_t>(bytes[k]), info.files += static_cast<int64_t>(files[k]);
@@ -252,6 +254,7 @@ ShardedCheckpointInfo read_sharded_info(const std::string& dir) {
     info.step = m.j.at("step").get<int64_t>();
     info.files = m.j.at("files").get<int64_t>() + 1;
     info.bytes = m.j.at("bytes").get<int64_t>() + static_cast<int64_t>(m.bytes);
+    info.meta = m.j.at("meta");
   } catch (const json::exception& e) {
     throw UsageError(fmt::format("checkpoint {} is damaged: its metadata ({})", dir, e.what()));
   }

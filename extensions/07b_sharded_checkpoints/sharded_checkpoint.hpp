@@ -26,6 +26,7 @@
 #include "stages/07_fsdp/fsdp.hpp"
 
 #include "common/libtorch.hpp"
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <string>
@@ -42,15 +43,17 @@ struct ShardedCheckpointInfo {
   int64_t bytes = 0;          ///< their size on disk, together
   int64_t files_touched = 0;  ///< files this rank wrote (save) or read (load), metadata included
   int64_t largest_held = 0;   ///< the most bytes of file contents this rank held at once (one file's)
+  nlohmann::json meta;        ///< the caller's, as saved (what the run was: a preset, say)
 };
 
 /// Saves `fsdp`'s pieces and `opt`'s state (an optimizer over fsdp.parameters()) into folder `dir` (made
 /// if missing): every rank writes its own chunk of every unit; rank 0 the replicated tensors and then,
 /// once every rank's files are written, the metadata. A collective. Throws dp::UsageError on every rank,
 /// naming the rank and the file, when any rank could not write; then `dir` holds no complete checkpoint.
-/// `model` is the model `fsdp` shards (for the parameters' names).
+/// `model` is the model `fsdp` shards (for the parameters' names); `meta` is stored as it is, for the caller.
 ShardedCheckpointInfo save_sharded_checkpoint(const std::string& dir, ProcessGroup& pg, const torch::nn::Module& model,
-                                              const Fsdp& fsdp, const torch::optim::Optimizer& opt, int64_t step);
+                                              const Fsdp& fsdp, const torch::optim::Optimizer& opt, int64_t step,
+                                              const nlohmann::json& meta = nlohmann::json::object());
 
 /// Loads a checkpoint written by save_sharded_checkpoint() at any world size into `fsdp` and `opt`. Every
 /// rank reads the metadata and checks it against `model` (units, names, shapes: "written for another model"
@@ -61,7 +64,7 @@ ShardedCheckpointInfo save_sharded_checkpoint(const std::string& dir, ProcessGro
 ShardedCheckpointInfo load_sharded_checkpoint(const std::string& dir, ProcessGroup& pg, const torch::nn::Module& model,
                                               Fsdp& fsdp, torch::optim::Optimizer& opt);
 
-/// The checkpoint's metadata alone (world size, step, its files and their bytes), checked. dp::UsageError
+/// The checkpoint's metadata alone (world size, step, its files and their bytes, the caller's meta), checked. dp::UsageError
 /// when the folder has none ("no complete checkpoint") or it is damaged. Not a collective.
 ShardedCheckpointInfo read_sharded_info(const std::string& dir);
 

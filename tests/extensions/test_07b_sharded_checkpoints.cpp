@@ -61,7 +61,7 @@ FullState save_from_two_ranks(const std::string& dir, uint64_t seed = 1, int64_t
   run_ranks(2, [&](ProcessGroup& pg) {
     Trained t(pg, seed);
     t.train(pg, 2);
-    auto info = dp::save_sharded_checkpoint(dir, pg, *t.model, *t.fsdp, *t.opt, step);
+    auto info = dp::save_sharded_checkpoint(dir, pg, *t.model, *t.fsdp, *t.opt, step, {{"preset", "nano"}});
     EXPECT_EQ(info.files, 2 * static_cast<int64_t>(t.fsdp->unit_count()) + 2);  // per unit 2 chunks; replicated; metadata
     auto s = t.state();
     std::lock_guard<std::mutex> lock(mu);
@@ -87,6 +87,7 @@ TEST(ShardedCheckpoint, LoadsBitForBitAtAnyWorldSize) {
   const FullState saved = save_from_two_ranks(dir.path.string());
   ASSERT_FALSE(saved.params.empty());
   ASSERT_TRUE(saved.optimizer[0].present);
+  EXPECT_EQ(dp::read_sharded_info(dir.path.string()).meta, nlohmann::json({{"preset", "nano"}}));  // the caller's, kept
   for (int world : {1, 2, 3, 4}) {
     SCOPED_TRACE(world);
     run_ranks(world, [&](ProcessGroup& pg) {
