@@ -135,7 +135,8 @@ int main(int argc, char** argv) {
       // [reshard]
       Run fresh(pg, mcfg, /*seed=*/5);  // other weights, no state: everything must come from the files
       ShardedCheckpointInfo info;
-      const auto [load_s, load_mb] = measured(pg, [&] { info = load_sharded_checkpoint(dir, pg, *fresh.model, *fresh.fsdp, *fresh.opt); });
+      const auto [load_s, load_mb] =
+          measured(pg, [&] { info = load_sharded_checkpoint(dir, pg, *fresh.model, *fresh.fsdp, *fresh.opt); });
       print_rank("read {} of the checkpoint's {} files, at most {} at once", info.files_touched, info.files,
                  format_bytes(static_cast<double>(info.largest_held)));
       // The reference: every file assembled on one process (the whole state: this check's cost, not the load's).
@@ -149,15 +150,16 @@ int main(int argc, char** argv) {
              count_of(pg.world_size(), "rank"));
       print0("load: {:.2f} s, peak resident memory +{:.0f} MB on the rank that added most", load_s, load_mb);
       add_row({{"operation", "load"}, {"saved_by", info.world_size}, {"files_per_rank", most_of(pg, info.files_touched)},
-                   {"checkpoint_MB", info.bytes / 1e6}, {"largest_file_MB", most_of(pg, info.largest_held) / 1e6},
-                   {"rss_added_MB", load_mb}, {"seconds", load_s}}, *fresh.fsdp);
+               {"checkpoint_MB", info.bytes / 1e6}, {"largest_file_MB", most_of(pg, info.largest_held) / 1e6},
+               {"rss_added_MB", load_mb}, {"seconds", load_s}},
+              *fresh.fsdp);
     } else {
       Run run(pg, mcfg, /*seed=*/1);
       for (int64_t i = 0; i < cfg.steps; ++i) run.step(pg, cfg, i);
-      // [resume]
       ShardedCheckpointInfo saved;
-      const auto [save_s, save_mb] = measured(pg, [&] { saved = save_sharded_checkpoint(dir, pg, *run.model, *run.fsdp, *run.opt, cfg.steps,
-                                                                                 {{"preset", cfg.preset}}); });
+      const auto [save_s, save_mb] = measured(pg, [&] {
+        saved = save_sharded_checkpoint(dir, pg, *run.model, *run.fsdp, *run.opt, cfg.steps, {{"preset", cfg.preset}});
+      });
       // What stage 08's way holds while it saves: the whole state gathered on every rank (measured the same way).
       const auto [gather_s, gather_mb] = measured(pg, [&] { gathered_state(*run.fsdp, *run.opt); });
       print_rank("wrote {}, at most {} at once", count_of(saved.files_touched, "file"),
@@ -166,22 +168,21 @@ int main(int argc, char** argv) {
       load_sharded_checkpoint(dir, pg, *fresh.model, *fresh.fsdp, *fresh.opt);
       run.step(pg, cfg, cfg.steps);
       fresh.step(pg, cfg, cfg.steps);
-      // [resume]
       const std::string diff = first_difference(gathered_state(*run.fsdp, *run.opt), gathered_state(*fresh.fsdp, *fresh.opt));
       // What stage 08's way would hold on every rank while saving: every parameter and its 2 AdamW tensors, fp32.
       const double full = 12.0 * static_cast<double>(run.fsdp->num_parameters());
-      const auto held = pg.all_gather(static_cast<double>(saved.largest_held));
       print0("{} checkpoint {} (saved by {} at step {}: {}, {}; at most {} of it on one rank at once, where a gathered "
              "checkpoint holds 12P = {} on every rank): resumed step {} the uninterrupted one", diff.empty() ? "PASS" : "FAIL",
              dir, count_of(saved.world_size, "rank"), saved.step, count_of(saved.files, "file"),
-             format_bytes(static_cast<double>(saved.bytes)), format_bytes(*std::max_element(held.begin(), held.end())),
+             format_bytes(static_cast<double>(saved.bytes)), format_bytes(most_of(pg, saved.largest_held)),
              format_bytes(full), diff.empty() ? "equals" : "DIFFERS (" + diff + ") from");
       if (!diff.empty()) throw CheckFailed("resuming from the sharded checkpoint changed the training");
       print0("save: {:.2f} s, peak resident memory +{:.0f} MB on the rank that added most; gathering the whole state "
              "instead: +{:.0f} MB ({:.2f} s)", save_s, save_mb, gather_mb, gather_s);
       add_row({{"operation", "save"}, {"saved_by", saved.world_size}, {"files_per_rank", most_of(pg, saved.files_touched)},
-                   {"checkpoint_MB", saved.bytes / 1e6}, {"largest_file_MB", most_of(pg, saved.largest_held) / 1e6},
-                   {"rss_added_MB", save_mb}, {"seconds", save_s}, {"gathered_rss_added_MB", gather_mb}}, *run.fsdp);
+               {"checkpoint_MB", saved.bytes / 1e6}, {"largest_file_MB", most_of(pg, saved.largest_held) / 1e6},
+               {"rss_added_MB", save_mb}, {"seconds", save_s}, {"gathered_rss_added_MB", gather_mb}},
+              *run.fsdp);
     }
     if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     pg.barrier();
