@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <regex>
 #include <unordered_map>
 
 namespace dp {
@@ -237,6 +238,14 @@ ShardedCheckpointInfo save_sharded_checkpoint(const std::string& dir, ProcessGro
       meta.update({{"files", info.files}, {"bytes", info.bytes}});
       write_checkpoint_file(metadata_file(dir), kMetaFormat, meta.dump(1), "");
       ++info.files_touched;
+      // Chunks an earlier save by more ranks (or of a model with more units) left here belong to no checkpoint now.
+      const std::regex chunk(R"(u(\d+)\.r(\d+))");
+      for (const auto& entry : fs::directory_iterator(dir)) {
+        std::smatch m;
+        const std::string name = entry.path().filename().string();
+        if (std::regex_match(name, m, chunk) && (std::stoul(m[1]) >= fsdp.unit_count() || std::stoi(m[2]) >= W))
+          fs::remove(entry.path());
+      }
     } catch (const std::exception& e) {
       error = e.what();
     }

@@ -48,7 +48,7 @@ struct ShardedCheckpointInfo {
 
 /// Saves `fsdp`'s pieces and `opt`'s state (an optimizer over fsdp.parameters()) into folder `dir` (made
 /// if missing): every rank writes its own chunk of every unit; rank 0 the replicated tensors and then,
-/// once every rank's files are written, the metadata. A collective. Throws dp::UsageError on every rank,
+/// once every rank's files are written, the metadata (and removes chunks an earlier save by more ranks left). A collective. Throws dp::UsageError on every rank,
 /// naming the rank and the file, when any rank could not write; then `dir` holds no complete checkpoint.
 /// `model` is the model `fsdp` shards (for the parameters' names); `meta` is stored as it is, for the caller.
 ShardedCheckpointInfo save_sharded_checkpoint(const std::string& dir, ProcessGroup& pg, const torch::nn::Module& model,

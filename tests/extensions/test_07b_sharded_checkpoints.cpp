@@ -114,6 +114,21 @@ TEST(ShardedCheckpoint, LoadsBitForBitAtAnyWorldSize) {
   });
 }
 
+TEST(ShardedCheckpoint, ASaveByFewerRanksLeavesNoChunkOfTheEarlierOne) {
+  TempDir dir("ext07b_fewer");
+  run_ranks(3, [&](ProcessGroup& pg) {
+    Trained t(pg, 1);
+    dp::save_sharded_checkpoint(dir.path.string(), pg, *t.model, *t.fsdp, *t.opt, 0);
+  });
+  ASSERT_TRUE(fs::exists(dir.file("u0.r2")));
+  save_from_two_ranks(dir.path.string());  // into the same folder
+  EXPECT_FALSE(fs::exists(dir.file("u0.r2")));
+  EXPECT_FALSE(fs::exists(dir.file("u3.r2")));
+  int64_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) files += e.is_regular_file();
+  EXPECT_EQ(files, dp::read_sharded_info(dir.path.string()).files);  // the folder holds the checkpoint, nothing else
+}
+
 TEST(ShardedCheckpoint, ResumedStepEqualsTheUninterruptedOne) {
   TempDir dir("ext07b_resume");
   run_ranks(2, [&](ProcessGroup& pg) {
