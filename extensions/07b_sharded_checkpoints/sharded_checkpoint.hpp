@@ -48,9 +48,10 @@ struct ShardedCheckpointInfo {
 
 /// Saves `fsdp`'s pieces and `opt`'s state (an optimizer over fsdp.parameters()) into folder `dir` (made
 /// if missing): every rank writes its own chunk of every unit; rank 0 the replicated tensors and then,
-/// once every rank's files are written, the metadata (and removes chunks an earlier save by more ranks left). A collective. Throws dp::UsageError on every rank,
-/// naming the rank and the file, when any rank could not write; then `dir` holds no complete checkpoint.
-/// `model` is the model `fsdp` shards (for the parameters' names); `meta` is stored as it is, for the caller.
+/// once every rank's files are written, the metadata, and removes the chunks an earlier save by more ranks
+/// left. A collective. Throws dp::UsageError on every rank, naming the rank and the file, when any rank
+/// could not write; then no metadata names this save, and a load refuses what is left. `model` is the model
+/// `fsdp` shards (for the parameters' names); `meta` is stored as it is, for the caller.
 ShardedCheckpointInfo save_sharded_checkpoint(const std::string& dir, ProcessGroup& pg, const torch::nn::Module& model,
                                               const Fsdp& fsdp, const torch::optim::Optimizer& opt, int64_t step,
                                               const nlohmann::json& meta = nlohmann::json::object());
@@ -64,8 +65,9 @@ ShardedCheckpointInfo save_sharded_checkpoint(const std::string& dir, ProcessGro
 ShardedCheckpointInfo load_sharded_checkpoint(const std::string& dir, ProcessGroup& pg, const torch::nn::Module& model,
                                               Fsdp& fsdp, torch::optim::Optimizer& opt);
 
-/// The checkpoint's metadata alone (world size, step, its files and their bytes, the caller's meta), checked. dp::UsageError
-/// when the folder has none ("no complete checkpoint") or it is damaged. Not a collective.
+/// The checkpoint's metadata alone (world size, step, its files and their bytes, the caller's meta),
+/// checked. dp::UsageError when the folder has none ("holds no complete sharded checkpoint") or it is
+/// damaged. Not a collective.
 ShardedCheckpointInfo read_sharded_info(const std::string& dir);
 
 /// Every trainable parameter and its optimizer state gathered whole from `fsdp`'s pieces, on every rank (a
