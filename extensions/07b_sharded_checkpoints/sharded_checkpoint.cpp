@@ -116,6 +116,21 @@ Meta read_meta(const std::string& dir) {
   return m;
 }
 
+// What the metadata says of the checkpoint (read_sharded_info()'s answer).
+ShardedCheckpointInfo info_of(const std::string& dir, const Meta& m) {
+  ShardedCheckpointInfo info;
+  try {
+    info.world_size = m.world;
+    info.step = m.j.at("step").get<int64_t>();
+    info.files = m.j.at("files").get<int64_t>() + 1;
+    info.bytes = m.j.at("bytes").get<int64_t>() + static_cast<int64_t>(m.bytes);
+    info.meta = m.j.at("meta");
+  } catch (const json::exception& e) {
+    throw UsageError(fmt::format("checkpoint {} is damaged: its metadata ({})", dir, e.what()));
+  }
+  return info;
+}
+
 // The tensors of one file of save `m`: its container checked, then that it belongs to this save and is
 // the file it claims to be (`expect`'s keys), then each tensor of `keys` with `elements` values.
 std::map<std::string, torch::Tensor> read_piece(const std::string& path, const Meta& m, const json& expect,
@@ -255,20 +270,7 @@ ShardedCheckpointInfo save_sharded_checkpoint(const std::string& dir, ProcessGro
   return info;
 }
 
-ShardedCheckpointInfo read_sharded_info(const std::string& dir) {
-  const Meta m = read_meta(dir);
-  ShardedCheckpointInfo info;
-  try {
-    info.world_size = m.world;
-    info.step = m.j.at("step").get<int64_t>();
-    info.files = m.j.at("files").get<int64_t>() + 1;
-    info.bytes = m.j.at("bytes").get<int64_t>() + static_cast<int64_t>(m.bytes);
-    info.meta = m.j.at("meta");
-  } catch (const json::exception& e) {
-    throw UsageError(fmt::format("checkpoint {} is damaged: its metadata ({})", dir, e.what()));
-  }
-  return info;
-}
+ShardedCheckpointInfo read_sharded_info(const std::string& dir) { return info_of(dir, read_meta(dir)); }
 
 ShardedCheckpointInfo load_sharded_checkpoint(const std::string& dir, ProcessGroup& pg, const torch::nn::Module& model,
                                               Fsdp& fsdp, torch::optim::Optimizer& opt) {
@@ -280,7 +282,7 @@ ShardedCheckpointInfo load_sharded_checkpoint(const std::string& dir, ProcessGro
   std::string error;
   try {
     const Meta m = read_meta(dir);
-    info = read_sharded_info(dir);
+    info = info_of(dir, m);
     info.files_touched = 1, info.largest_held = static_cast<int64_t>(m.bytes);
     check_layout(dir, m, model_layout(model, fsdp));
     if (m.j.at("optimizer") != optimizer_kind(opt))
@@ -372,14 +374,16 @@ FullState consolidate_sharded_checkpoint(const std::string& dir, const Named& li
         for (auto& [key, t] : read_piece(shard_file(dir, u, s), m, {{"unit", u}, {"rank", s}, {"elements", L.data_in(s)}},
                                          piece_keys(m, "", L.data_in(s))))
           parts[key].push_back(t);
+      std::map<std::string, torch::Tensor> flat;  // each key's chunks joined once: the unit's values, padding left out
+      for (const auto& [key, list] : parts) flat[key] = torch::cat(list);
       int64_t at = 0;
       for (const auto& t : units[u].at("tensors")) {
         const auto name = t.at("name").get<std::string>();
         const auto shape = t.at("shape").get<std::vector<int64_t>>();
         int64_t n = 1;
         for (int64_t d : shape) n *= d;
-        for (const auto& [key, list] : parts) {
-          auto whole = torch::cat(list).narrow(0, at, n).view(shape).clone();
+        for (const auto& [key, all] : flat) {
+          auto whole = all.narrow(0, at, n).view(shape).clone();
           if (key == "values") params[name] = whole;
           else state[name][key.substr(6)] = whole;  // "state.<name>"
         }
