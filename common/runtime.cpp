@@ -79,6 +79,21 @@ static std::string loaded_blas() {
   return "unknown";
 }
 
+// OpenBLAS on its Prescott (SSE3) kernels on a CPU that has AVX2: it did not know the CPU's model (Debian 12's
+// 0.3.21 on newer Xeons), and matmuls run about 4x slower. Returns the OPENBLAS_CORETYPE that fixes it, else "".
+// The launcher sets that variable by the same rule (tools/launch/options.cpp), so this warns only for runs
+// started another way (torchrun, srun, a program run alone).
+static std::string better_openblas_core() {
+  using CoreName = char* (*)();
+  auto corename = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  if (!corename || std::getenv("OPENBLAS_CORETYPE") || std::string(corename()) != "Prescott") return "";
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd"))
+    return "SkylakeX";
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? "Haswell" : "";
+}
+
 double check_blas(double warn_below, bool quiet) {
   // 512 x 512: 0.27 GFLOP a product, a few ms with OpenBLAS and about a second with the reference BLAS.
   // Every process of every run pays it (1024 x 1024 cost about 0.3 s a process on 2 busy cores).
@@ -101,6 +116,11 @@ double check_blas(double warn_below, bool quiet) {
                n, n, gflops, torch::get_num_threads(),
                reference ? " with the reference BLAS (libblas.so.3 from Debian's 'libblas3')" : "");
   }
+  if (const auto core = better_openblas_core(); !core.empty() && !quiet && log_rank() == 0)
+    fmt::print(stderr,
+               "warning: OpenBLAS does not know this CPU and runs its Prescott (SSE3) kernels: matmuls about 4x "
+               "slower ({:.1f} GFLOP/s here). Start the program through ddp_launch, which sets OPENBLAS_CORETYPE, or "
+               "export OPENBLAS_CORETYPE={}\n", gflops, core);
   return gflops;
 }
 

@@ -26,7 +26,9 @@ void set_cpu_threads(int n);
 
 /// Times a 512x512 float matmul and looks at which BLAS library is loaded. With Debian's reference
 /// BLAS (about 2 GFLOP/s instead of tens), or below `warn_below` GFLOP/s, it prints a warning with the
-/// remedy (install libopenblas0-pthread). Returns the measured GFLOP/s.
+/// remedy (install libopenblas0-pthread). Also warns when OpenBLAS fell back to its Prescott kernels on a CPU
+/// with AVX2 (it did not know the model; the remedy: OPENBLAS_CORETYPE, which ddp_launch sets). Returns the
+/// measured GFLOP/s.
 double check_blas(double warn_below = 1.0, bool quiet = false);
 
 }  // namespace dp

@@ -22,6 +22,9 @@
 //                                    rank R's first process kills itself (SIGKILL); every other process,
 //                                    replacements included, sleeps S seconds and exits with C (default 0)
 //   launch_probe stopself R S        rank R stops itself (SIGSTOP); the others sleep S seconds, exit 0
+//   launch_probe blas                load OpenBLAS (libopenblas.so.0) as a program that multiplies matrices
+//                                    would, print OPENBLAS_CORETYPE, the kernels it chose (BLAS_CORE=, "none"
+//                                    without OpenBLAS) and whether the CPU has AVX2 and FMA (AVX2=1)
 //
 // exit, kill, stubborn, spawn and straggler fork a grandchild in every rank. If PROBE_PID_DIR is set,
 // each rank writes rank<R>.pid and grandchild<R>.pid there, so a test can check afterwards that all
@@ -29,6 +32,7 @@
 // can be missed.
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -198,6 +202,18 @@ int main(int argc, char** argv) {
       const char* v = std::getenv(key);
       std::printf("%s=%s\n", key, v ? v : "<unset>");
     }
+    return 0;
+  }
+  if (mode == "blas") {
+    const char* core = std::getenv("OPENBLAS_CORETYPE");
+    std::printf("OPENBLAS_CORETYPE=%s\n", core ? core : "<unset>");
+    std::string chosen = "none";
+    if (void* lib = ::dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL)) {
+      if (auto f = reinterpret_cast<char* (*)()>(::dlsym(lib, "openblas_get_corename"))) chosen = f();
+      ::dlclose(lib);
+    }
+    __builtin_cpu_init();
+    std::printf("BLAS_CORE=%s\nAVX2=%d\n", chosen.c_str(), __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
     return 0;
   }
   if (mode == "elastic" || mode == "stopself") {

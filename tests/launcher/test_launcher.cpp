@@ -67,6 +67,26 @@ TEST(LauncherEnv, ThreadsFlagAndUserValue) {
   }
 }
 
+// Debian 12's OpenBLAS falls back to its Prescott (SSE3) kernels on CPUs newer than itself, matmuls about 4x
+// slower: the launcher then names better ones in OPENBLAS_CORETYPE (a value the user exported wins).
+TEST(LauncherEnv, OpenBlasRunsKernelsForThisCpu) {
+  Sandbox box;
+  auto ranks = parse_env(run(box, {"--nproc", "1", "--", kProbe, "blas"}).out);
+  ASSERT_EQ(ranks.size(), 1u);
+  auto env = ranks[0];
+  if (env["BLAS_CORE"] == "none") GTEST_SKIP() << "no libopenblas.so.0 (apt-get install libopenblas0-pthread)";
+  if (env["AVX2"] != "1") GTEST_SKIP() << "a CPU without AVX2 and FMA: Prescott's kernels may be the right ones";
+  EXPECT_NE(env["BLAS_CORE"], "Prescott") << "OpenBLAS on its SSE3 kernels on a CPU with AVX2";
+  if (env["OPENBLAS_CORETYPE"] != "<unset>") {  // set only where OpenBLAS fell back, to one of two cores
+    EXPECT_TRUE(env["OPENBLAS_CORETYPE"] == "SkylakeX" || env["OPENBLAS_CORETYPE"] == "Haswell") << env["OPENBLAS_CORETYPE"];
+    EXPECT_EQ(env["BLAS_CORE"], env["OPENBLAS_CORETYPE"]);
+  }
+  ranks = parse_env(run(box, {"--nproc", "1", "--", kProbe, "blas"}, {{"OPENBLAS_CORETYPE", "Haswell"}}).out);
+  ASSERT_EQ(ranks.size(), 1u);
+  EXPECT_EQ(ranks[0]["OPENBLAS_CORETYPE"], "Haswell");
+  EXPECT_EQ(ranks[0]["BLAS_CORE"], "Haswell");
+}
+
 TEST(LauncherEnv, MultiNodeRankMath) {
   Sandbox box;
   const Result r = run(box, {"--nnodes", "2", "--node-rank", "1", "--nproc", "2", "--master-addr", "10.0.0.1",

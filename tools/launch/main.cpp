@@ -16,6 +16,7 @@
 //   MASTER_ADDR, MASTER_PORT: where rank 0's TCP store listens (one node: a free port is picked)
 //   OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS = --threads (default cores / nproc),
 //     each only if the user has not exported it already;  DP_LAUNCHER=1.
+//   OPENBLAS_CORETYPE where OpenBLAS fell back to its slowest kernels on this CPU (options.cpp), if not set.
 //
 // Supervision: every rank runs in its own process group with PR_SET_PDEATHSIG=SIGKILL. The first
 // rank seen failing is reported on stderr ("ddp_launch: rank 1 exited with code 3"); the other groups

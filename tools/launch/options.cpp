@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -45,6 +46,8 @@ const char* kFooter = R"(Environment given to every rank (the same contract as t
   OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, MKL_NUM_THREADS
                     --threads, but only those not already set in your environment
   OMP_WAIT_POLICY   PASSIVE unless set (spinning OpenMP threads slow a multi-threaded rank ~3x here)
+  OPENBLAS_CORETYPE SkylakeX or Haswell unless set, where OpenBLAS does not know this CPU and fell back to its
+                    Prescott kernels (about 4x slower matmuls here)
   DP_LAUNCHER=1     tells the program it was started by this launcher
   DP_LAUNCH_COMMAND this launcher's command line (programs record it beside their results)
 
@@ -333,6 +336,36 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
   return true;
 }
 
+// OpenBLAS picks its kernels when it loads, from the CPU's model number. Debian 12's OpenBLAS (0.3.21) does not
+// know the newer Xeons (this course's machines: Emerald Rapids, model 207) and falls back to its Prescott (SSE3)
+// kernels: a 512x512 float matmul on one core ran at 18-23 GFLOP/s here, 77 with its SkylakeX kernels, and the
+// Prescott gemm was the suite's largest single CPU cost (14%, perf). OPENBLAS_CORETYPE names the kernels to use
+// instead. Returns that name when OpenBLAS fell back and the CPU can run better ones, else "". The library
+// itself says what it chose: it is loaded here once, with one thread (it would start one per core), and
+// unloaded. The same rule warns in common/runtime.cpp's check_blas() when a program runs without it.
+std::string openblas_coretype_for_this_cpu() {
+  static const std::string name = [] {
+    const char* had = std::getenv("OPENBLAS_NUM_THREADS");
+    const std::string saved = had ? had : "";
+    ::setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    void* lib = ::dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (had) ::setenv("OPENBLAS_NUM_THREADS", saved.c_str(), 1); else ::unsetenv("OPENBLAS_NUM_THREADS");
+    if (!lib) return std::string();  // another BLAS, or none: nothing to choose
+    using CoreName = char* (*)();
+    auto corename = reinterpret_cast<CoreName>(::dlsym(lib, "openblas_get_corename"));
+    const std::string chosen = corename ? corename() : "";
+    ::dlclose(lib);
+    if (chosen != "Prescott") return std::string();  // OpenBLAS knew this CPU (or it is that old)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd"))
+      return std::string("SkylakeX");
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return std::string("Haswell");
+    return std::string();
+  }();
+  return name;
+}
+
 std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank,
                                           const std::vector<std::pair<std::string, std::string>>& extra, int restart) {
   // Ordered map: the contract's variables replace any inherited ones of the same name.
@@ -359,6 +392,10 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
   // 2-thread process ran a training step 2.8x slower than with PASSIVE (0.637 s vs 0.224 s). A value
   // the user exported wins.
   if (env["OMP_WAIT_POLICY"].empty()) env["OMP_WAIT_POLICY"] = "PASSIVE";
+  // OpenBLAS's own kernels for this CPU where it does not know the model (openblas_coretype_for_this_cpu()). A
+  // value the user exported wins; an empty one is never set (OpenBLAS reads "" as a core it cannot find).
+  if (env.count("OPENBLAS_CORETYPE") == 0)
+    if (auto core = openblas_coretype_for_this_cpu(); !core.empty()) env["OPENBLAS_CORETYPE"] = core;
   env["DP_LAUNCHER"] = "1";
   env["DP_LAUNCH_COMMAND"] = o.launch_command;
   if (o.elastic) {

@@ -69,6 +69,10 @@ bool parse_options(int argc, char** argv, LaunchOptions& out);
 // `extra` (--net's MASTER_ADDR, GLOO_SOCKET_IFNAME, DP_NET) is applied last and wins.
 // With --elastic, also DP_ELASTIC_STORE, DP_ELASTIC_MIN and DP_RESTART (`restart`: how many processes this
 // slot had before this one; torchrun calls it TORCHELASTIC_RESTART_COUNT).
+// The kernels OpenBLAS should use on this CPU (OPENBLAS_CORETYPE) when it does not know the CPU's model and
+// fell back to its Prescott ones, else "". Computed once per launcher.
+std::string openblas_coretype_for_this_cpu();
+
 std::vector<std::string> rank_environment(const LaunchOptions& opts, int local_rank,
                                           const std::vector<std::pair<std::string, std::string>>& extra = {},
                                           int restart = 0);
