@@ -213,7 +213,8 @@ int main(int argc, char** argv) {
       ::dlclose(lib);
     }
     __builtin_cpu_init();
-    std::printf("BLAS_CORE=%s\nAVX2=%d\n", chosen.c_str(), __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    std::printf("BLAS_CORE=%s\nAVX2=%d\n", chosen.c_str(), avx2 ? 1 : 0);
     return 0;
   }
   if (mode == "elastic" || mode == "stopself") {

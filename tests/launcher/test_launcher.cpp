@@ -78,7 +78,8 @@ TEST(LauncherEnv, OpenBlasRunsKernelsForThisCpu) {
   if (env["AVX2"] != "1") GTEST_SKIP() << "a CPU without AVX2 and FMA: Prescott's kernels may be the right ones";
   EXPECT_NE(env["BLAS_CORE"], "Prescott") << "OpenBLAS on its SSE3 kernels on a CPU with AVX2";
   if (env["OPENBLAS_CORETYPE"] != "<unset>") {  // set only where OpenBLAS fell back, to one of two cores
-    EXPECT_TRUE(env["OPENBLAS_CORETYPE"] == "SkylakeX" || env["OPENBLAS_CORETYPE"] == "Haswell") << env["OPENBLAS_CORETYPE"];
+    const std::string core = env["OPENBLAS_CORETYPE"];
+    EXPECT_TRUE(core == "SkylakeX" || core == "Haswell") << core;
     EXPECT_EQ(env["BLAS_CORE"], env["OPENBLAS_CORETYPE"]);
   }
   ranks = parse_env(run(box, {"--nproc", "1", "--", kProbe, "blas"}, {{"OPENBLAS_CORETYPE", "Haswell"}}).out);

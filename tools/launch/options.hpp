@@ -64,15 +64,16 @@ int pick_free_port(const std::vector<int>& taken = {}, bool kernel_fallback = tr
 // Throws UsageError for anything malformed or out of range.
 bool parse_options(int argc, char** argv, LaunchOptions& out);
 
-// The full environment of one rank: the launcher's own environment, with the contract's variables
-// (RANK, LOCAL_RANK, WORLD_SIZE, ...) overwritten and the thread-count variables added where unset.
-// `extra` (--net's MASTER_ADDR, GLOO_SOCKET_IFNAME, DP_NET) is applied last and wins.
-// With --elastic, also DP_ELASTIC_STORE, DP_ELASTIC_MIN and DP_RESTART (`restart`: how many processes this
-// slot had before this one; torchrun calls it TORCHELASTIC_RESTART_COUNT).
 // The kernels OpenBLAS should use on this CPU (OPENBLAS_CORETYPE) when it does not know the CPU's model and
 // fell back to its Prescott ones, else "". Computed once per launcher.
 std::string openblas_coretype_for_this_cpu();
 
+// The full environment of one rank: the launcher's own environment, with the contract's variables
+// (RANK, LOCAL_RANK, WORLD_SIZE, ...) overwritten and the thread-count variables, OMP_WAIT_POLICY and
+// OPENBLAS_CORETYPE (openblas_coretype_for_this_cpu()) added where unset.
+// `extra` (--net's MASTER_ADDR, GLOO_SOCKET_IFNAME, DP_NET) is applied last and wins.
+// With --elastic, also DP_ELASTIC_STORE, DP_ELASTIC_MIN and DP_RESTART (`restart`: how many processes this
+// slot had before this one; torchrun calls it TORCHELASTIC_RESTART_COUNT).
 std::vector<std::string> rank_environment(const LaunchOptions& opts, int local_rank,
                                           const std::vector<std::pair<std::string, std::string>>& extra = {},
                                           int restart = 0);
