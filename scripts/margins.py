@@ -5,7 +5,8 @@ Every stage checks itself against single-process training before it times anythi
 check, the largest difference, the bound derived from the dtype's unit roundoff (common/tolerance.hpp)
 and their ratio. A bound tuned on one machine fails on the next; a derived one must hold anywhere, so
 this script runs the checks over world sizes, seeds and ATen's CPU kernel paths (ATEN_CPU_CAPABILITY
-picks the kernels another CPU would get) and reports the worst ratio per check. It fails when a ratio
+picks the kernels another CPU would get; at `default`, OpenBLAS's oldest x86-64 kernels too) and reports the
+worst ratio per check. It fails when a ratio
 exceeds --max-ratio (0.5: a bound that a new CPU could cross by a factor of two is no bound).
 
     python3 scripts/margins.py build/bin                      # everything: ~10 minutes on 2 cores
@@ -75,6 +76,8 @@ def run(args, stage, world, seed, cap, extra):
         env.pop("ATEN_CPU_CAPABILITY", None)
     else:
         env["ATEN_CPU_CAPABILITY"] = cap
+    if cap == "default":  # a CPU without AVX2 gets OpenBLAS's SSE3 (Prescott) kernels too: so do these runs
+        env.setdefault("OPENBLAS_CORETYPE", "Prescott")
     t = time.time()
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        timeout=args.timeout)
@@ -99,7 +102,8 @@ def main():
     ap.add_argument("--worlds", default="1,2,3,4")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--capabilities", default="native,default,avx2",
-                    help="ATEN_CPU_CAPABILITY values; native leaves it unset (the CPU's best)")
+                    help="ATEN_CPU_CAPABILITY values; native leaves it unset (the CPU's best); default also "
+                         "runs OpenBLAS's Prescott kernels (OPENBLAS_CORETYPE), as a CPU without AVX2 would")
     ap.add_argument("--max-ratio", type=float, default=0.5)
     ap.add_argument("--timeout", type=float, default=300, help="seconds per run")
     ap.add_argument("--json", help="write the worst ratio per check here (docs/results/margins.json: the table of "
