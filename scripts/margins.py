@@ -5,9 +5,9 @@ Every stage checks itself against single-process training before it times anythi
 check, the largest difference, the bound derived from the dtype's unit roundoff (common/tolerance.hpp)
 and their ratio. A bound tuned on one machine fails on the next; a derived one must hold anywhere, so
 this script runs the checks over world sizes, seeds and ATen's CPU kernel paths (ATEN_CPU_CAPABILITY
-picks the kernels another CPU would get; at `default`, OpenBLAS's oldest x86-64 kernels too) and reports the
-worst ratio per check. It fails when a ratio
-exceeds --max-ratio (0.5: a bound that a new CPU could cross by a factor of two is no bound).
+picks the kernels another CPU would get; at `default`, OpenBLAS's oldest x86-64 kernels too) and reports
+the worst ratio per check. It fails when a ratio exceeds --max-ratio (0.5: a bound that a new CPU could
+cross by a factor of two is no bound).
 
     python3 scripts/margins.py build/bin                      # everything: ~10 minutes on 2 cores
     python3 scripts/margins.py build/bin --stages 07,07a --worlds 3 --seeds 0 --capabilities default,avx2
