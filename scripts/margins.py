@@ -64,7 +64,7 @@ def machine():
 
 def check_name(text):
     """The check's words with the run-specific numbers (ranks) taken out, so runs line up."""
-    return re.sub(r", \d+ ranks", "", text).strip()
+    return re.sub(r", \d+ ranks?\b", "", text).strip()  # "3 SGD steps, 2 ranks" and "..., 1 rank" alike
 
 
 def run(args, stage, world, seed, cap, extra):
@@ -91,7 +91,10 @@ def run(args, stage, world, seed, cap, extra):
             owner = OWN_CHECKS[stage][1]
             if owner in running:
                 continue  # counted from the stage's own runs
-        found.append((m.group(1), check_name(m.group(2)), float(m.group(3)), float(m.group(5)), owner))
+        diff, ratio = float(m.group(3)), float(m.group(5))
+        # The bound the line prints; a line without one gives diff / ratio (nothing when both are 0).
+        bound = float(m.group(4)) if m.group(4) else (diff / ratio if ratio > 0 else float("nan"))
+        found.append((m.group(1), check_name(m.group(2)), diff, ratio, bound, owner))
     return cmd, p, found, time.time() - t
 
 
@@ -143,9 +146,8 @@ def main():
                         if not found:
                             problems.append(f"{where}: no check line (exit {p.returncode}); "
                                             f"command: {' '.join(cmd)}\n{p.stdout[-2000:]}")
-                        for verdict, name, diff, ratio, owner in found:
+                        for verdict, name, diff, ratio, bound, owner in found:
                             name = f"{owner} {' '.join(extra)} {name}".replace("  ", " ")
-                            bound = diff / ratio if ratio > 0 else float("nan")
                             records.append({"check": name, "stage": owner, "world": world, "seed": seed,
                                             "capability": cap, "diff": diff, "ratio": ratio})
                             if verdict == "FAIL":
