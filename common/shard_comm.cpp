@@ -44,11 +44,11 @@ ReduceScatterWork reduce_scatter_async(ProcessGroup& pg, torch::Tensor& flat, to
     if (!out.is_same(flat)) out.copy_(flat.view_as(out));
     return {};
   }
-  if (use_native(pg, algo)) return {pg.reduce_scatter_native_async(out, flat, label), {}, out, W};
+  if (use_native(pg, algo)) return {pg.reduce_scatter_native_async(out, flat, label), {}, out};
   // Rank r sends chunk j of its buffer to rank j; piece i of `scratch` is then rank i's chunk r.
   if (!scratch.defined()) scratch = torch::empty_like(flat);
   Work work = pg.all_to_all_async(scratch, flat, label);
-  return {std::move(work), scratch.view({W, out.numel()}), out, W};
+  return {std::move(work), scratch.view({W, out.numel()}), out};
 }
 
 void ReduceScatterWork::wait() {

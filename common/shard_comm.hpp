@@ -46,8 +46,8 @@ std::string reduce_scatter_name(const ProcessGroup& pg, ReduceScatterAlgo algo =
 class ReduceScatterWork {
  public:
   ReduceScatterWork() = default;
-  ReduceScatterWork(Work work, torch::Tensor pieces, torch::Tensor out, int world)
-      : work_(std::move(work)), pieces_(std::move(pieces)), out_(std::move(out)), world_(world) {}
+  ReduceScatterWork(Work work, torch::Tensor pieces, torch::Tensor out)
+      : work_(std::move(work)), pieces_(std::move(pieces)), out_(std::move(out)) {}
   /// Waits for the collective, then (all-to-all path) sums the pieces into `out` in rank order.
   void wait();
   /// True while wait() has something left to do.
@@ -57,7 +57,6 @@ class ReduceScatterWork {
   Work work_;
   torch::Tensor pieces_;  // all-to-all path: [W, chunk], piece i from rank i; undefined otherwise
   torch::Tensor out_;
-  int world_ = 1;
 };
 
 /// reduce_scatter() without waiting: the collective is launched, the local sum happens in wait().

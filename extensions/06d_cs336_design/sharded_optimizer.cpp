@@ -71,9 +71,15 @@ void ShardedOptimizer::add_param_group(const optim::OptimizerParamGroup& group) 
     params.push_back(p);
   }
 
-  if (group.has_options() && typeid(group.options()) != typeid(local_->defaults()))
-    throw UsageError(fmt::format("add_param_group: group {} has options of another optimizer than the local {}", g,
-                                 kind_));
+  // The dynamic types compared through references taken first: a call inside typeid is evaluated, which Clang
+  // warns about (-Wpotentially-evaluated-expression).
+  if (group.has_options()) {
+    const auto& given = group.options();
+    const auto& local = local_->defaults();
+    if (typeid(given) != typeid(local))
+      throw UsageError(fmt::format("add_param_group: group {} has options of another optimizer than the local {}", g,
+                                   kind_));
+  }
 
   // Owners for the trainable tensors, given what every rank already owns (earlier owners stay).
   std::vector<size_t> trainable;

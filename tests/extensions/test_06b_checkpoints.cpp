@@ -42,7 +42,10 @@ using ResumeCombo = std::tuple<std::string, std::string, int>;  // model, optimi
 class Resume : public ::testing::TestWithParam<ResumeCombo> {};
 
 TEST_P(Resume, SaveAtWorld2AfterThreeStepsThenThreeMoreEqualsSixSteps) {
-  auto [model, kind, load_world] = GetParam();
+  // Named variables, not a structured binding: the lambda below captures them (C++17 lets no lambda capture a
+  // binding; GCC accepts it as an extension, Clang refuses).
+  const std::string model = std::get<0>(GetParam()), kind = std::get<1>(GetParam());
+  const int load_world = std::get<2>(GetParam());
   TempDir dir("stage06_resume");
   const std::string path = dir.file("ckpt.bin");
   save_after_three_steps(path, model, kind);
