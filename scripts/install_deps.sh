@@ -3,8 +3,8 @@
 # Needs root (or sudo) only when something is missing.
 set -euo pipefail
 packages=(
-  g++ cmake ninja-build            # compiler and build
-  clang                            # the presets' compiler: builds LibTorch code about twice as fast as g++ (README)
+  g++ cmake ninja-build            # GCC (the asan preset's compiler, nvcc's host compiler) and the build tools
+  clang                            # the presets' compiler: clean builds about a third shorter than with g++ (README)
   lld                              # LLVM's linker: links LibTorch programs several times faster than GNU ld
   libtorch-dev libgloo-dev         # LibTorch 1.13 (CPU) with c10d and Gloo
   libopenblas0-pthread             # a fast BLAS: without it LibTorch runs matmuls ~100x slower
