@@ -16,7 +16,6 @@ fail() { echo "FAIL: $*"; exit 1; }
 # First whether PROGRAM loads OpenBLAS: where it does not, "no warning" holds with or without OpenBLAS installed.
 blas=$(ldd "$prog" | awk '/libblas\.so|libopenblas/ {print $3; exit}')
 loads=0; [ -n "$blas" ] && [[ "$(readlink -f "$blas")" == *openblas* ]] && loads=1
-core=unused avx2=unused
 if [ $loads = 1 ]; then
   oracle=$(env -u OPENBLAS_CORETYPE "$probe" blas) || fail "launch_probe blas exited $?"
   core=$(sed -n 's/^BLAS_CORE=//p' <<<"$oracle")
