@@ -14,9 +14,10 @@
 # processes); a program that multiplies matrices grows the pool to its share of the cores itself
 # (set_cpu_threads in common/runtime.cpp). They also run three tests at a time, on two cores: a test spends
 # much of its time waiting (a timeout that must expire, a launcher's restart delay, a paced link, a peer
-# that is still loading LibTorch, whose ~290 shared libraries and operator registry cost each process about
-# 0.7 s of CPU), and at two jobs the cores stood idle 15% of the suite (ctest --preset default: 527 s at
-# -j2, 440-454 s at -j3, here). The tests that measure time are RUN_SERIAL and still run alone.
+# that is still starting LibTorch, about 0.7 s of CPU per process: its static constructors, the operator
+# registry; loading and relocating its ~290 shared libraries is 0.04 s of it, LD_DEBUG=statistics), and at
+# two jobs the cores stood idle 15% of the suite (ctest --preset default: 527 s at -j2, 440-454 s at -j3,
+# here). The tests that measure time are RUN_SERIAL and still run alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config=default
