@@ -14,10 +14,11 @@
 # processes); a program that multiplies matrices grows the pool to its share of the cores itself
 # (set_cpu_threads in common/runtime.cpp). They also run three tests at a time, on two cores: a test spends
 # much of its time waiting (a timeout that must expire, a launcher's restart delay, a paced link, a peer
-# that is still starting LibTorch, about 0.7 s of CPU per process: its static constructors, the operator
-# registry; loading and relocating its ~290 shared libraries is 0.04 s of it, LD_DEBUG=statistics), and at
-# two jobs the cores stood idle 15% of the suite (ctest --preset default: 527 s at -j2, 440-454 s at -j3,
-# here). The tests that measure time are RUN_SERIAL and still run alone.
+# that is still starting LibTorch: an empty program linked to libtorch_cpu and stage 01's --help alike take
+# 0.45-0.5 s of CPU here, of which loading and relocating 285 shared libraries, most linked BIND_NOW, 0.15-0.2 s
+# (LD_TRACE_LOADED_OBJECTS with LD_BIND_NOW), the rest their static constructors, LibTorch's operator registry
+# among them), and at two jobs the cores stood idle 15% of the suite (ctest --preset default: 527 s at -j2,
+# 440-454 s at -j3, here). The tests that measure time are RUN_SERIAL and still run alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 config=default
