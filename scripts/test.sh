@@ -50,12 +50,13 @@ case "$config" in
     t=$(date +%s); bash scripts/install_torch2.sh >/dev/null
     echo "test.sh: pip torch 2.x ready in $(( $(date +%s) - t )) s" | tee -a "$timings"
     # LibTorch 2.x through the cuda build, whose C++ is the torch2 build's plus the CUDA/NCCL code (a few
-    # #ifdef DP_WITH_CUDA in common/): one 2.x build instead of two. The margin grid runs there too: 2.x does its
-    # matrix products in MKL, not OpenBLAS (another summation order), about 90 s of CI. Left out: the bad-input
-    # refusals (CLI and launcher, the same on both) and the emulated-network tests (the launcher's tc and the
-    # programs' overlap, not LibTorch's), and four of stage 09's whole runs (the launcher's and the rounds'
-    # logic; LibTorch 2.x's Gloo is seen failing, timing out and healing in the kill, shrink and hang runs):
-    # so that CI stays well under its limit. The workbook's stubs run here too: they fail on 2.x as on 1.13.
+    # #ifdef DP_WITH_CUDA in common/): one 2.x build instead of two. The `margins` label runs there too (the grid's
+    # three tests and the tolerance model's unit tests): 2.x does its matrix products in MKL, not OpenBLAS, in
+    # another summation order (the cuda suite took 338 s with them, 237 s without, in two clean clones). Left
+    # out: the bad-input refusals (CLI and launcher, the same on both) and the emulated-network tests (the
+    # launcher's tc and the programs' overlap, not LibTorch's), and four of stage 09's whole runs (the
+    # launcher's and the rounds' logic; LibTorch 2.x's Gloo is seen failing, timing out and healing in the kill,
+    # shrink and hang runs): so that CI stays well under its limit. The workbook's stubs run here too: they fail on 2.x as on 1.13.
     run_config cuda -LE net -E '^(bad_input_|stage09_elastic_(twice|quorum|heal|minimum))'
     run_config default "$@"   # last, so CI's closing ctest line is the README's own test command
     echo "test.sh: all configurations passed:"; cat "$timings" ;;
