@@ -56,7 +56,8 @@ case "$config" in
     # out: the bad-input refusals (CLI and launcher, the same on both) and the emulated-network tests (the
     # launcher's tc and the programs' overlap, not LibTorch's), and four of stage 09's whole runs (the
     # launcher's and the rounds' logic; LibTorch 2.x's Gloo is seen failing, timing out and healing in the kill,
-    # shrink and hang runs): so that CI stays well under its limit. The workbook's stubs run here too: they fail on 2.x as on 1.13.
+    # shrink and hang runs): so that CI stays well under its limit. The workbook's stubs run here too: they fail
+    # on 2.x as on 1.13.
     run_config cuda -LE net -E '^(bad_input_|stage09_elastic_(twice|quorum|heal|minimum))'
     run_config default "$@"   # last, so CI's closing ctest line is the README's own test command
     echo "test.sh: all configurations passed:"; cat "$timings" ;;
