@@ -164,7 +164,7 @@ def main():
         rows = [{"check": name, "worst_ratio": ratio, "diff": diff, "bound": bound, "where": where,
                  "runs": sum(1 for r in records if r["check"] == name)}
                 for name, (ratio, diff, bound, where) in sorted(worst.items(), key=lambda kv: -kv[1][0])]
-        command = "python3 scripts/margins.py build/bin " + " ".join(
+        command = f"python3 scripts/margins.py {args.bin} " + " ".join(
             f"--{k} {v}" for k, v in [("stages", args.stages), ("worlds", args.worlds), ("seeds", args.seeds),
                                       ("capabilities", args.capabilities)])
         with open(args.json, "w") as f:
