@@ -5,7 +5,7 @@
 #pragma once
 
 #include "common/dist.hpp"
-#include "stages/05_bucketed/comm_hooks.hpp"
+#include "common/comm_hook.hpp"
 
 #include "common/libtorch.hpp"
 

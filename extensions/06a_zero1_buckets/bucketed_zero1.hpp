@@ -16,7 +16,7 @@
 #include "common/shard_comm.hpp"
 #include "common/strategy.hpp"
 #include "common/units.hpp"                             // UnitRunner, ModuleUnits
-#include "stages/04_overlap/accumulate_grad_hooks.hpp"  // AccumulateGradHooks
+#include "common/grad_hooks.hpp"  // AccumulateGradHooks
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"       // MakeLocalOptimizer
 
 #include "common/libtorch.hpp"

@@ -1,7 +1,7 @@
 // Stage 04: start each gradient's all-reduce from inside backward, as soon as that gradient is final.
 //
 // Stage 03 waited for backward to finish and then communicated; the network sat idle during backward
-// and the CPU sat idle during communication. Here a hook on every parameter (accumulate_grad_hooks.hpp)
+// and the CPU sat idle during communication. Here a hook on every parameter (common/grad_hooks.hpp)
 // launches an asynchronous all-reduce the moment autograd has finished that parameter's gradient, so the
 // all-reduce of the last layer's gradient runs while autograd still computes the gradients of the earlier
 // layers.
@@ -10,7 +10,7 @@
 
 #include "common/dist.hpp"
 #include "common/grad_sync.hpp"
-#include "stages/04_overlap/accumulate_grad_hooks.hpp"
+#include "common/grad_hooks.hpp"
 
 #include "common/libtorch.hpp"
 

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace dp {
@@ -98,35 +99,39 @@ bool BucketedDdp::requires_gradient_sync() const {
   return !sync_off_;
 }
 
+// The seams change what a step does, so only between steps (with mu_ held).
+void BucketedDdp::require_between_steps(const char* what) const {
+  if (in_step_)
+    throw std::logic_error(fmt::format("BucketedDdp::{}: buckets are in flight; call it between steps (after "
+                                       "finish_gradient_synchronization())", what));
+}
+
 void BucketedDdp::register_comm_hook(CommHook hook) {
   if (!hook) throw std::logic_error("BucketedDdp::register_comm_hook: empty hook");
   std::lock_guard<std::mutex> lock(mu_);
-  if (in_step_)
-    throw std::logic_error("BucketedDdp::register_comm_hook: buckets are in flight; register the hook between "
-                           "steps (after finish_gradient_synchronization())");
+  require_between_steps("register_comm_hook");
   hook_ = std::move(hook);
 }
 
 void BucketedDdp::on_bucket_averaged(std::function<void(size_t)> f) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (in_step_)
-    throw std::logic_error("BucketedDdp::on_bucket_averaged: buckets are in flight; call it between steps");
+  require_between_steps("on_bucket_averaged");
   bucket_averaged_ = std::move(f);
 }
 
 void BucketedDdp::reassign(std::vector<std::vector<size_t>> assignment) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (in_step_) throw std::logic_error("BucketedDdp::reassign: buckets are in flight; call it between steps");
+  require_between_steps("reassign");
   std::vector<int> seen(params_.size(), 0);
-  for (const auto& bucket : assignment) {
-    if (bucket.empty()) throw std::logic_error("BucketedDdp::reassign: an empty bucket");
+  for (const auto& bucket : assignment)
     for (size_t i : bucket)
       if (i >= params_.size() || !params_[i].requires_grad() || seen[i]++)
         throw std::logic_error(fmt::format("BucketedDdp::reassign: parameter index {} is out of range, frozen or "
                                            "listed twice", i));
-  }
   for (size_t i : hooked_)
     if (!seen[i]) throw std::logic_error("BucketedDdp::reassign: no bucket for " + names_[i]);
+  if (std::any_of(assignment.begin(), assignment.end(), [](const auto& b) { return b.empty(); }))
+    throw std::logic_error("BucketedDdp::reassign: an empty bucket");
   assignment_ = std::move(assignment);
   build_buffers();
 }
@@ -146,14 +151,20 @@ void BucketedDdp::check_not_ready(size_t i) {
 // .grad() tensor: LibTorch's AccumulateGrad installs a new tensor whenever .grad() is undefined (after
 // zero_grad() in torch 2.x, which sets gradients to undefined by default), and the view is silently
 // lost. A copy is correct whatever the training loop does with .grad(); it costs one memcpy per gradient.
-void BucketedDdp::copy_into_slot(size_t i) {
+torch::Tensor BucketedDdp::slot_of(size_t i) {
   const Slot& s = slots_[i];
-  auto slot = buckets_[s.bucket].buffer.narrow(0, s.offset, s.numel).view(params_[i].sizes());
+  return buckets_[s.bucket].buffer.narrow(0, s.offset, s.numel).view(params_[i].sizes());
+}
+
+void BucketedDdp::copy_into_slot(size_t i) {
+  gradient_copied(i);
   const auto grad = params_[i].grad();
   if (grad.defined())
-    slot.copy_(grad);
+    slot_of(i).copy_(grad);
   else
-    slot.zero_();  // only from finish: a parameter with no gradient at all counts as zero
+    slot_of(i).zero_();  // only from finish: a parameter with no gradient at all counts as zero
+  ready_[i] = 1;
+  ++buckets_[slots_[i].bucket].ready;
 }
 
 void BucketedDdp::on_gradient_ready(size_t i) {
@@ -162,15 +173,9 @@ void BucketedDdp::on_gradient_ready(size_t i) {
     accumulated_locally_ = true;
     return;
   }
-  if (!in_step_) {  // first gradient of a new backward
-    in_step_ = true;
-    launches_.clear();
-  }
-  gradient_copied(i);
+  if (!in_step_) in_step_ = true, launches_.clear();  // first gradient of a new backward
   // [ready]
-  copy_into_slot(i);
-  ready_[i] = 1;
-  ++buckets_[slots_[i].bucket].ready;
+  copy_into_slot(i);  // and count it: its bucket has one gradient fewer to wait for
   launch_complete_buckets_in_order(/*during_backward=*/true);
   // [ready]
 }
@@ -212,43 +217,30 @@ bool BucketedDdp::synchronize() {
   std::lock_guard<std::mutex> lock(mu_);
   if (sync_off_) return false;  // accumulating locally: the next backward with sync on synchronizes
   if (!in_step_ && !accumulated_locally_) return false;  // no backward since the last call: nothing to do
-  if (!in_step_) {  // gradients accumulated under no_sync() and no backward since: send them from here
-    in_step_ = true;
-    launches_.clear();
-  }
+  if (!in_step_) in_step_ = true, launches_.clear();  // accumulated under no_sync(), no backward since: send here
   // [finish]
   // Parameters whose hook did not run (unused in this forward) still owe their slot: fill it with their
   // current .grad() (zeros if none) so that every bucket completes and every rank launches the same
   // collectives. As in stage 04 this is only consistent if the same parameters are unused on all ranks.
   for (size_t i : hooked_)
-    if (!ready_[i]) {
-      gradient_copied(i);  // unused: last
-      copy_into_slot(i);
-      ready_[i] = 1;
-      ++buckets_[slots_[i].bucket].ready;
-    }
+    if (!ready_[i]) copy_into_slot(i);  // unused: ready last
   launch_complete_buckets_in_order(/*during_backward=*/false);
 
   for (size_t bi = 0; bi < buckets_.size(); ++bi) {
     Bucket& b = buckets_[bi];
     b.work.wait();  // then the hook's last part: the bucket holds the average (allreduce_hook: sum / world)
     for (size_t i : b.params) {
-      const Slot& s = slots_[i];
-      auto averaged = b.buffer.narrow(0, s.offset, s.numel).view(params_[i].sizes());
       if (params_[i].grad().defined())
-        params_[i].mutable_grad().copy_(averaged);
+        params_[i].mutable_grad().copy_(slot_of(i));
       else
-        params_[i].mutable_grad() = averaged.clone();
+        params_[i].mutable_grad() = slot_of(i).clone();
     }
     if (bucket_averaged_) bucket_averaged_(bi);  // e.g. step this bucket's parameters (extension 05c)
   }
   // [finish]
   // Reset the per-step state here rather than only in on_train_batch_start(), so that a loop that never
   // calls on_train_batch_start() still works.
-  for (auto& b : buckets_) {
-    b.ready = 0;
-    b.work = BucketWork();
-  }
+  for (auto& b : buckets_) b.ready = 0, b.work = BucketWork();
   std::fill(ready_.begin(), ready_.end(), 0);
   next_to_launch_ = 0;
   in_step_ = false;

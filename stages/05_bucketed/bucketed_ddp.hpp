@@ -5,12 +5,12 @@
 // overlap (the first bucket can only start once it is full).
 #pragma once
 
+#include "common/comm_hook.hpp"
 #include "common/dist.hpp"
+#include "common/grad_hooks.hpp"  // AccumulateGradHooks, LaunchRecord
 #include "common/grad_sync.hpp"
 #include "common/strategy.hpp"
-#include "stages/04_overlap/accumulate_grad_hooks.hpp"  // AccumulateGradHooks, LaunchRecord
 #include "stages/05_bucketed/buckets.hpp"
-#include "stages/05_bucketed/comm_hooks.hpp"
 
 #include "common/libtorch.hpp"
 
@@ -29,25 +29,17 @@ namespace dp {
 ///   BucketedDdp ddp(pg, model, 25.0);   // 25 MB buckets
 ///   loop: ddp.on_train_batch_start(); opt.zero_grad(); model->forward(...).backward();
 ///         ddp.finish_gradient_synchronization(); opt.step();
-/// The process group must outlive this object. All trainable parameters of one bucket must share a
-/// dtype and device (the constructor checks; a std::invalid_argument otherwise).
-///
-/// Gradient accumulation over K micro-batches (K backward passes per optimizer step):
-///   ddp.on_train_batch_start(); opt.zero_grad();
-///   { NoSyncGuard guard(ddp); for k < K-1: (loss(micro_batch k) / K).backward(); }
-///   (loss(micro_batch K-1) / K).backward(); ddp.finish_gradient_synchronization(); opt.step();
-/// With a mean-reduced loss over B rows per micro-batch, dividing each loss by K makes the synchronized
-/// gradient the gradient of the mean over all K * B * world rows: the step of one process on the whole
-/// batch.
-///
-/// Extensions build on three seams (extensions/05*): register_comm_hook() (how a bucket is reduced),
-/// on_bucket_averaged() (work per bucket as soon as it arrived) and, for subclasses, gradient_copied(),
-/// after_synchronization() and reassign() (which parameters share a bucket).
+/// Accumulation over K micro-batches: the first K-1 backward passes inside a dp::NoSyncGuard, each loss
+/// divided by K, then the K-th outside it and finish: one process's step on all K * B * world rows.
+/// The process group must outlive this object. Extensions build on its seams (extensions/05*):
+/// register_comm_hook(), on_bucket_averaged() and, for subclasses, gradient_copied(),
+/// after_synchronization() and reassign().
 class BucketedDdp : public GradSync {
  public:
   /// Broadcasts rank 0's parameters and buffers, assigns buckets with assign_buckets() over the unique
-  /// parameters, allocates one flat buffer per bucket and hooks every trainable parameter.
-  /// Throws dp::UsageError when bucket_cap_mb is not positive and finite.
+  /// parameters, allocates one flat buffer per bucket and hooks every trainable parameter. Throws
+  /// dp::UsageError for a cap that is not positive and finite, std::invalid_argument for a bucket that
+  /// would mix dtypes or devices.
   BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module, double bucket_cap_mb);
   /// Removes the hooks. Does not wait for collectives still in flight (they keep their buffers alive).
   ~BucketedDdp() override;
@@ -57,42 +49,31 @@ class BucketedDdp : public GradSync {
   /// The wrapped model (call forward on your own typed pointer to it).
   std::shared_ptr<torch::nn::Module> module;
 
-  /// Start of a step. The per-step state (ready counts, launched flags) is already reset at the end of
-  /// finish_gradient_synchronization(); this throws std::logic_error if the previous step never finished.
+  /// Throws std::logic_error if the previous step never finished (the per-step state is reset by finish).
   void on_train_batch_start() override;
-  /// Same as finish_gradient_synchronization().
   void after_backward() override { finish_gradient_synchronization(); }
   /// One all-reduce per bucket.
   int64_t calls_per_step() const override { return static_cast<int64_t>(bucket_count()); }
-  /// Completes and launches the buckets not launched yet (a parameter that got no gradient this step
-  /// contributes its current .grad(), zeros if none), waits for all of them (the comm hook divides by the
-  /// world size) and copies each bucket back into the parameters' .grad(). Does nothing while gradients
-  /// accumulate locally, or when no hook ran since the last call; gradients accumulated locally with no
-  /// backward since are synchronized here (all buckets launched from here).
+  /// Launches the buckets not launched yet (a parameter that got no gradient this step contributes its
+  /// .grad(), zeros if none), waits for all of them and copies each bucket's average back into .grad().
+  /// Does nothing while sync is off or when no gradient arrived since the last call.
   void finish_gradient_synchronization();
 
-  /// Local gradient accumulation (PyTorch's DDP.no_sync(); dp::NoSyncGuard sets it for a scope): after
-  /// false, backward accumulates into .grad() with no communication (the hooks neither copy nor launch)
-  /// and finish_gradient_synchronization() does nothing. After true, the first backward synchronizes the
-  /// accumulated sum: each hook copies the whole .grad(), this backward's gradient plus everything
-  /// accumulated before. Throws std::logic_error on false while a synchronization is unfinished (a
-  /// backward ran and finish_gradient_synchronization() was not called yet): its buckets may be on the wire.
+  /// PyTorch's DDP.no_sync() (dp::NoSyncGuard sets it for a scope): after false, backward accumulates into
+  /// .grad() with no communication and finish does nothing; after true, the next backward synchronizes the
+  /// whole accumulated .grad(). Throws std::logic_error on false while a synchronization is unfinished.
   void set_requires_gradient_sync(bool sync) override;
   bool requires_gradient_sync() const override;
 
-  /// Replaces how a bucket is reduced (PyTorch's register_comm_hook). The default is allreduce_hook().
-  /// Every rank must register the same hook. Throws std::logic_error when called in the middle of a step
-  /// (buckets in flight) or with an empty hook.
+  /// How a bucket is reduced (PyTorch's register_comm_hook; common/comm_hook.hpp): the same hook on every
+  /// rank. The default is allreduce_hook(). Throws std::logic_error mid-step or for an empty hook.
   void register_comm_hook(CommHook hook);
-  /// Seam for work per bucket (PyTorch's comm-hook future's then()): `f(b)` runs inside
-  /// finish_gradient_synchronization() as soon as bucket b's average is back in its parameters' .grad(),
-  /// while buckets b+1, b+2, ... may still be on the wire; on the thread calling finish, with this
-  /// object's lock held (f must not call back into it). Empty f removes it. Throws std::logic_error in
-  /// the middle of a step.
+  /// `f(b)` runs inside finish as soon as bucket b's average is back in its parameters' .grad(), while
+  /// later buckets may still be on the wire (PyTorch's comm-hook future's then()); with this object's lock
+  /// held (f must not call back into it). Empty f removes it. Throws std::logic_error mid-step.
   void on_bucket_averaged(std::function<void(size_t bucket)> f);
 
-  /// Bytes handed to collectives since construction, per rank (the hook's BucketWork::wire_bytes):
-  /// with the fp16 hook, half of the default's.
+  /// Bytes handed to collectives since construction, per rank (the hooks' BucketWork::wire_bytes).
   int64_t wire_bytes() const { return wire_bytes_total_.load(); }
 
   /// Unique parameters (frozen ones too, tied weights once) in registration order; buckets() indexes them.
@@ -105,31 +86,30 @@ class BucketedDdp : public GradSync {
   int world_size() const { return pg_.world_size(); }
   /// One line per bucket: "bucket 0: 1000 B = fc3.weight" (for printing).
   std::string describe_buckets() const;
-  /// Bucket all-reduces launched since construction. Lock-free: may be read from another autograd hook.
+  /// Bucket all-reduces launched since construction (lock-free), and the launches (index = bucket) of the
+  /// step in progress or, between steps, of the last one.
   int64_t launched_count() const { return launched_total_.load(); }
-  /// Launches (index = bucket) of the step in progress or, between steps, of the last finished step.
   std::vector<LaunchRecord> launches() const;
 
  protected:
-  /// Seam for subclasses: parameter `param` (index into parameters()) had its gradient copied into its
-  /// bucket in a synchronized step, by its hook during backward or, for a parameter without a gradient,
-  /// by finish. Called with the lock held, in readiness order, before any bucket it completes is launched.
+  /// Parameter `param` (index into parameters()) was copied into its bucket, by its hook or, without a
+  /// gradient, by finish: with the lock held, in readiness order, before the bucket it completes launches.
   virtual void gradient_copied(size_t /*param*/) {}
-  /// Seam for subclasses: a synchronization completed (every bucket averaged and copied back, nothing in
-  /// flight). Called at the end of finish_gradient_synchronization(), on every rank at the same step,
-  /// without the lock: it may issue collectives and call reassign().
+  /// A synchronization completed (nothing in flight): at the end of finish, on every rank at the same
+  /// step, without the lock, so it may issue collectives and call reassign().
   virtual void after_synchronization() {}
-  /// Replaces which parameters share a bucket (indices into parameters(), bucket 0 launched first) and
-  /// reallocates the buffers. Every trainable parameter must appear exactly once, no frozen one, and
-  /// every rank must pass the same assignment. Throws std::logic_error in the middle of a step or for
-  /// an assignment that breaks those rules.
+  /// Replaces which parameters share a bucket (indices into parameters(), bucket 0 launched first; every
+  /// trainable parameter once, no frozen one, the same on every rank) and reallocates the buffers.
+  /// Throws std::logic_error mid-step or for an assignment that breaks those rules.
   void reassign(std::vector<std::vector<size_t>> assignment);
   ProcessGroup& process_group() const { return pg_; }
 
  private:
   void check_not_ready(size_t param);   // pre-hook: already ready this step? a second backward
   void on_gradient_ready(size_t param); // post-hook: copy .grad() into its slot, launch what is complete
-  void copy_into_slot(size_t param);
+  torch::Tensor slot_of(size_t param);   // its view into its bucket's buffer, shaped like the parameter
+  void copy_into_slot(size_t param);    // .grad() (zeros if none) into its slot, counted as ready
+  void require_between_steps(const char* what) const;  // std::logic_error mid-step
   bool synchronize();                   // finish's work, under the lock; false when there was nothing to do
   void build_buffers();             // buckets_ and slots_ from assignment_
   void launch_complete_buckets_in_order(bool during_backward);
@@ -171,8 +151,8 @@ class BucketedDdp : public GradSync {
   std::unique_ptr<AccumulateGradHooks> hooks_;  // last member: destroyed first
 };
 
-/// BucketedDdp with `bucket_cap_mb` MB buckets as a dp::Strategy (dp::ddp_strategy()): one optimizer over
-/// every parameter after finish; set_requires_gradient_sync(false) accumulates micro-batches locally.
+/// BucketedDdp with `bucket_cap_mb` MB buckets as a dp::Strategy (dp::ddp_strategy()); micro-batches
+/// accumulate locally under set_requires_gradient_sync(false).
 MakeStrategy bucketed_ddp_strategy(double bucket_cap_mb);
 
 }  // namespace dp

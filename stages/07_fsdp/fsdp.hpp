@@ -10,7 +10,7 @@
 #include "common/shard_comm.hpp"
 #include "common/tolerance.hpp"  // dtype_name
 #include "common/units.hpp"  // UnitRunner, ModuleUnits
-#include "stages/04_overlap/accumulate_grad_hooks.hpp"
+#include "common/grad_hooks.hpp"
 
 #include "common/libtorch.hpp"
 

@@ -1,4 +1,4 @@
-// Stage 05's communication hooks (comm_hooks.hpp) and extension 05a's low-precision hooks: the default hook is bit-identical to stage 05 without
+// The communication hooks (common/comm_hook.hpp) and extension 05a's low-precision hooks: the default hook is bit-identical to stage 05 without
 // hooks; the fp16 hook equals the fp16-rounded closed form and sends half the bytes; training with it stays
 // within a stated tolerance of fp32 training; which 16-bit types this backend sums; bad names. Ranks are
 // threads over a real Gloo group.
@@ -9,7 +9,7 @@
 #include "common/transformer.hpp"
 #include "extensions/05a_comm_hooks/low_precision_hooks.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
-#include "stages/05_bucketed/comm_hooks.hpp"
+#include "common/comm_hook.hpp"
 #include "tests/support/fixtures.hpp"
 #include "tests/support/ranks.hpp"
 

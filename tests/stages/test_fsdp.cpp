@@ -8,7 +8,7 @@
 #include "common/ddp_check.hpp"
 #include "common/models.hpp"
 #include "common/params.hpp"
-#include "stages/04_overlap/accumulate_grad_hooks.hpp"
+#include "common/grad_hooks.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 #include "stages/07_fsdp/fsdp_check.hpp"
 #include "stages/07_fsdp/strategies.hpp"

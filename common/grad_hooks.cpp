@@ -1,5 +1,5 @@
-// Hooks on the AccumulateGrad nodes: how stages 04 and 05 learn, during backward, that a gradient is final.
-#include "stages/04_overlap/accumulate_grad_hooks.hpp"
+// Hooks on the AccumulateGrad nodes: how a strategy learns, during backward, that a gradient is final.
+#include "common/grad_hooks.hpp"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -13,7 +13,7 @@ namespace dp {
 const char* const kBackwardTwiceMessage =
     "backward ran twice before finish_gradient_synchronization(): call it after every backward "
     "(to accumulate gradients over several backward passes, run all but the last inside "
-    "a dp::NoSyncGuard on stage 05's BucketedDdp)";
+    "a dp::NoSyncGuard, with a variant that has no_sync(): BucketedDdp)";
 const char* const kStepUnfinishedMessage =
     "a new step started while the previous one still has gradients in flight: call "
     "finish_gradient_synchronization() after every backward";

@@ -1,6 +1,7 @@
-// Stage 05: how one bucket is reduced, as a replaceable function: the shape of PyTorch's
-// DistributedDataParallel.register_comm_hook. The default hook all-reduces the bucket and divides by the
-// world size; extensions/05a_comm_hooks adds hooks that send fewer bytes (fp16, bf16).
+// How one gradient bucket is reduced, as a replaceable function: the shape of PyTorch's
+// DistributedDataParallel.register_comm_hook, whose default hooks live apart from the reducer
+// (torch.distributed.algorithms.ddp_comm_hooks). The default all-reduces the bucket and divides by the
+// world size; a hook may send fewer bytes instead (fp16, bf16) or do more per bucket.
 #pragma once
 
 #include "common/dist.hpp"
@@ -15,7 +16,7 @@
 namespace dp {
 
 /// What a communication hook launched for one bucket: the collective in flight and what to do once it
-/// completed. BucketedDdp calls wait() in finish_gradient_synchronization(); afterwards the bucket must
+/// completed. The bucketed reducer calls wait() when it finishes the step; afterwards the bucket must
 /// hold the average over ranks of every rank's bucket, in the bucket's own dtype (fp32).
 struct BucketWork {
   Work work;                   ///< the collective in flight (invalid: nothing was launched)
@@ -33,7 +34,6 @@ struct BucketWork {
 using CommHook = std::function<BucketWork(ProcessGroup& pg, torch::Tensor& bucket, const std::string& label)>;
 
 /// The default: all-reduce the bucket in place (sum) and divide by the world size once it arrived.
-/// Bit-identical to stage 05 without hooks.
 CommHook allreduce_hook();
 
 }  // namespace dp

@@ -1,4 +1,4 @@
-#include "stages/05_bucketed/comm_hooks.hpp"
+#include "common/comm_hook.hpp"
 
 namespace dp {
 

@@ -1,5 +1,6 @@
-// Stage 04's mechanism, reused by stage 05: a callback on each parameter's AccumulateGrad node, so a
-// DDP variant learns the moment a gradient is final and can start communicating while backward runs.
+// A callback on each parameter's AccumulateGrad node, so a strategy learns the moment a gradient is final
+// and can start communicating while backward runs: what PyTorch 2.1+ offers in Python as
+// p.register_post_accumulate_grad_hook(f), which LibTorch 1.13's C++ API lacks.
 #pragma once
 
 #include "common/libtorch.hpp"
@@ -25,7 +26,7 @@ namespace dp {
 /// parameter `params[i]`, `before_accumulate(i)` runs just before that addition (it may throw to stop
 /// backward before .grad() is touched) and `after_accumulate(i)` runs right after it, when .grad()
 /// holds this backward's whole gradient. A weight used twice (tied) still has one AccumulateGrad node,
-/// which runs once per backward with the sum of both uses. Stages 04 and 05 both use this class.
+/// which runs once per backward with the sum of both uses.
 ///
 /// Not thread-safe against a backward running concurrently with construction or destruction.
 class AccumulateGradHooks {
@@ -58,7 +59,7 @@ extern const char* const kStepUnfinishedMessage;
 /// One all-reduce launch of a hook-driven variant, for tests and benchmarks (steady_clock, comparable
 /// with your own timestamps).
 struct LaunchRecord {
-  size_t index = 0;  ///< stage 04: position in OverlapDdp::parameters(); stage 05: bucket index
+  size_t index = 0;  ///< what the variant launched: a parameter's position, or a bucket's index
   std::chrono::steady_clock::time_point time;  ///< when the collective was handed to the process group
   bool during_backward = true;  ///< false when finish_gradient_synchronization() launched it (no gradient this step)
 };
