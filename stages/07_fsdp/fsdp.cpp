@@ -79,8 +79,6 @@ Fsdp::~Fsdp() {
   }
 }
 
-// --- Gathering ------------------------------------------------------------------------------------
-
 void Fsdp::free_full(size_t u) {
   Unit& U = units_[u];
   if (U.state == State::freed) return;
@@ -165,8 +163,6 @@ UnitRunner Fsdp::runner() {
   };
 }
 
-// --- Gradients ------------------------------------------------------------------------------------
-
 void Fsdp::on_gradient_ready(size_t h) {
   grad_seen_[h] = 1;
   const size_t u = unit_of_hook_[h];
@@ -244,12 +240,9 @@ void Fsdp::finish_gradient_synchronization() {
     free_full(u);  // kept from forward but never reached by backward (reshard_after_forward false)
     units_[u].ready = 0, units_[u].scattered = false;
   }
-  scatter_order_.clear();
-  scatters_done_ = 0;
+  scatter_order_.clear(), scatters_done_ = 0;
   std::fill(grad_seen_.begin(), grad_seen_.end(), 0);
 }
-
-// --- Reading the model ----------------------------------------------------------------------------
 
 ShardedParams Fsdp::sharding() const {
   ShardedParams s;

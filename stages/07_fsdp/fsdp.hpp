@@ -41,9 +41,8 @@ torch::ScalarType compute_dtype_of(const torch::nn::Module& m, const FsdpOptions
 ///   torch::optim::AdamW opt(fsdp.parameters(), ...);        // the shards, then the replicated tensors
 ///   loop: opt.zero_grad(); lm_loss(model->forward_units(tokens, fsdp.runner()), targets).backward();
 ///         fsdp.finish_gradient_synchronization(); opt.step();
-/// Per unit, the sharded tensors live in one flat fp32 buffer cut into N chunks (FlatLayout); the rest (the
-/// RMSNorm gains) is replicated, its gradient all-reduced. Between steps the model's sharded parameters
-/// keep their shapes but own no memory; read them with gather_full_parameters().
+/// Between steps the model's sharded parameters keep their shapes but own no memory; read them with
+/// gather_full_parameters(). The replicated ones (is_sharded_module()) are whole, their gradients all-reduced.
 class Fsdp {
  public:
   /// Broadcasts rank 0's parameters, shards every unit and frees the full weights. Throws

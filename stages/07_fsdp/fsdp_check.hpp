@@ -1,6 +1,5 @@
-// Stage 07's checks, run by the program before it times anything and by ctest: FSDP must train like
-// one process on the whole batch (CS336 2026's test_fsdp.py, ported, and the check every Strategy passes),
-// and its gradients must have the shapes, dtype and cross-rank agreement that test asks for.
+// Stage 07's checks, run by the program before it times anything and by ctest: CS336 2026's test_fsdp.py,
+// ported, and the check every Strategy passes.
 #pragma once
 
 #include "common/dist.hpp"

@@ -43,8 +43,7 @@ class FsdpStrategy : public Strategy {
   std::string describe() const override { return fsdp_.describe(); }
   torch::ScalarType compute_dtype(const torch::nn::Module& m) const override { return compute_dtype_of(m, opts_); }
   std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override { return fsdp_.gather_full_parameters(); }
-  // Parameters and their state live in pieces (a shard of each unit, the replicated gains whole): each
-  // state tensor is gathered like the parameters, and cut into this world's pieces on load.
+  // The pieces (a shard of each unit, the replicated gains whole) and their state, made whole or cut back.
   FullState full_state() override { return fsdp_.sharding().full_state(pg_, *opt_); }
   void load_full_state(const FullState& s) override {
     check_full_state(*model_, s);  // the model's sharded parameters keep their shapes
