@@ -64,6 +64,20 @@ double parse_seconds(const std::string& text, const std::string& what) {
   return v * it->second;
 }
 
+torch::ScalarType parse_compute_dtype(const std::string& name) {
+  if (name == "float32" || name == "fp32") return torch::kFloat32;
+  if (name == "bfloat16" || name == "bf16") return torch::kBFloat16;
+  throw UsageError(fmt::format("unknown compute dtype '{}': use float32 (fp32) or bfloat16 (bf16); float16 "
+                               "is not offered because LibTorch 1.13 has no fp16 matmul on the CPU", name));
+}
+
+std::vector<bool> true_false_both(const std::string& value) {
+  std::vector<bool> modes;
+  if (value != "false") modes.push_back(true);
+  if (value != "true") modes.push_back(false);
+  return modes;
+}
+
 const CLI::Validator PositiveInt = CLI::Validator(
     [](std::string& s) -> std::string {
       try {
@@ -116,6 +130,17 @@ static CLI::Validator finite_at_least(double low, bool strict, const std::string
 
 const CLI::Validator PositiveFinite = finite_at_least(0, true, "NUMBER > 0");
 const CLI::Validator NonNegativeFinite = finite_at_least(0, false, "NUMBER >= 0");
+
+const CLI::Validator ComputeDtypeText = CLI::Validator(
+    [](std::string& s) -> std::string {
+      try {
+        parse_compute_dtype(s);
+      } catch (const UsageError& e) {
+        return e.what();
+      }
+      return {};
+    },
+    "");
 
 void check_writable(const std::string& option, const std::string& path) {
   namespace fs = std::filesystem;

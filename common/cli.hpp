@@ -19,6 +19,15 @@ uint64_t parse_size(const std::string& text, const std::string& what = "size");
 /// Parses a duration such as "30s", "500ms", "2m" or "45" (seconds). Throws dp::UsageError.
 double parse_seconds(const std::string& text, const std::string& what = "duration");
 
+/// "float32" / "bfloat16" (or fp32 / bf16) -> the dtype a mixed-precision scheme computes in. Throws
+/// dp::UsageError naming the value and the choices (float16 is refused: LibTorch 1.13 has no fp16 matmul
+/// on the CPU).
+torch::ScalarType parse_compute_dtype(const std::string& name);
+
+/// The modes an option of true, false or both asks for, true first: {true}, {false} or {true, false}
+/// (the option checks its value with CLI::IsMember({"true", "false", "both"})).
+std::vector<bool> true_false_both(const std::string& value);
+
 /// Options every distributed program shares.
 struct CommonOptions {
   std::string backend = "gloo";  ///< --backend gloo|nccl
@@ -59,6 +68,8 @@ extern const CLI::Validator SizeText;
 extern const CLI::Validator PositiveFinite;
 /// CLI11 check: a finite number, 0 or more (such as --warmup).
 extern const CLI::Validator NonNegativeFinite;
+/// CLI11 check: the value must parse with parse_compute_dtype() (for --compute-dtype).
+extern const CLI::Validator ComputeDtypeText;
 
 /// Marks the named options of `app` as meaningful only with its --bench flag, where it has one: given
 /// without --bench, parse() refuses them ("--preset requires --bench", exit 2) rather than run the checks

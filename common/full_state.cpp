@@ -113,6 +113,74 @@ std::vector<ParamState> permute_states(const std::vector<torch::Tensor>& held, c
   return out;
 }
 
+std::vector<torch::Tensor> ShardedParams::pieces() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& g : groups) out.push_back(g.chunk);
+  out.insert(out.end(), replicated.begin(), replicated.end());
+  return out;
+}
+
+std::vector<torch::Tensor> ShardedParams::gather(ProcessGroup& pg, const std::vector<torch::Tensor>& pieces) const {
+  torch::NoGradGuard no_grad;
+  if (pieces.size() != groups.size() + replicated.size())
+    throw std::invalid_argument(fmt::format("ShardedParams::gather: {} tensors for {} pieces", pieces.size(),
+                                            groups.size() + replicated.size()));
+  std::unordered_map<const void*, torch::Tensor> full;  // by the model's tensor
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto whole = gather_flat_chunks(pg, pieces[g].to(torch::kFloat32), groups[g].layout, groups[g].tensors);
+    for (size_t i = 0; i < whole.size(); ++i) full[groups[g].tensors[i].unsafeGetTensorImpl()] = whole[i];
+  }
+  for (size_t k = 0; k < replicated.size(); ++k)
+    full[replicated[k].unsafeGetTensorImpl()] = pieces[groups.size() + k].detach().to(torch::kFloat32).clone();
+  std::vector<torch::Tensor> out;
+  for (const auto& [name, p] : named) out.push_back(full.at(p.unsafeGetTensorImpl()));
+  return out;
+}
+
+std::vector<torch::Tensor> ShardedParams::cut(const std::vector<torch::Tensor>& full, int rank) const {
+  torch::NoGradGuard no_grad;
+  if (full.size() != named.size())
+    throw std::invalid_argument(fmt::format("ShardedParams::cut: {} tensors for {} parameters", full.size(), named.size()));
+  std::unordered_map<const void*, torch::Tensor> by_param;
+  for (size_t i = 0; i < named.size(); ++i) by_param[named[i].second.unsafeGetTensorImpl()] = full[i];
+  std::vector<torch::Tensor> out;
+  for (const auto& g : groups) {
+    std::vector<torch::Tensor> mine;
+    for (const auto& p : g.tensors) mine.push_back(by_param.at(p.unsafeGetTensorImpl()));
+    out.push_back(flat_chunk(mine, g.layout, rank, g.chunk.options()));
+  }
+  for (const auto& p : replicated) out.push_back(by_param.at(p.unsafeGetTensorImpl()).to(p.scalar_type()).clone());
+  return out;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> ShardedParams::gather_named(ProcessGroup& pg) const {
+  auto full = gather(pg, pieces());
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (size_t i = 0; i < named.size(); ++i) out.emplace_back(named[i].first, std::move(full[i]));
+  return out;
+}
+
+FullState ShardedParams::full_state(ProcessGroup& pg, const optim::Optimizer& opt) const {
+  FullState s;
+  s.params = gather_named(pg);
+  s.optimizer = map_states(local_states(opt, pieces()), s.params.size(),
+                           [&](const std::vector<torch::Tensor>& v) { return gather(pg, v); });
+  return s;
+}
+
+void ShardedParams::load_full_state(const FullState& s, int rank, optim::Optimizer& opt) const {
+  std::vector<torch::Tensor> values;
+  for (const auto& [name, p] : s.params) values.push_back(p);
+  const auto held = pieces();
+  const auto mine = cut(values, rank);
+  const auto states = map_states(s.optimizer, held.size(), [&](const std::vector<torch::Tensor>& v) { return cut(v, rank); });
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < held.size(); ++i) held[i].copy_(mine[i]);  // a chunk (FSDP: gathered before each use) or a replicated tensor
+  }
+  set_local_states(opt, held, states);
+}
+
 static const FileFormat kStateFormat{"DPSTATE1", kStateFileVersion};
 
 // [save_state_file]

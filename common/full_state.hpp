@@ -69,6 +69,41 @@ void set_chunk_state(torch::optim::Optimizer& opt, const torch::Tensor& chunk, c
 std::vector<ParamState> permute_states(const std::vector<torch::Tensor>& held, const std::vector<torch::Tensor>& wanted,
                                        const std::vector<ParamState>& states);
 
+/// How a scheme that shards parameters (FSDP) holds a model's trainable tensors: group g's `tensors` back
+/// to back in one flat buffer laid out by g.layout, of which this rank holds `chunk` (fp32 [layout.chunk],
+/// zeros in the padding), and the `replicated` tensors whole on every rank. What it gathers whole for a
+/// check or a checkpoint that any world size reads, and cuts back into this world's pieces on load.
+struct ShardedParams {
+  struct Group {
+    FlatLayout layout;
+    std::vector<torch::Tensor> tensors;  ///< the model's own, in the buffer's order
+    torch::Tensor chunk;                 ///< this rank's piece of the buffer: what its optimizer steps
+  };
+  std::vector<Group> groups;
+  std::vector<torch::Tensor> replicated;
+  /// Every tensor of the groups and of `replicated` once, named, in the order full tensors are listed
+  /// (the model's trainable parameters in named_parameters() order, tied ones once).
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+
+  /// What this rank holds: every group's chunk, then the replicated tensors.
+  std::vector<torch::Tensor> pieces() const;
+  /// Tensors shaped like pieces() (the pieces themselves, or an optimizer's state of each) made whole: one
+  /// fp32 tensor per entry of `named`, in its order, each group's chunks all-gathered and the padding cut.
+  /// A collective. Throws std::invalid_argument when the count differs from pieces()'.
+  std::vector<torch::Tensor> gather(ProcessGroup& pg, const std::vector<torch::Tensor>& pieces) const;
+  /// The reverse of gather() on this rank alone: full tensors, one per entry of `named`, cut into rank
+  /// `rank`'s pieces, each with the dtype of its piece. Throws std::invalid_argument when the count differs.
+  std::vector<torch::Tensor> cut(const std::vector<torch::Tensor>& full, int rank) const;
+  /// `named`, each tensor in full (gather() of the pieces). A collective.
+  std::vector<std::pair<std::string, torch::Tensor>> gather_named(ProcessGroup& pg) const;
+  /// The parameters in full and the state in full that `opt` (an optimizer over pieces()) holds for each
+  /// piece, every state tensor gathered like the parameters. A collective.
+  FullState full_state(ProcessGroup& pg, const torch::optim::Optimizer& opt) const;
+  /// The reverse of full_state() on this rank alone: `s` (names and shapes checked by the caller) cut
+  /// into rank `rank`'s pieces, copied into them, and their state installed in `opt`.
+  void load_full_state(const FullState& s, int rank, torch::optim::Optimizer& opt) const;
+};
+
 /// The file format of save_state_file(): common/checkpoint_file.hpp's container, magic "DPSTATE1".
 /// Metadata (JSON, readable with `head -c 4000 FILE`): per parameter its name, shape and optimizer state
 /// (present, step, the names of its tensors), and the caller's `meta`. Payload: a torch::serialize

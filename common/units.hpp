@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace dp {
@@ -32,5 +33,18 @@ class UnitModel {
 
 /// `m` as a UnitModel, or nullptr when it has no units.
 inline UnitModel* as_unit_model(torch::nn::Module& m) { return dynamic_cast<UnitModel*>(&m); }
+
+/// A trainable parameter of a unit and the module that registers it.
+struct UnitParameter {
+  torch::Tensor param;
+  const torch::nn::Module* owner;
+};
+
+/// Each unit's trainable parameters (requires_grad; frozen ones are left out), module by module in the
+/// order the unit's modules list them, each once: what a wrapper that shards per unit sorts. Throws
+/// std::invalid_argument, the message starting with `who`, when a trainable parameter of `model` is in
+/// two units or in none.
+std::vector<std::vector<UnitParameter>> unit_parameters(const torch::nn::Module& model, const ModuleUnits& units,
+                                                        const std::string& who);
 
 }  // namespace dp

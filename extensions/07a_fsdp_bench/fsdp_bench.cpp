@@ -12,6 +12,7 @@
 #include "common/results.hpp"
 #include "common/runtime.hpp"
 #include "common/timing.hpp"
+#include "common/tolerance.hpp"  // dtype_name
 #include "common/trace.hpp"
 #include "common/trace_write.hpp"
 #include "common/transformer.hpp"

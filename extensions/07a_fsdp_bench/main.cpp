@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   Cli cli("ext07a_fsdp_bench", "Extension 07a: FSDP against DDP and ZeRO-1 in memory and time");
   FsdpBenchOptions o;
   o.cfg.preset = "tiny", o.cfg.context = 64, o.cfg.warmup = 1, o.cfg.steps = 5;  // a short run by default
-  FsdpFlags flags;
+  std::string reshard = "both", dtype = "float32";
   std::vector<std::string> variants{"ddp", "fsdp"};
   add_bench_options(cli.app(), o.cfg);
   cli.app().remove_option(cli.app().get_option("--budget"));
@@ -49,22 +49,26 @@ int main(int argc, char** argv) {
   cli.app().add_option("--variants", variants,
                        "ddp (stage 05, 25 MB buckets), zero1 (stage 06's Zero1Optimizer) and/or fsdp")
       ->delimiter(',')->check(CLI::IsMember({"ddp", "zero1", "fsdp"}));
-  add_fsdp_flags(cli.app(), flags);
+  cli.app().add_option("--reshard-after-forward", reshard,
+                       "true: free gathered weights after forward (ZeRO-3); false: keep them until backward; both")
+      ->check(CLI::IsMember({"true", "false", "both"}));
+  cli.app().add_option("--compute-dtype", dtype, "With the benchmark: float32 or bfloat16 (bf16) for FSDP's gathered weights")
+      ->check(ComputeDtypeText);
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
     configure_cpu_threads();
     check_blas();
     map_large_allocations();  // resident memory follows the live tensors (common/memory.hpp)
-    const std::vector<bool> modes = flags.modes();
+    const std::vector<bool> modes = true_false_both(reshard);
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
     // Bad input: exit 2 before any rendezvous and before the checks.
     o.cfg.bytes_per_param = 0;  // check_memory below knows each variant's own needs
     validate_bench_config(o.cfg, world);
-    o.compute_dtype = flags.compute_dtype();
+    o.compute_dtype = parse_compute_dtype(dtype);
     if (cli.app().count("--compute-dtype") && std::find(variants.begin(), variants.end(), "fsdp") == variants.end())
       throw UsageError(fmt::format("--compute-dtype {} is the dtype of FSDP's gathered weights, and --variants {} has "
-                                   "no fsdp: add it, or leave out --compute-dtype", flags.dtype, fmt::join(variants, ",")));
+                                   "no fsdp: add it, or leave out --compute-dtype", dtype, fmt::join(variants, ",")));
     o.cuda = cli.dist_options().on_gpu();  // the group's device, known before it forms
     o.variants.clear();
     for (const auto& v : variants) {

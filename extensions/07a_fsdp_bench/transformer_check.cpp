@@ -103,14 +103,16 @@ Margin check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumulate
 
 bool run_transformer_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes, uint64_t seed) {
   bool all_ok = true;
-  for (const FsdpOptions& f : fsdp_check_modes(reshard_modes)) {
-    const bool ok = report_margin(check_transformer_fsdp(pg, f, 1, seed),
-                                  fmt::format("FSDP == one process on a 2-layer Transformer ({}; 3 SGD steps)", fsdp_mode_name(f)));
-    const bool ok2 = report_margin(check_transformer_fsdp(pg, f, /*accumulate=*/2, seed),  // shard gradients add up
-                                   fmt::format("FSDP, 2 micro-batches accumulated per step == one process on the "
-                                               "Transformer ({})", fsdp_mode_name(f)));
-    all_ok = all_ok && ok && ok2;
-  }
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16})  // the modes of stage 07's checks, in their order
+    for (bool reshard : reshard_modes) {
+      const FsdpOptions f{reshard, dtype};
+      const bool ok = report_margin(check_transformer_fsdp(pg, f, 1, seed),
+                                    fmt::format("FSDP == one process on a 2-layer Transformer ({}; 3 SGD steps)", fsdp_mode_name(f)));
+      const bool ok2 = report_margin(check_transformer_fsdp(pg, f, /*accumulate=*/2, seed),  // shard gradients add up
+                                     fmt::format("FSDP, 2 micro-batches accumulated per step == one process on the "
+                                                 "Transformer ({})", fsdp_mode_name(f)));
+      all_ok = all_ok && ok && ok2;
+    }
   return all_ok;
 }
 

@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
                  format_bytes(static_cast<double>(info.largest_held)));
       // The reference: every file assembled on one process (the whole state: this check's cost, not the load's).
       const auto whole = consolidate_sharded_checkpoint(dir, unique_named_parameters(*fresh.model, true));
-      const std::string diff = first_difference(gathered_state(*fresh.fsdp, *fresh.opt), whole);
+      const std::string diff = first_difference(gathered_state(pg, *fresh.fsdp, *fresh.opt), whole);
       // [reshard]
       if (!diff.empty()) throw CheckFailed("the loaded state differs from the files' at " + diff);  // alike on every rank
       fresh.step(pg, cfg, info.step);
@@ -161,14 +161,14 @@ int main(int argc, char** argv) {
         saved = save_sharded_checkpoint(dir, pg, *run.model, *run.fsdp, *run.opt, cfg.steps, {{"preset", cfg.preset}});
       });
       // What stage 08's way holds while it saves: the whole state gathered on every rank (measured the same way).
-      const auto [gather_s, gather_mb] = measured(pg, [&] { gathered_state(*run.fsdp, *run.opt); });
+      const auto [gather_s, gather_mb] = measured(pg, [&] { gathered_state(pg, *run.fsdp, *run.opt); });
       print_rank("wrote {}, at most {} at once", count_of(saved.files_touched, "file"),
                  format_bytes(static_cast<double>(saved.largest_held)));
       Run fresh(pg, mcfg, /*seed=*/5);  // other weights, no state: everything must come from the files
       load_sharded_checkpoint(dir, pg, *fresh.model, *fresh.fsdp, *fresh.opt);
       run.step(pg, cfg, cfg.steps);
       fresh.step(pg, cfg, cfg.steps);
-      const std::string diff = first_difference(gathered_state(*run.fsdp, *run.opt), gathered_state(*fresh.fsdp, *fresh.opt));
+      const std::string diff = first_difference(gathered_state(pg, *run.fsdp, *run.opt), gathered_state(pg, *fresh.fsdp, *fresh.opt));
       // What stage 08's way would hold on every rank while saving: every parameter and its 2 AdamW tensors, fp32.
       const double full = 12.0 * static_cast<double>(run.fsdp->num_parameters());
       print0("{} checkpoint {} (saved by {} at step {}: {}, {}; at most {} of it on one rank at once, where a gathered "

@@ -46,15 +46,14 @@ std::unordered_map<const void*, std::string> names_of(const torch::nn::Module& m
 // What the metadata says of the model: per unit its sharded tensors, then the replicated ones.
 json model_layout(const torch::nn::Module& model, const Fsdp& fsdp) {
   const auto names = names_of(model);
+  const ShardedParams held = fsdp.sharding();
   json units = json::array(), replicated = json::array();
-  for (size_t u = 0; u < fsdp.unit_count(); ++u) {
+  for (const auto& g : held.groups) {
     json tensors = json::array();
-    for (const auto& p : fsdp.unit_sharded(u)) tensors.push_back(described(names.at(p.unsafeGetTensorImpl()), p));
-    units.push_back({{"numel", fsdp.unit_layout(u).numel}, {"tensors", tensors}});
+    for (const auto& p : g.tensors) tensors.push_back(described(names.at(p.unsafeGetTensorImpl()), p));
+    units.push_back({{"numel", g.layout.numel}, {"tensors", tensors}});
   }
-  const auto pieces = fsdp.parameters();
-  for (size_t i = fsdp.unit_count(); i < pieces.size(); ++i)
-    replicated.push_back(described(names.at(pieces[i].unsafeGetTensorImpl()), pieces[i]));
+  for (const auto& p : held.replicated) replicated.push_back(described(names.at(p.unsafeGetTensorImpl()), p));
   return {{"units", units}, {"replicated", replicated}};
 }
 
@@ -192,7 +191,8 @@ ShardedCheckpointInfo save_sharded_checkpoint(const std::string& dir, ProcessGro
                                               const Fsdp& fsdp, const torch::optim::Optimizer& opt, int64_t step,
                                               const json& caller_meta) {
   const int W = pg.world_size(), r = pg.rank();
-  const auto pieces = fsdp.parameters();  // each unit's fp32 chunk, then the replicated tensors
+  const ShardedParams held = fsdp.sharding();
+  const auto pieces = held.pieces();  // each unit's fp32 chunk, then the replicated tensors
   std::vector<ParamState> states;  // the optimizer's own tensors, not copies: a save adds one file's bytes at most
   for (const auto& p : pieces) states.push_back(get_param_state(opt, p));
   // One id for this save, in every file: a load refuses files of two saves mixed.
@@ -218,7 +218,7 @@ ShardedCheckpointInfo save_sharded_checkpoint(const std::string& dir, ProcessGro
     // [write_chunks]
     // Each unit's chunk without its padding: n = the data part of this rank's chunk (0 for an all-padding one).
     for (size_t u = 0; u < fsdp.unit_count(); ++u) {
-      const int64_t n = fsdp.unit_layout(u).data_in(r);
+      const int64_t n = held.groups[u].layout.data_in(r);
       Named tensors{{"values", pieces[u].narrow(0, 0, n)}};
       for (const auto& [name, t] : states[u].tensors) tensors.emplace_back("state." + name, t.narrow(0, 0, n));
       write(shard_file(dir, u, r), {{"save_id", id}, {"unit", u}, {"rank", r}, {"elements", n}}, tensors);
@@ -275,7 +275,8 @@ ShardedCheckpointInfo read_sharded_info(const std::string& dir) { return info_of
 ShardedCheckpointInfo load_sharded_checkpoint(const std::string& dir, ProcessGroup& pg, const torch::nn::Module& model,
                                               Fsdp& fsdp, torch::optim::Optimizer& opt) {
   const int r = pg.rank();
-  const auto pieces = fsdp.parameters();
+  const ShardedParams held = fsdp.sharding();
+  const auto pieces = held.pieces();
   std::vector<torch::Tensor> values;  // what each piece will hold, read in full before anything changes
   std::vector<ParamState> states;
   ShardedCheckpointInfo info;
@@ -297,7 +298,7 @@ ShardedCheckpointInfo load_sharded_checkpoint(const std::string& dir, ProcessGro
     // Unit u's values are the same sequence at any world size: this rank wants [b, e) of them, and saved
     // rank s wrote [os, oe). Copy every overlap; the padding past the data stays zero.
     for (size_t u = 0; u < fsdp.unit_count(); ++u) {
-      const FlatLayout& now = fsdp.unit_layout(u);
+      const FlatLayout& now = held.groups[u].layout;
       const FlatLayout then = FlatLayout::of(now.numel, m.world);
       const int64_t b = now.offset(r), e = b + now.data_in(r);
       ParamState st = m.state;
@@ -340,12 +341,8 @@ ShardedCheckpointInfo load_sharded_checkpoint(const std::string& dir, ProcessGro
   return info;
 }
 
-FullState gathered_state(Fsdp& fsdp, const torch::optim::Optimizer& opt) {
-  FullState s;
-  s.params = fsdp.gather_full_parameters();
-  s.optimizer = map_states(local_states(opt, fsdp.parameters()), s.params.size(),
-                           [&](const std::vector<torch::Tensor>& v) { return fsdp.gather_full(v); });
-  return s;
+FullState gathered_state(ProcessGroup& pg, const Fsdp& fsdp, const torch::optim::Optimizer& opt) {
+  return fsdp.sharding().full_state(pg, opt);
 }
 
 std::string first_difference(const FullState& a, const FullState& b) {

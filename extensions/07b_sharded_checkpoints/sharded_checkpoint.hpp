@@ -73,7 +73,7 @@ ShardedCheckpointInfo read_sharded_info(const std::string& dir);
 /// Every trainable parameter and its optimizer state gathered whole from `fsdp`'s pieces, on every rank (a
 /// collective): what a checkpoint through the training-strategy contract holds (stage 08), and this
 /// extension's reference.
-FullState gathered_state(Fsdp& fsdp, const torch::optim::Optimizer& opt);
+FullState gathered_state(ProcessGroup& pg, const Fsdp& fsdp, const torch::optim::Optimizer& opt);
 
 /// The first tensor of `a` that differs from `b`'s in any bit ("name", "name's exp_avg", "name's step"), or
 /// "" when none does. `b` must hold at least `a`'s parameters, in the same order.

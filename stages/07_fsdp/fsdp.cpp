@@ -3,27 +3,18 @@
 
 #include "common/format.hpp"
 #include "common/grad_sync.hpp"  // broadcast_parameters
-#include "common/models.hpp"
 #include "common/params.hpp"
 #include "common/runtime.hpp"
+#include "common/storage.hpp"
+#include "common/tolerance.hpp"  // dtype_name
 #include "common/trace.hpp"
 
-#include <c10/core/DeviceGuard.h>
 #include <fmt/format.h>
 
 #include <stdexcept>
-#include <unordered_map>
 
 namespace dp {
 
-torch::ScalarType parse_compute_dtype(const std::string& name) {
-  if (name == "float32" || name == "fp32") return torch::kFloat32;
-  if (name == "bfloat16" || name == "bf16") return torch::kBFloat16;
-  throw UsageError(fmt::format("unknown compute dtype '{}': use float32 (fp32) or bfloat16 (bf16); float16 "
-                               "is not offered because LibTorch 1.13 has no fp16 matmul on the CPU", name));
-}
-
-// Linear and Embedding weights are sharded (CS336 2026's rule); everything else is replicated.
 bool is_sharded_module(const torch::nn::Module& m) {
   return dynamic_cast<const torch::nn::LinearImpl*>(&m) || dynamic_cast<const torch::nn::EmbeddingImpl*>(&m);
 }
@@ -39,23 +30,12 @@ Fsdp::Fsdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const Mod
   if (opts_.compute_dtype != torch::kFloat32 && opts_.compute_dtype != torch::kBFloat16)
     throw UsageError("Fsdp: the compute dtype must be float32 or bfloat16");
   broadcast_parameters(pg_, *model_);  // every rank starts from rank 0's weights
-  // Sort the trainable parameters into units: sharded (Linear, Embedding) or replicated (the rest).
-  std::unordered_map<const void*, size_t> owner;
+  // Sort each unit's trainable parameters: sharded (Linear, Embedding) or replicated (the rest). Every one
+  // must be in exactly one unit; frozen tensors stay whole on every rank.
+  const auto owned = unit_parameters(*model_, units, "Fsdp");
   units_.resize(units.size());
   for (size_t u = 0; u < units.size(); ++u)
-    for (const auto& top : units[u])
-      for (const auto& m : top->modules(/*include_self=*/true))
-        for (const auto& item : m->named_parameters(/*recurse=*/false)) {
-          const torch::Tensor& p = item.value();
-          if (!p.requires_grad()) continue;  // frozen tensors stay whole on every rank
-          auto [it, fresh] = owner.emplace(p.unsafeGetTensorImpl(), u);
-          if (!fresh && it->second == u) continue;
-          if (!fresh) throw std::invalid_argument(fmt::format("Fsdp: a parameter is in units {} and {}", it->second, u));
-          (is_sharded_module(*m) ? units_[u].sharded : units_[u].replicated).push_back(p);
-        }
-  for (const auto& [name, p] : unique_named_parameters(*model_, /*trainable_only=*/true))
-    if (!owner.count(p.unsafeGetTensorImpl()))
-      throw std::invalid_argument("Fsdp: parameter " + name + " belongs to no unit");
+    for (const auto& [p, m] : owned[u]) (is_sharded_module(*m) ? units_[u].sharded : units_[u].replicated).push_back(p);
 
   // Per unit: one flat fp32 buffer of the sharded tensors, padded to a multiple of N; keep chunk `rank`.
   torch::NoGradGuard no_grad;
@@ -87,10 +67,7 @@ Fsdp::Fsdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const Mod
     for (size_t i = 0; i < units_[u].sharded.size(); ++i) hooked.push_back(units_[u].sharded[i]), unit_of_hook_.push_back(u);
   grad_seen_.assign(hooked.size(), 0);
   hooks_ = std::make_unique<AccumulateGradHooks>(
-      hooked,
-      [this](size_t h) {
-        if (grad_seen_[h]) throw std::logic_error(std::string("Fsdp: ") + kBackwardTwiceMessage);
-      },
+      hooked, [this](size_t h) { if (grad_seen_[h]) throw std::logic_error(std::string("Fsdp: ") + kBackwardTwiceMessage); },
       [this](size_t h) { on_gradient_ready(h); });
 }
 
@@ -102,30 +79,11 @@ Fsdp::~Fsdp() {
   }
 }
 
-double Fsdp::ring_share() const { return double(pg_.world_size() - 1) / pg_.world_size(); }
-
-// --- Gathering ------------------------------------------------------------------------------------
-
-void Fsdp::allocate_full(size_t u) {
-  auto* storage = units_[u].full.storage().unsafeGetStorageImpl();
-  const size_t bytes = units_[u].full.nbytes();
-  // The storage's own allocator (CPU, or CUDA's caching allocator). CUDA's allocates on the current GPU
-  // (and stream): make it the unit's, whichever thread asks (backward's hooks run on autograd's).
-  c10::OptionalDeviceGuard on_device;
-  if (units_[u].full.is_cuda()) on_device.reset_device(units_[u].full.device());
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-  storage->set_nbytes(bytes);
-  gathered_now_ += static_cast<int64_t>(bytes);
-  gathered_peak_ = std::max(gathered_peak_, gathered_now_);
-}
-
 void Fsdp::free_full(size_t u) {
   Unit& U = units_[u];
   if (U.state == State::freed) return;
   wait_gathered(u);  // never free memory a collective is still writing into
-  auto* storage = U.full.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, U.full.device()));
-  storage->set_nbytes(0);
+  free_storage(U.full);  // every parameter view of it keeps its shape, and owns no memory
   gathered_now_ -= static_cast<int64_t>(U.full.nbytes());
   U.send = torch::Tensor();
   U.state = State::freed;
@@ -135,7 +93,9 @@ void Fsdp::free_full(size_t u) {
 void Fsdp::launch_gather(size_t u) {
   Unit& U = units_[u];
   if (U.state != State::freed) return;  // gathered already, or on its way
-  allocate_full(u);
+  alloc_storage(U.full);  // the parameters' views have memory again; the gather fills it
+  gathered_now_ += U.full.nbytes();
+  gathered_peak_ = std::max(gathered_peak_, gathered_now_);
   torch::NoGradGuard no_grad;
   torch::Tensor chunk = U.shard.detach(), flat = U.full.detach();
   if (opts_.compute_dtype != torch::kFloat32) {
@@ -153,12 +113,9 @@ void Fsdp::launch_gather(size_t u) {
 void Fsdp::wait_gathered(size_t u) {
   Unit& U = units_[u];
   if (U.state == State::freed) throw std::logic_error(fmt::format("Fsdp: unit {} is used before it was gathered", u));
-  if (U.state == State::in_flight) {
-    if (U.gather.valid()) U.gather.wait();
-    U.gather = Work();
-    U.send = torch::Tensor();
-    U.state = State::gathered;
-  }
+  if (U.state != State::in_flight) return;
+  if (U.gather.valid()) U.gather.wait();
+  U.gather = Work(), U.send = torch::Tensor(), U.state = State::gathered;
 }
 
 torch::Tensor Fsdp::run_unit(size_t u, const std::function<torch::Tensor()>& body) {
@@ -205,8 +162,6 @@ UnitRunner Fsdp::runner() {
     return run_unit(u, [this, u, &body] { require_gathered(u); return body(); });
   };
 }
-
-// --- Gradients ------------------------------------------------------------------------------------
 
 void Fsdp::on_gradient_ready(size_t h) {
   grad_seen_[h] = 1;
@@ -285,73 +240,16 @@ void Fsdp::finish_gradient_synchronization() {
     free_full(u);  // kept from forward but never reached by backward (reshard_after_forward false)
     units_[u].ready = 0, units_[u].scattered = false;
   }
-  scatter_order_.clear();
-  scatters_done_ = 0;
+  scatter_order_.clear(), scatters_done_ = 0;
   std::fill(grad_seen_.begin(), grad_seen_.end(), 0);
 }
 
-// --- Reading the model ----------------------------------------------------------------------------
-
-std::vector<torch::Tensor> Fsdp::parameters() const {
-  std::vector<torch::Tensor> out;
-  for (const auto& U : units_) out.push_back(U.shard);
-  for (const auto& U : units_) out.insert(out.end(), U.replicated.begin(), U.replicated.end());
-  return out;
-}
-
-std::vector<std::pair<std::string, torch::Tensor>> Fsdp::gather_full_parameters() {
-  auto full = gather_full(parameters());  // the shards and the replicated tensors themselves, made whole
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  size_t i = 0;
-  for (const auto& named : unique_named_parameters(*model_, /*trainable_only=*/true))
-    out.emplace_back(named.first, std::move(full[i++]));
-  return out;
-}
-
-std::vector<torch::Tensor> Fsdp::gather_full(const std::vector<torch::Tensor>& pieces) {
-  torch::NoGradGuard no_grad;
-  const auto mine = parameters();
-  if (pieces.size() != mine.size())
-    throw std::invalid_argument(fmt::format("Fsdp::gather_full: {} tensors for {} pieces", pieces.size(), mine.size()));
-  std::unordered_map<const void*, torch::Tensor> full;
-  size_t k = units_.size();  // the replicated tensors follow the shards
-  for (size_t u = 0; u < units_.size(); ++u) {
-    const auto whole = gather_flat_chunks(pg_, pieces[u].to(torch::kFloat32), units_[u].layout, units_[u].sharded);
-    for (size_t i = 0; i < whole.size(); ++i) full[units_[u].sharded[i].unsafeGetTensorImpl()] = whole[i];
-  }
-  for (auto& U : units_)
-    for (const auto& p : U.replicated) full[p.unsafeGetTensorImpl()] = pieces[k++].detach().to(torch::kFloat32).clone();
-  std::vector<torch::Tensor> out;
-  for (const auto& [name, p] : unique_named_parameters(*model_, /*trainable_only=*/true))
-    out.push_back(full.at(p.unsafeGetTensorImpl()));
-  return out;
-}
-
-std::vector<torch::Tensor> Fsdp::shard_full(const std::vector<torch::Tensor>& full) const {
-  torch::NoGradGuard no_grad;
-  const auto named = unique_named_parameters(*model_, /*trainable_only=*/true);
-  if (full.size() != named.size())
-    throw std::invalid_argument(fmt::format("Fsdp::shard_full: {} tensors for {} parameters", full.size(), named.size()));
-  std::unordered_map<const void*, torch::Tensor> by_param;
-  for (size_t i = 0; i < named.size(); ++i) by_param[named[i].second.unsafeGetTensorImpl()] = full[i];
-  std::vector<torch::Tensor> out;
-  for (const auto& U : units_) {
-    std::vector<torch::Tensor> mine;
-    for (const auto& p : U.sharded) mine.push_back(by_param.at(p.unsafeGetTensorImpl()));
-    out.push_back(flat_chunk(mine, U.layout, pg_.rank(), U.shard.options()));
-  }
-  for (const auto& U : units_)
-    for (const auto& p : U.replicated) out.push_back(by_param.at(p.unsafeGetTensorImpl()).to(p.scalar_type()).clone());
-  return out;
-}
-
-int64_t Fsdp::resident_parameter_bytes() const {
-  int64_t b = 0;
-  for (const auto& U : units_) {
-    b += U.shard.nbytes();
-    for (const auto& p : U.replicated) b += p.nbytes();
-  }
-  return b;
+ShardedParams Fsdp::sharding() const {
+  ShardedParams s;
+  for (const auto& U : units_) s.groups.push_back({U.layout, U.sharded, U.shard});
+  for (const auto& U : units_) s.replicated.insert(s.replicated.end(), U.replicated.begin(), U.replicated.end());
+  s.named = unique_named_parameters(*model_, /*trainable_only=*/true);
+  return s;
 }
 
 std::string Fsdp::describe() const {

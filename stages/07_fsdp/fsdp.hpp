@@ -1,14 +1,11 @@
-// Stage 07: fully sharded data parallelism (FSDP, ZeRO-3). Stage 06 sharded the optimizer state but
-// every rank still held all parameters and all gradients (4P + 4P bytes). Here a rank keeps only its
-// 1/N chunk of each unit's parameters, gradients and optimizer state (16P/N with AdamW) and gathers a
-// unit's full weights just before that unit computes, in forward and again in backward, freeing them
-// right after. Gradients leave backward as shards: each unit's are reduce-scattered as soon as the
-// unit's backward is done.
+// Stage 07: FSDP (ZeRO-3). A rank keeps 1/N of each unit's parameters, gradients and optimizer state and
+// gathers a unit's full weights just before it computes (in forward, and again in backward), freeing them
+// after; a unit's gradients are reduce-scattered as soon as its backward is done.
 #pragma once
 
 #include "common/dist.hpp"
+#include "common/full_state.hpp"  // ShardedParams
 #include "common/shard_comm.hpp"
-#include "common/tolerance.hpp"  // dtype_name
 #include "common/units.hpp"  // UnitRunner, ModuleUnits
 #include "common/grad_hooks.hpp"
 
@@ -32,9 +29,6 @@ struct FsdpOptions {
   torch::ScalarType compute_dtype = torch::kFloat32;
 };
 
-/// "float32" / "bfloat16" (or fp32 / bf16) -> the dtype; throws dp::UsageError naming the value and the choices.
-torch::ScalarType parse_compute_dtype(const std::string& name);
-
 /// True for the modules whose weights Fsdp shards: Linear and Embedding (CS336 2026's rule); the
 /// parameters of every other module (RMSNorm) are replicated.
 bool is_sharded_module(const torch::nn::Module& m);
@@ -42,17 +36,13 @@ bool is_sharded_module(const torch::nn::Module& m);
 /// modules (gathered in it), fp32 for the rest. What a mixed-precision reference casts (dp::reference_backward()).
 torch::ScalarType compute_dtype_of(const torch::nn::Module& m, const FsdpOptions& opts);
 
-/// FSDP over a model made of units (ModuleUnits, run through a UnitRunner).
-///
-/// Usage, on every rank:
+/// FSDP over a model made of units (ModuleUnits, run through a UnitRunner). Usage, on every rank:
 ///   Fsdp fsdp(pg, model, model->units(), {});
 ///   torch::optim::AdamW opt(fsdp.parameters(), ...);        // the shards, then the replicated tensors
 ///   loop: opt.zero_grad(); lm_loss(model->forward_units(tokens, fsdp.runner()), targets).backward();
 ///         fsdp.finish_gradient_synchronization(); opt.step();
-/// Linear and Embedding weights (and biases) are sharded: per unit, one flat fp32 buffer, padded to a
-/// multiple of N and cut into N chunks (common/shard_comm.hpp's FlatLayout). Every other parameter (the
-/// RMSNorm gains) is replicated, and its gradient all-reduced. Between steps the model's sharded
-/// parameters keep their shapes but own no memory; read them with gather_full_parameters().
+/// Between steps the model's sharded parameters keep their shapes but own no memory; read them with
+/// gather_full_parameters(). The replicated ones (is_sharded_module()) are whole, their gradients all-reduced.
 class Fsdp {
  public:
   /// Broadcasts rank 0's parameters, shards every unit and frees the full weights. Throws
@@ -66,34 +56,23 @@ class Fsdp {
   /// frees after, and arms the unit's backward.
   UnitRunner runner();
   /// What the optimizer steps: each unit's fp32 shard (1-D, its chunk), then the replicated parameters.
-  std::vector<torch::Tensor> parameters() const;
+  std::vector<torch::Tensor> parameters() const { return sharding().pieces(); }
   /// Call after every backward, before the optimizer: completes every reduce-scatter and adds the mean
   /// over the ranks to each shard's gradient (fp32, the shard's shape; set when undefined), and
   /// all-reduces the replicated gradients (then / N). Gradient accumulation is K forward/backward/finish
   /// rounds before one optimizer step: the shard gradients add up as .grad does, each micro-batch paying
   /// its own gathers and reduce-scatter, and no rank ever holds a full-size gradient between rounds.
   void finish_gradient_synchronization();
-  /// Tensors shaped like parameters() (an optimizer's state for each of them, say) made whole: one fp32
-  /// tensor per trainable model parameter, in model->named_parameters() order, each shard's chunks
-  /// all-gathered and its padding cut (a collective). What a checkpoint that any world size can read stores.
-  std::vector<torch::Tensor> gather_full(const std::vector<torch::Tensor>& pieces);
-  /// The reverse of gather_full(), on this rank alone: full tensors, one per trainable model parameter in
-  /// named_parameters() order, cut into this rank's pieces, shaped like parameters().
-  std::vector<torch::Tensor> shard_full(const std::vector<torch::Tensor>& full) const;
+  /// How the model is held (per unit its layout, sharded tensors and shard; the replicated tensors): what
+  /// gathers it whole and cuts it back for checks and checkpoints at any world size (common/full_state.hpp).
+  ShardedParams sharding() const;
   /// Every parameter in full, fp32, named as in model->named_parameters() (a collective; rank order).
-  std::vector<std::pair<std::string, torch::Tensor>> gather_full_parameters();
+  std::vector<std::pair<std::string, torch::Tensor>> gather_full_parameters() { return sharding().gather_named(pg_); }
 
   size_t unit_count() const { return units_.size(); }
-  /// Unit u's flat layout over the ranks and the model's tensors it shards, in the buffer's order: what a
-  /// checkpoint written shard by shard needs (extension 07b).
-  const FlatLayout& unit_layout(size_t u) const { return units_.at(u).layout; }
-  const std::vector<torch::Tensor>& unit_sharded(size_t u) const { return units_.at(u).sharded; }
   /// Parameters P (sharded + replicated), and of them sharded.
   int64_t num_parameters() const { return sharded_numel_ + replicated_numel_; }
   int64_t sharded_parameters() const { return sharded_numel_; }
-  /// Bytes this rank keeps between steps: fp32 shards + replicated parameters (gradients and optimizer
-  /// state are counted by the caller).
-  int64_t resident_parameter_bytes() const;
   /// Bytes of gathered (full) weights allocated now, and the most at any moment since construction.
   int64_t gathered_bytes() const { return gathered_now_; }
   int64_t peak_gathered_bytes() const { return gathered_peak_; }
@@ -136,13 +115,12 @@ class Fsdp {
     ReduceScatterWork rs;
   };
 
-  void allocate_full(size_t u);
   void require_gathered(size_t u) const;
   void before_unit_backward(size_t u);
   void on_gradient_ready(size_t hooked);
   void launch_reduce_scatter(size_t u);
   void complete_reduce_scatter(size_t u);
-  double ring_share() const;  // (N-1)/N
+  double ring_share() const { return double(pg_.world_size() - 1) / pg_.world_size(); }
 
   ProcessGroup& pg_;
   std::shared_ptr<torch::nn::Module> model_;

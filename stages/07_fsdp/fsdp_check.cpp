@@ -1,5 +1,3 @@
-// FSDP against single-process training: CS336 2026's two FSDP tests (the first is the common check of every
-// Strategy with CS336's settings), and that check with momentum and micro-batches.
 #include "stages/07_fsdp/fsdp_check.hpp"
 
 #include "common/ddp_check.hpp"
@@ -12,14 +10,11 @@
 #include "stages/07_fsdp/strategies.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <mutex>
 
 namespace dp {
-
-namespace optim = torch::optim;
 
 void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts) {
   ToyFSDPModel model{nullptr};
@@ -49,34 +44,6 @@ void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts) {
   }
 }
 
-std::vector<FsdpOptions> fsdp_check_modes(const std::vector<bool>& reshard_modes) {
-  std::vector<FsdpOptions> modes;
-  for (auto dtype : {torch::kFloat32, torch::kBFloat16})
-    for (bool reshard : reshard_modes) {
-      modes.emplace_back();
-      modes.back().compute_dtype = dtype, modes.back().reshard_after_forward = reshard;
-    }
-  return modes;
-}
-
-std::vector<bool> FsdpFlags::modes() const {
-  std::vector<bool> m;
-  if (reshard != "false") m.push_back(true);
-  if (reshard != "true") m.push_back(false);
-  return m;
-}
-
-void add_fsdp_flags(CLI::App& app, FsdpFlags& flags) {
-  app.add_option("--reshard-after-forward", flags.reshard,
-                 "true: free gathered weights after forward (ZeRO-3); false: keep them until backward; both")
-      ->check(CLI::IsMember({"true", "false", "both"}));
-  app.add_option("--compute-dtype", flags.dtype, "With the benchmark: float32 or bfloat16 (bf16) for FSDP's gathered weights")
-      ->check([](const std::string& v) {
-        try { parse_compute_dtype(v); } catch (const UsageError& e) { return std::string(e.what()); }
-        return std::string();
-      });
-}
-
 std::string fsdp_mode_name(const FsdpOptions& f) {
   return fmt::format("{}, {}", dtype_name(f.compute_dtype), f.reshard_after_forward ? "reshard after forward"
                                                                                          : "keep until backward");
@@ -85,24 +52,26 @@ std::string fsdp_mode_name(const FsdpOptions& f) {
 bool run_fsdp_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes, uint64_t seed) {
   // [checks]
   bool all_ok = true;
-  for (const FsdpOptions& f : fsdp_check_modes(reshard_modes)) {
-    // CS336 2026's test_fsdp_correctness is the common check with its settings (plain SGD, 10 rows per rank).
-    bool ok = report_margin(check_strategy(pg, fsdp_strategy(f), StrategyCheck::cs336_fsdp(seed)),
-                            fmt::format("FSDP == one process on ToyFSDPModel ({}; 3 SGD steps, {})",
-                                        fsdp_mode_name(f), count_of(pg.world_size(), "rank")));
-    check_fsdp_gradients(pg, f);  // throws CheckFailed
-    print0("PASS FSDP gradients ({}): fp32, shard-shaped, replicated ones equal on every rank", fsdp_mode_name(f));
-    // The check every Strategy passes (common/ddp_check.hpp), with a reference computing in f's dtype:
-    // SGD with momentum (state to shard), every rank starting from its own weights, micro-batches.
-    for (int k : {1, 2}) {
-      StrategyCheck c;
-      c.seed = seed, c.accumulate = k;
-      ok = report_margin(check_strategy(pg, fsdp_strategy(f), c),
-                         fmt::format("FSDP as a Strategy == one process ({}; 3 SGD steps with momentum, {} micro-batch{} "
-                                     "per step)", fsdp_mode_name(f), k, k > 1 ? "es" : "")) && ok;
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16})
+    for (bool reshard : reshard_modes) {
+      const FsdpOptions f{reshard, dtype};
+      // CS336 2026's test_fsdp_correctness is the common check with its settings (plain SGD, 10 rows per rank).
+      bool ok = report_margin(check_strategy(pg, fsdp_strategy(f), StrategyCheck::cs336_fsdp(seed)),
+                              fmt::format("FSDP == one process on ToyFSDPModel ({}; 3 SGD steps, {})",
+                                          fsdp_mode_name(f), count_of(pg.world_size(), "rank")));
+      check_fsdp_gradients(pg, f);  // throws CheckFailed
+      print0("PASS FSDP gradients ({}): fp32, shard-shaped, replicated ones equal on every rank", fsdp_mode_name(f));
+      // The check every Strategy passes (common/ddp_check.hpp), with a reference computing in f's dtype:
+      // SGD with momentum (state to shard), every rank starting from its own weights, micro-batches.
+      for (int k : {1, 2}) {
+        StrategyCheck c;
+        c.seed = seed, c.accumulate = k;
+        ok = report_margin(check_strategy(pg, fsdp_strategy(f), c),
+                           fmt::format("FSDP as a Strategy == one process ({}; 3 SGD steps with momentum, {} "
+                                       "micro-batch{} per step)", fsdp_mode_name(f), k, k > 1 ? "es" : "")) && ok;
+      }
+      all_ok = all_ok && ok;
     }
-    all_ok = all_ok && ok;
-  }
   // [checks]
   return all_ok;
 }

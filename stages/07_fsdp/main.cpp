@@ -16,12 +16,11 @@
 //   ./build/bin/ddp_launch --nproc 2 --net 1gbit -- ./build/bin/stage07_fsdp --bench --trace t.json
 // Correct output: PASS lines for CS336 2026's two FSDP tests (ToyFSDPModel: FSDP equals one process
 // within a bound derived from fp32's or bf16's unit roundoff, each line with its difference, bound and
-// ratio, e.g. ratio 0.02-0.4; shard-shaped fp32 gradients, replicated ones equal on every rank) and for
-// the check every strategy passes (SGD with momentum, 1 and 2 micro-batches per step, the reference
-// computing in FSDP's dtype); with --bench the common benchmark's
-// table (no communication, FSDP in each resharding mode) and what each rank holds (FSDP near 16P/N);
-// last, "PASS stage 07". Extension 07a (extensions/07a_fsdp_bench) sets FSDP beside stage 05's DDP and
-// stage 06's ZeRO-1, in memory and time, up to the 970 M-parameter preset that DDP cannot hold here.
+// ratio, e.g. 0.02-0.4; shard-shaped fp32 gradients, replicated ones equal on every rank) and for the
+// check every strategy passes (SGD with momentum, 1 and 2 micro-batches per step, the reference computing
+// in FSDP's dtype); with --bench the common benchmark's table (no communication, FSDP in each resharding
+// mode) and what each rank holds (FSDP near 16P/N); last, "PASS stage 07". Extension 07a sets FSDP beside
+// stage 05's DDP and stage 06's ZeRO-1, up to the 970 M-parameter preset that DDP cannot hold here.
 //
 // What it leaves: every rank still runs the whole model on its own batch (data parallelism only); the
 // gathered unit must fit on one device. Tensor and pipeline parallelism split the model itself.
@@ -42,10 +41,14 @@ int main(int argc, char** argv) {
   BenchConfig cfg;
   cfg.preset = "tiny", cfg.context = 64, cfg.warmup = 1, cfg.steps = 5;  // a short run by default
   bool bench = false;
-  FsdpFlags flags;
+  std::string reshard = "both", dtype = "float32";
   cli.app().add_flag("--bench", bench, "After the checks, train the Transformer with FSDP on the common benchmark");
   add_bench_options(cli.app(), cfg);
-  add_fsdp_flags(cli.app(), flags);
+  cli.app().add_option("--reshard-after-forward", reshard,
+                       "true: free gathered weights after forward (ZeRO-3); false: keep them until backward; both")
+      ->check(CLI::IsMember({"true", "false", "both"}));
+  cli.app().add_option("--compute-dtype", dtype, "With the benchmark: float32 or bfloat16 (bf16) for FSDP's gathered weights")
+      ->check(ComputeDtypeText);
   bench_only(cli.app(), {"--compute-dtype"});  // the checks run fp32 and bf16 both
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
@@ -55,7 +58,7 @@ int main(int argc, char** argv) {
     // Memory is this stage's subject: let a freed gathered unit or gradient go back to the OS at once, so
     // that resident memory follows the live tensors (common/memory.hpp says what glibc does otherwise).
     map_large_allocations();
-    const std::vector<bool> modes = flags.modes();
+    const std::vector<bool> modes = true_false_both(reshard);
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
     if (bench) validate_bench_config(cfg, world);  // bad input: exit 2 before any rendezvous and the checks
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
@@ -67,8 +70,7 @@ int main(int argc, char** argv) {
       // [bench]
       std::vector<Variant> variants;
       for (bool m : modes) {
-        FsdpOptions f;
-        f.reshard_after_forward = m, f.compute_dtype = flags.compute_dtype();
+        const FsdpOptions f{m, parse_compute_dtype(dtype)};
         variants.push_back({"FSDP, " + fsdp_mode_name(f), fsdp_strategy(f)});
       }
       print_bench_header(pg, cfg);

@@ -1,6 +1,5 @@
 #include "stages/07_fsdp/strategies.hpp"
 
-#include "common/full_state.hpp"
 #include "common/memory.hpp"
 
 #include <stdexcept>
@@ -18,7 +17,7 @@ UnitModel& units_of(torch::nn::Module& model) {
 class FsdpStrategy : public Strategy {
  public:
   FsdpStrategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const MakeOptimizer& make, FsdpOptions opts)
-      : model_(model), opts_(opts), fsdp_(pg, model, units_of(*model).units(), opts), opt_(make(fsdp_.parameters())) {
+      : pg_(pg), model_(model), opts_(opts), fsdp_(pg, model, units_of(*model).units(), opts), opt_(make(fsdp_.parameters())) {
     if (!opt_) throw std::invalid_argument("fsdp_strategy: the MakeOptimizer returned no optimizer");
   }
   void zero_grad() override {
@@ -35,7 +34,7 @@ class FsdpStrategy : public Strategy {
   int64_t calls_per_step() const override { return calls_; }
   TrainingBytes bytes() const override {  // the shards (and replicated tensors), their gradients, the state
     TrainingBytes b;
-    b.params = fsdp_.resident_parameter_bytes();
+    b.params = tensor_bytes(fsdp_.parameters());  // what a rank keeps between steps
     for (const auto& p : fsdp_.parameters()) b.grads += tensor_bytes({p.grad()});
     b.state = optimizer_state_bytes(*opt_);
     return b;
@@ -44,34 +43,18 @@ class FsdpStrategy : public Strategy {
   std::string describe() const override { return fsdp_.describe(); }
   torch::ScalarType compute_dtype(const torch::nn::Module& m) const override { return compute_dtype_of(m, opts_); }
   std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override { return fsdp_.gather_full_parameters(); }
-  // Parameters and their state live in pieces (a shard of each unit, the replicated gains whole): each
-  // state tensor is gathered like the parameters, and cut into this world's pieces on load.
-  FullState full_state() override {
-    FullState s;
-    s.params = full_parameters();
-    s.optimizer = map_states(local_states(*opt_, fsdp_.parameters()), s.params.size(),
-                             [&](const std::vector<torch::Tensor>& v) { return fsdp_.gather_full(v); });
-    return s;
-  }
+  // The pieces (a shard of each unit, the replicated gains whole) and their state, made whole or cut back.
+  FullState full_state() override { return fsdp_.sharding().full_state(pg_, *opt_); }
   void load_full_state(const FullState& s) override {
     check_full_state(*model_, s);  // the model's sharded parameters keep their shapes
-    std::vector<torch::Tensor> values;
-    for (const auto& [name, p] : s.params) values.push_back(p);
-    auto pieces = fsdp_.parameters();
-    const auto mine = fsdp_.shard_full(values);
-    const auto states = map_states(s.optimizer, pieces.size(),
-                                   [&](const std::vector<torch::Tensor>& v) { return fsdp_.shard_full(v); });
-    {
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < pieces.size(); ++i) pieces[i].copy_(mine[i]);  // a shard (gathered before each use) or a gain
-    }
-    set_local_states(*opt_, pieces, states);
+    fsdp_.sharding().load_full_state(s, pg_.rank(), *opt_);
   }
   std::vector<torch::optim::Optimizer*> optimizers() override { return {opt_.get()}; }
 
  private:
   int64_t collectives() const { return fsdp_.all_gathers() + fsdp_.reduce_scatters() + fsdp_.all_reduces(); }
 
+  ProcessGroup& pg_;
   std::shared_ptr<torch::nn::Module> model_;
   FsdpOptions opts_;
   Fsdp fsdp_;

@@ -28,8 +28,9 @@ struct Trained {
   dp::TransformerLM model{nullptr};
   std::unique_ptr<dp::Fsdp> fsdp;
   std::unique_ptr<torch::optim::Optimizer> opt;
+  ProcessGroup& pg;
 
-  Trained(ProcessGroup& pg, uint64_t seed, int d_ff = 256, bool sgd = false) {
+  Trained(ProcessGroup& group, uint64_t seed, int d_ff = 256, bool sgd = false) : pg(group) {
     auto cfg = dp::TransformerConfig::preset("nano", 16);
     cfg.d_ff = d_ff;
     {
@@ -51,7 +52,7 @@ struct Trained {
       opt->step();
     }
   }
-  FullState state() { return dp::gathered_state(*fsdp, *opt); }
+  FullState state() { return dp::gathered_state(pg, *fsdp, *opt); }
 };
 
 // Saves to `dir` from 2 ranks after 2 steps; returns the state they held, gathered whole.

@@ -5,7 +5,9 @@
 // Transformer: extension 07a's test.)
 // One typed suite runs every body in the four modes (fp32/bf16 x reshard after forward or not); ranks
 // are threads (run_ranks).
+#include "common/cli.hpp"  // parse_compute_dtype
 #include "common/ddp_check.hpp"
+#include "common/memory.hpp"  // tensor_bytes
 #include "common/models.hpp"
 #include "common/params.hpp"
 #include "common/grad_hooks.hpp"
@@ -70,7 +72,7 @@ TYPED_TEST(FsdpContract, ShardsOnlyBetweenSteps) {
     EXPECT_EQ(model->embedding->weight.storage().nbytes(), 0u);
     EXPECT_EQ(fsdp.gathered_bytes(), 0);
     EXPECT_EQ(fsdp.sharded_parameters(), 29376 - 64 - 128);  // all but the two RMSNorm gains
-    EXPECT_EQ(fsdp.resident_parameter_bytes(), 4 * (29184 / 2 + 64 + 128));  // 29,184 split evenly, norms whole
+    EXPECT_EQ(dp::tensor_bytes(fsdp.parameters()), 4 * (29184 / 2 + 64 + 128));  // 29,184 split evenly, norms whole
     auto full = fsdp.gather_full_parameters();
     auto want = dp::unique_named_parameters(*rank0, true);
     ASSERT_EQ(full.size(), want.size());
@@ -81,25 +83,27 @@ TYPED_TEST(FsdpContract, ShardsOnlyBetweenSteps) {
   });
 }
 
-// gather_full() of the pieces the optimizer steps is the full model (what gather_full_parameters() gives),
-// and shard_full() cuts it back into exactly those pieces: a checkpoint's round trip. At 3 ranks every
-// unit carries padding, which gather_full must cut and shard_full must restore as zeros.
+// The sharding's gather() of the pieces the optimizer steps is the full model (what gather_full_parameters()
+// gives), and its cut() cuts it back into exactly those pieces: a checkpoint's round trip. At 3 ranks every
+// unit carries padding, which gather() must cut and cut() must restore as zeros.
 TYPED_TEST(FsdpContract, GatherFullAndShardFullRoundTrip) {
   run_ranks(3, [](ProcessGroup& pg) {
     auto model = seeded_toy(3);
     Fsdp fsdp(pg, model.ptr(), model->units(), TypeParam::options());
+    const dp::ShardedParams held = fsdp.sharding();
     const auto pieces = fsdp.parameters();
-    const auto full = fsdp.gather_full(pieces);
+    const auto full = held.gather(pg, pieces);
     const auto named = fsdp.gather_full_parameters();
     ASSERT_EQ(full.size(), named.size());
     for (size_t i = 0; i < full.size(); ++i) {
       EXPECT_EQ(full[i].scalar_type(), torch::kFloat32);
       EXPECT_TRUE(torch::equal(full[i], named[i].second)) << named[i].first;
     }
-    const auto back = fsdp.shard_full(full);
+    const auto back = held.cut(full, pg.rank());
     ASSERT_EQ(back.size(), pieces.size());
     for (size_t i = 0; i < back.size(); ++i) EXPECT_TRUE(torch::equal(back[i], pieces[i].detach())) << "piece " << i;
-    EXPECT_THROW(fsdp.shard_full({full[0]}), std::invalid_argument);
+    EXPECT_THROW(held.cut({full[0]}, pg.rank()), std::invalid_argument);
+    EXPECT_THROW(held.gather(pg, {pieces[0]}), std::invalid_argument);  // before any collective: every rank throws
   });
 }
 
