@@ -92,16 +92,21 @@ const CLI::Validator PositiveInt = CLI::Validator(
     },
     "POSITIVE");
 
-const CLI::Validator SizeText = CLI::Validator(
-    [](std::string& s) -> std::string {
-      try {
-        parse_size(s);
-      } catch (const UsageError& e) {
-        return e.what();
-      }
-      return {};
-    },
-    "SIZE");
+// A check that refuses what `parse` refuses, with its dp::UsageError's message.
+static CLI::Validator parses_with(void (*parse)(const std::string&), const std::string& name) {
+  return CLI::Validator(
+      [parse](std::string& s) -> std::string {
+        try {
+          parse(s);
+        } catch (const UsageError& e) {
+          return e.what();
+        }
+        return {};
+      },
+      name);
+}
+
+const CLI::Validator SizeText = parses_with([](const std::string& s) { parse_size(s); }, "SIZE");
 
 void bench_only(CLI::App& app, const std::vector<std::string>& names) {
   CLI::Option* bench = app.get_option_no_throw("--bench");
@@ -131,16 +136,7 @@ static CLI::Validator finite_at_least(double low, bool strict, const std::string
 const CLI::Validator PositiveFinite = finite_at_least(0, true, "NUMBER > 0");
 const CLI::Validator NonNegativeFinite = finite_at_least(0, false, "NUMBER >= 0");
 
-const CLI::Validator ComputeDtypeText = CLI::Validator(
-    [](std::string& s) -> std::string {
-      try {
-        parse_compute_dtype(s);
-      } catch (const UsageError& e) {
-        return e.what();
-      }
-      return {};
-    },
-    "");
+const CLI::Validator ComputeDtypeText = parses_with([](const std::string& s) { parse_compute_dtype(s); }, "");
 
 void check_writable(const std::string& option, const std::string& path) {
   namespace fs = std::filesystem;
