@@ -5,9 +5,9 @@
 
 #include "common/dist.hpp"
 #include "common/full_state.hpp"  // ShardedParams
+#include "common/grad_hooks.hpp"  // AccumulateGradHooks
 #include "common/shard_comm.hpp"
 #include "common/units.hpp"  // UnitRunner, ModuleUnits
-#include "common/grad_hooks.hpp"
 
 #include "common/libtorch.hpp"
 
