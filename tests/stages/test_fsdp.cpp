@@ -213,4 +213,18 @@ TEST(Fsdp, ParameterInNoUnitRefused) {
   });
 }
 
+TEST(Fsdp, ParameterInTwoUnitsRefused) {
+  run_ranks(1, [](ProcessGroup& pg) {
+    auto model = seeded_toy(1);
+    auto units = model->units();
+    units.push_back(units.back());  // lm_head in the last unit and in one more
+    try {
+      Fsdp fsdp(pg, model.ptr(), units, {});
+      ADD_FAILURE() << "a parameter in two units was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("is in units"), std::string::npos) << e.what();
+    }
+  });
+}
+
 }  // namespace
