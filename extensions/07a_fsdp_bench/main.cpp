@@ -49,11 +49,7 @@ int main(int argc, char** argv) {
   cli.app().add_option("--variants", variants,
                        "ddp (stage 05, 25 MB buckets), zero1 (stage 06's Zero1Optimizer) and/or fsdp")
       ->delimiter(',')->check(CLI::IsMember({"ddp", "zero1", "fsdp"}));
-  cli.app().add_option("--reshard-after-forward", reshard,
-                       "true: free gathered weights after forward (ZeRO-3); false: keep them until backward; both")
-      ->check(CLI::IsMember({"true", "false", "both"}));
-  cli.app().add_option("--compute-dtype", dtype, "With the benchmark: float32 or bfloat16 (bf16) for FSDP's gathered weights")
-      ->check(ComputeDtypeText);
+  add_fsdp_flags(cli.app(), reshard, dtype);  // --reshard-after-forward, --compute-dtype
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {

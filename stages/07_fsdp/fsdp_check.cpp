@@ -1,5 +1,6 @@
 #include "stages/07_fsdp/fsdp_check.hpp"
 
+#include "common/cli.hpp"  // ComputeDtypeText
 #include "common/ddp_check.hpp"
 #include "common/format.hpp"
 #include "common/log.hpp"
@@ -10,6 +11,7 @@
 #include "stages/07_fsdp/strategies.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <mutex>
@@ -42,6 +44,14 @@ void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts) {
     for (const auto& other : pg.all_gather(g))
       if (!torch::equal(other, g)) throw CheckFailed(fmt::format("replicated gradient {} differs across ranks", i));
   }
+}
+
+void add_fsdp_flags(CLI::App& app, std::string& reshard, std::string& dtype) {
+  app.add_option("--reshard-after-forward", reshard,
+                 "true: free gathered weights after forward (ZeRO-3); false: keep them until backward; both")
+      ->check(CLI::IsMember({"true", "false", "both"}));
+  app.add_option("--compute-dtype", dtype, "With the benchmark: float32 or bfloat16 (bf16) for FSDP's gathered weights")
+      ->check(ComputeDtypeText);
 }
 
 std::string fsdp_mode_name(const FsdpOptions& f) {

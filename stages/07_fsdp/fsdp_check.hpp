@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;  // CLI11's (<CLI/CLI.hpp>, included where the flags are added)
+}
+
 namespace dp {
 
 /// CS336 2026's test_fsdp_gradient_sync: per-rank data, loss = sum of the logits. After
@@ -18,6 +22,11 @@ void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts);
 /// "float32, reshard after forward", "bfloat16, keep until backward", ...: how the checks' lines and the
 /// benchmark's rows name an FsdpOptions.
 std::string fsdp_mode_name(const FsdpOptions& f);
+
+/// Adds the flags both of stage 07's programs take (the stage's and extension 07a's): --reshard-after-forward
+/// (true, false or both: true_false_both()) and --compute-dtype (parse_compute_dtype()); the parser refuses
+/// other values (exit 2, naming the value and the choices).
+void add_fsdp_flags(CLI::App& app, std::string& reshard, std::string& dtype);
 
 /// In fp32 and bf16, each in every resharding mode of `reshard_modes` (true: reshard after forward):
 /// CS336 2026's test_fsdp_correctness (check_strategy() with StrategyCheck::cs336_fsdp()),

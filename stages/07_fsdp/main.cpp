@@ -44,11 +44,7 @@ int main(int argc, char** argv) {
   std::string reshard = "both", dtype = "float32";
   cli.app().add_flag("--bench", bench, "After the checks, train the Transformer with FSDP on the common benchmark");
   add_bench_options(cli.app(), cfg);
-  cli.app().add_option("--reshard-after-forward", reshard,
-                       "true: free gathered weights after forward (ZeRO-3); false: keep them until backward; both")
-      ->check(CLI::IsMember({"true", "false", "both"}));
-  cli.app().add_option("--compute-dtype", dtype, "With the benchmark: float32 or bfloat16 (bf16) for FSDP's gathered weights")
-      ->check(ComputeDtypeText);
+  add_fsdp_flags(cli.app(), reshard, dtype);  // --reshard-after-forward, --compute-dtype
   bench_only(cli.app(), {"--compute-dtype"});  // the checks run fp32 and bf16 both
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 

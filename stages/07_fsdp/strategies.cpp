@@ -34,8 +34,9 @@ class FsdpStrategy : public Strategy {
   int64_t calls_per_step() const override { return calls_; }
   TrainingBytes bytes() const override {  // the shards (and replicated tensors), their gradients, the state
     TrainingBytes b;
-    b.params = tensor_bytes(fsdp_.parameters());  // what a rank keeps between steps
-    for (const auto& p : fsdp_.parameters()) b.grads += tensor_bytes({p.grad()});
+    const auto pieces = fsdp_.parameters();
+    b.params = tensor_bytes(pieces);  // what a rank keeps between steps
+    for (const auto& p : pieces) b.grads += tensor_bytes({p.grad()});
     b.state = optimizer_state_bytes(*opt_);
     return b;
   }
