@@ -10,6 +10,7 @@
 #include "common/runtime.hpp"
 #include "common/tolerance.hpp"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -436,6 +437,48 @@ Margin check_toy_mlp_experiment(ProcessGroup& pg, const MakeGradSync& make, bool
   // The experiment's own criterion, a difference under 1e-5, is looser than the derived bound; both hold.
   if (m.diff >= 1e-5) throw CheckFailed(fmt::format("DDP weights differ from one process by {:.3g} >= 1e-5", m.diff));
   return m;
+}
+
+void check_gradient_sync(ProcessGroup& pg, const MakeStrategy& make) {
+  ToyFSDPModel model{nullptr};
+  {
+    std::lock_guard<std::mutex> lock(model_init_mutex());
+    torch::manual_seed(42);
+    model = ToyFSDPModel();
+  }
+  model->to(pg.device());
+  auto s = make(pg, model.ptr(), sgd(0.01));
+  // Every rank its own data, from a generator of its own: ranks running as threads of one test process
+  // do not race on the global RNG.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7 + pg.rank());
+  auto tokens = torch::randint(0, 100, {4, 8}, gen).to(pg.device());
+  s->zero_grad();
+  model->forward_units(tokens, s->runner()).to(torch::kFloat32).sum().backward();
+  s->after_backward();
+  int64_t i = 0;
+  for (auto* opt : s->optimizers())
+    for (const auto& group : opt->param_groups())
+      for (const auto& p : group.params()) {
+        const auto& g = p.grad();
+        if (!g.defined() || g.sizes() != p.sizes() || g.scalar_type() != torch::kFloat32)
+          throw CheckFailed(fmt::format("optimizer tensor {} {}: gradient {} {}", i, shape_text(p.sizes()),
+                                        g.defined() ? shape_text(g.sizes()) : "missing",
+                                        g.defined() ? c10::toString(g.scalar_type()) : ""));
+        ++i;
+      }
+  // The model's own parameters, in the same order on every rank: a gradient kept whole (not a shard, which
+  // differs across ranks by design) is the same average everywhere. FSDP keeps none for sharded tensors.
+  for (const auto& item : model->named_parameters()) {
+    const std::string& name = item.key();
+    const torch::Tensor& p = item.value();
+    const auto kept = pg.all_gather(p.grad().defined() ? 1.0 : 0.0);
+    if (std::count(kept.begin(), kept.end(), kept.front()) != static_cast<long>(kept.size()))
+      throw CheckFailed(fmt::format("{}: a gradient on some ranks only", name));
+    if (kept.front() == 0) continue;
+    for (const auto& other : pg.all_gather(p.grad()))
+      if (!torch::equal(other, p.grad()))
+        throw CheckFailed(fmt::format("{}: the gradient differs across ranks (not synchronized)", name));
+  }
 }
 
 }  // namespace dp

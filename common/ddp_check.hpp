@@ -107,6 +107,14 @@ struct StrategyCheck {
 /// plus 2 for the gradient's own rounding.
 Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const StrategyCheck& c = {});
 
+/// CS336 2026's test_fsdp_gradient_sync, for any Strategy that finishes synchronizing in after_backward()
+/// (DDP, FSDP; not a ZeRO-1 design, whose reduce-scatter is part of step()): ToyFSDPModel from seed 42,
+/// each rank its own 4 x 8 tokens, loss = the sum of the logits, one backward. Then every tensor the
+/// strategy's optimizers step has an fp32 gradient of its own shape, and every one that is a model
+/// parameter (not a shard of one: FSDP's replicated norms, all of DDP's) has a bit-identical gradient on
+/// every rank. Throws dp::CheckFailed naming the tensor.
+void check_gradient_sync(ProcessGroup& pg, const MakeStrategy& make);
+
 /// The toy-MLP experiment: batch 100 split across ranks, SGD lr 0.01, MSE, 10 epochs (one step
 /// each). DDP weights must equal single-process full-batch weights within the same rounding bound (and
 /// under 1e-5, the experiment's own criterion), printed per tensor when `verbose`. Throws

@@ -5,6 +5,7 @@
 #include "common/dist.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #ifdef DP_WITH_CUDA
@@ -90,6 +91,32 @@ std::vector<double> time_iterations(const std::function<void()>& fn, int warmup,
     if (total.seconds() > budget_s) break;
   }
   return times;
+}
+
+double CommModel::best_bucket_cap_mb(double grad_bytes) const {
+  return std::sqrt(grad_bytes * w * std::max(o, 1e-9)) / 1e6;
+}
+
+// The slowest rank's median time of one all-reduce of `bytes` (fp32 elements), over as many samples as
+// every rank took.
+static double median_allreduce_s(ProcessGroup& pg, int64_t bytes) {
+  auto t = torch::zeros({bytes / 4}, torch::TensorOptions().device(pg.device()));
+  auto mine = time_iterations([&] { pg.all_reduce(t); }, 3, 15, 5.0, pg.device());
+  auto counts = pg.all_gather(static_cast<double>(mine.size()));
+  mine.resize(static_cast<size_t>(*std::min_element(counts.begin(), counts.end())));
+  return summarize(max_over_ranks(pg, mine)).median;
+}
+
+CommModel measure_comm_model(ProcessGroup& pg) {
+  // [model]
+  const double small = 4e3, large = 32e6;  // bytes
+  const double t_small = median_allreduce_s(pg, static_cast<int64_t>(small));
+  const double t_large = median_allreduce_s(pg, static_cast<int64_t>(large));
+  CommModel m;
+  m.o = t_small;
+  m.w = (large - small) / std::max(t_large - t_small, 1e-9);
+  // [model]
+  return m;
 }
 
 }  // namespace dp

@@ -46,4 +46,19 @@ std::vector<double> max_over_ranks(ProcessGroup& pg, const std::vector<double>& 
 std::vector<double> time_iterations(const std::function<void()>& fn, int warmup, int iters,
                                     double budget_s = 1e9, torch::Device device = torch::kCPU);
 
+/// The overhead model of one all-reduce of b bytes: about o + b / w seconds, o the fixed cost of a call
+/// and w the bandwidth. Stage 05 uses it to predict the best bucket size.
+struct CommModel {
+  double o = 0;  ///< seconds per call
+  double w = 0;  ///< bytes per second
+  /// The bucket cap that minimises t(n_b) = s / (n_b w) + n_b o for `grad_bytes` s of gradients: after
+  /// backward the last bucket (s / n_b bytes) is still to send, and every call costs o. The minimum is at
+  /// n_b = sqrt(s / (w o)), a cap of sqrt(s w o) bytes; returned in MB (10^6 bytes).
+  double best_bucket_cap_mb(double grad_bytes) const;
+};
+
+/// Measures o and w on `pg` (collective): the slowest rank's median of a 4 kB all-reduce, which is all
+/// overhead (4 kB at GB/s is microseconds), gives o; a 32 MB one, mostly bytes, gives w.
+CommModel measure_comm_model(ProcessGroup& pg);
+
 }  // namespace dp

@@ -4,7 +4,7 @@
 //
 // What it adds: stage 04 overlapped communication with backward but paid a collective's fixed cost
 // once per parameter tensor; stage 03 paid it once but could not overlap. Buckets pay it once per
-// bucket and keep the overlap. The bucket size trades the two: the overhead model below predicts it.
+// bucket and keep the overlap. The bucket size trades the two: the overhead model predicts the best one.
 //
 // What users of PyTorch's DDP reach for next lives in extensions/ on this stage: communication hooks
 // (05a: fp16 buckets), buckets rebuilt in arrival order (05b), the optimizer overlapped with communication
@@ -31,6 +31,7 @@
 #include "common/launch_env.hpp"
 #include "common/models.hpp"
 #include "common/runtime.hpp"
+#include "common/timing.hpp"  // CommModel
 #include "common/transformer.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
 #include "stages/03_flat/flat_ddp.hpp"
@@ -58,30 +59,6 @@ static void run_checks(ProcessGroup& pg, uint64_t seed) {
     }
   }
   // [checks]
-}
-
-// The overhead model: one all-reduce of b bytes takes about o + b / w. A 4 kB all-reduce is all
-// overhead (4 kB at GB/s is microseconds), so its time is o; a 32 MB one is mostly bytes, so w follows.
-struct CommModel {
-  double o = 0, w = 0;  // seconds per call, bytes per second
-};
-static double median_allreduce_s(ProcessGroup& pg, int64_t bytes) {
-  auto t = torch::zeros({bytes / 4}, torch::TensorOptions().device(pg.device()));
-  auto mine = time_iterations([&] { pg.all_reduce(t); }, 3, 15, 5.0, pg.device());
-  auto counts = pg.all_gather(static_cast<double>(mine.size()));
-  mine.resize(static_cast<size_t>(*std::min_element(counts.begin(), counts.end())));
-  return summarize(max_over_ranks(pg, mine)).median;
-}
-static CommModel measure_comm_model(ProcessGroup& pg) {
-  // [model]
-  const double small = 4e3, large = 32e6;  // bytes
-  const double t_small = median_allreduce_s(pg, static_cast<int64_t>(small));
-  const double t_large = median_allreduce_s(pg, static_cast<int64_t>(large));
-  CommModel m;
-  m.o = t_small;
-  m.w = (large - small) / std::max(t_large - t_small, 1e-9);
-  // [model]
-  return m;
 }
 
 int main(int argc, char** argv) {
@@ -112,10 +89,12 @@ int main(int argc, char** argv) {
     if (bench) {
       const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
       const double s = 4.0 * mcfg.num_parameters();  // fp32 gradient bytes per step
-      auto m = measure_comm_model(pg);
-      // After backward, the last bucket (s / n_b bytes) is still to send, and every call costs o:
-      //   t(n_b) = s / (n_b w) + n_b o,  minimised at n_b = sqrt(s / (w o)), i.e. a cap of sqrt(s w o).
-      const double best_cap_mb = std::sqrt(s * m.w * std::max(m.o, 1e-9)) / 1e6;
+      // [model]
+      // The overhead model (common/timing.hpp): with n_b buckets, t(n_b) = s / (n_b w) + n_b o after
+      // backward (the last bucket still to send, o paid per call), least at a cap of sqrt(s w o).
+      const CommModel m = measure_comm_model(pg);
+      const double best_cap_mb = m.best_bucket_cap_mb(s);
+      // [model]
       print0("\noverhead model: o = {:.3f} ms per call, w = {:.2f} GB/s, s = {:.1f} MB of gradients -> best cap "
              "sqrt(s w o) = {:.1f} MB", m.o * 1e3, m.w / 1e9, s / 1e6, best_cap_mb);
       print_bench_header(pg, cfg);

@@ -14,11 +14,6 @@ class App;  // CLI11's (<CLI/CLI.hpp>, included where the flags are added)
 
 namespace dp {
 
-/// CS336 2026's test_fsdp_gradient_sync: per-rank data, loss = sum of the logits. After
-/// finish_gradient_synchronization() every tensor the optimizer steps has an fp32 gradient of its own
-/// shape, and every replicated gradient is bit-identical on all ranks. Throws dp::CheckFailed.
-void check_fsdp_gradients(ProcessGroup& pg, FsdpOptions opts);
-
 /// "float32, reshard after forward", "bfloat16, keep until backward", ...: how the checks' lines and the
 /// benchmark's rows name an FsdpOptions.
 std::string fsdp_mode_name(const FsdpOptions& f);
@@ -30,9 +25,9 @@ void add_fsdp_flags(CLI::App& app, std::string& reshard, std::string& dtype);
 
 /// In fp32 and bf16, each in every resharding mode of `reshard_modes` (true: reshard after forward):
 /// CS336 2026's test_fsdp_correctness (check_strategy() with StrategyCheck::cs336_fsdp()),
-/// check_fsdp_gradients(), then check_strategy() with its own settings (SGD with momentum; 1 and 2
-/// micro-batches per step), one verdict line each (dp::report_margin()). True when every check passed on
-/// every rank (all ranks return alike); check_fsdp_gradients() and check_strategy() throw dp::CheckFailed.
+/// CS336 2026's test_fsdp_gradient_sync (check_gradient_sync()), then check_strategy() with its own settings
+/// (SGD with momentum; 1 and 2 micro-batches per step), one verdict line each (dp::report_margin()). True
+/// when every check passed on every rank (all ranks return alike); the checks throw dp::CheckFailed.
 bool run_fsdp_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes, uint64_t seed = 0);
 
 }  // namespace dp

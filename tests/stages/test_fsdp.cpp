@@ -57,7 +57,7 @@ TYPED_TEST(FsdpContract, Cs336CorrectnessWorld3Padded) {
 
 // CS336 2026's test_fsdp_gradient_sync: fp32 shard-shaped gradients, replicated ones equal on all ranks.
 TYPED_TEST(FsdpContract, Cs336GradientSync) {
-  run_ranks(2, [](ProcessGroup& pg) { dp::check_fsdp_gradients(pg, TypeParam::options()); });
+  run_ranks(2, [](ProcessGroup& pg) { dp::check_gradient_sync(pg, dp::fsdp_strategy(TypeParam::options())); });
 }
 
 // Between steps the model's Linear/Embedding weights own no memory; a rank keeps its chunk only; the

@@ -133,6 +133,20 @@ TYPED_TEST(StrategyContract, PassesCs336FsdpCorrectness) {
     });
 }
 
+// CS336 2026's test_fsdp_gradient_sync (dp::check_gradient_sync()), which stage 07 prints for FSDP, for every
+// strategy whose gradients are synchronized when after_backward() returns. Not the ZeRO-1 designs of stage 06
+// and extension 06a: they reduce-scatter inside step(), so no rank ever holds the averaged gradient whole.
+template <typename S>
+class GradientSyncContract : public ::testing::Test {};
+using SyncedAfterBackward = ::testing::Types<Ddp<Naive>, Ddp<Flat>, Ddp<Overlap>, Bucketed05, OverlappedOptimizer, Cs336,
+                                             Fsdp<FsdpMode<false, true>>, Fsdp<FsdpMode<false, false>>,
+                                             Fsdp<FsdpMode<true, true>>>;
+TYPED_TEST_SUITE(GradientSyncContract, SyncedAfterBackward);
+
+TYPED_TEST(GradientSyncContract, GradientsAveragedAfterBackward) {
+  for (int world : {2, 3}) run_ranks(world, [](ProcessGroup& pg) { dp::check_gradient_sync(pg, TypeParam::make()); });
+}
+
 // ---- the full state: what a checkpoint stores -----------------------------------------------------
 
 dp::ToyFSDPModel seeded_model(uint64_t seed) {
@@ -426,6 +440,18 @@ void expect_caught(const MakeStrategy& mutant, const std::string& words) {
 TEST(StrategyContractCanFail, SkippedSynchronisation) {
   expect_caught(skipped_sync(), "differs from single-process training");
   expect_caught(skipped_sync(), "hint [ranks-differ]");
+}
+TEST(StrategyContractCanFail, GradientsNotSynchronized) {  // the gradient-sync check catches it too
+  std::vector<std::string> messages(2);
+  run_ranks(2, [&](ProcessGroup& pg) {
+    try {
+      dp::check_gradient_sync(pg, skipped_sync());
+      ADD_FAILURE() << "unsynchronized gradients passed on rank " << pg.rank();
+    } catch (const dp::CheckFailed& e) {
+      messages[pg.rank()] = e.what();
+    }
+  });
+  for (const auto& m : messages) EXPECT_NE(m.find("differs across ranks (not synchronized)"), std::string::npos) << m;
 }
 TEST(StrategyContractCanFail, SummedNotAveraged) {
   expect_caught(mutant_of<SummedNotAveraged>(dp::ddp_strategy(Naive::make)), "differs from single-process training");
