@@ -69,4 +69,20 @@ AccumulateGradHooks::~AccumulateGradHooks() {
   }
 }
 
+void LaunchLog::start_step() {
+  std::lock_guard<std::mutex> lock(mu_);
+  step_.clear();
+}
+
+void LaunchLog::record(size_t index, bool during_backward) {
+  std::lock_guard<std::mutex> lock(mu_);
+  step_.push_back({index, std::chrono::steady_clock::now(), during_backward});
+  ++total_;
+}
+
+std::vector<LaunchRecord> LaunchLog::step() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return step_;
+}
+
 }  // namespace dp

@@ -7,10 +7,12 @@
 
 #include "common/c10d_compat.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace torch::autograd {
@@ -62,6 +64,25 @@ struct LaunchRecord {
   size_t index = 0;  ///< what the variant launched: a parameter's position, or a bucket's index
   std::chrono::steady_clock::time_point time;  ///< when the collective was handed to the process group
   bool during_backward = true;  ///< false when finish_gradient_synchronization() launched it (no gradient this step)
+};
+
+/// The launches of a hook-driven variant (stages 04 and 05): a lock-free count since construction, and the
+/// records of the step in progress or, between steps, of the last one. Thread-safe.
+class LaunchLog {
+ public:
+  /// The first launch of a new step is next: forget the last step's records.
+  void start_step();
+  /// Index `index` was handed to the process group just now.
+  void record(size_t index, bool during_backward);
+  /// This step's records (the last step's between steps), in launch order.
+  std::vector<LaunchRecord> step() const;
+  /// Launches since construction; lock-free, so an autograd hook may read it.
+  int64_t total() const { return total_.load(); }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<LaunchRecord> step_;
+  std::atomic<int64_t> total_{0};
 };
 
 }  // namespace dp

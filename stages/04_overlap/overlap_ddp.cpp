@@ -28,11 +28,6 @@ void OverlapDdp::on_train_batch_start() {
   if (in_step_) throw std::logic_error(std::string("OverlapDdp: ") + kStepUnfinishedMessage);
 }
 
-std::vector<LaunchRecord> OverlapDdp::launches() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return launches_;
-}
-
 // Runs before AccumulateGrad adds the new gradient into .grad(). If this parameter's gradient was
 // already ready this step, its all-reduce is launched and may still be reading and writing .grad() on
 // Gloo's thread: adding into it now would corrupt both. Throwing here stops backward before it touches it.
@@ -47,7 +42,7 @@ void OverlapDdp::on_gradient_ready(size_t i) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!in_step_) {  // first gradient of a new backward
     in_step_ = true;
-    launches_.clear();
+    log_.start_step();
   }
   if (trace::recording()) trace::instant("ready " + names_[i]);
   launch(i, /*during_backward=*/true);
@@ -70,8 +65,7 @@ void OverlapDdp::launch(size_t i, bool during_backward) {
   // [/exercise 04.1]
   // [launch]
   launched_[i] = 1;
-  launches_.push_back({i, std::chrono::steady_clock::now(), during_backward});
-  ++launched_total_;
+  log_.record(i, during_backward);
 }
 
 void OverlapDdp::finish_gradient_synchronization() {

@@ -14,7 +14,6 @@
 
 #include "common/libtorch.hpp"
 
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -60,9 +59,9 @@ class OverlapDdp : public GradSync {
   /// Their dotted names, same order.
   const std::vector<std::string>& parameter_names() const { return names_; }
   /// All-reduces launched since construction. Lock-free: may be read from another autograd hook.
-  int64_t launched_count() const { return launched_total_.load(); }
+  int64_t launched_count() const { return log_.total(); }
   /// The launches of the step in progress or, between steps, of the last finished step, in launch order.
-  std::vector<LaunchRecord> launches() const;
+  std::vector<LaunchRecord> launches() const { return log_.step(); }
 
  private:
   void check_not_ready(size_t i);     // pre-hook: already ready (launched) this step? a second backward
@@ -82,8 +81,7 @@ class OverlapDdp : public GradSync {
   bool in_step_ = false;              // a hook ran since the last finish
   std::vector<char> launched_;        // per parameter, this step
   std::vector<Pending> pending_;      // in launch order
-  std::vector<LaunchRecord> launches_;
-  std::atomic<int64_t> launched_total_{0};
+  LaunchLog log_;                     // for launched_count() and launches()
 
   std::unique_ptr<AccumulateGradHooks> hooks_;  // last member: destroyed first, before the state it uses
 };

@@ -77,11 +77,6 @@ void BucketedDdp::on_train_batch_start() {
   if (in_step_) throw std::logic_error(std::string("BucketedDdp: ") + kStepUnfinishedMessage);
 }
 
-std::vector<LaunchRecord> BucketedDdp::launches() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return launches_;
-}
-
 // [no_sync]
 void BucketedDdp::set_requires_gradient_sync(bool sync) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -173,7 +168,7 @@ void BucketedDdp::on_gradient_ready(size_t i) {
     accumulated_locally_ = true;
     return;
   }
-  if (!in_step_) in_step_ = true, launches_.clear();  // first gradient of a new backward
+  if (!in_step_) in_step_ = true, log_.start_step();  // first gradient of a new backward
   // [ready]
   copy_into_slot(i);  // and count it: its bucket has one gradient fewer to wait for
   launch_complete_buckets_in_order(/*during_backward=*/true);
@@ -205,8 +200,7 @@ void BucketedDdp::launch_bucket(size_t bi, bool during_backward) {
   if (trace::recording()) trace::instant(fmt::format("bucket {} ready", bi));
   b.work = hook_(pg_, b.buffer, fmt::format("bucket {}", bi));  // one collective, all its gradients
   wire_bytes_total_ += b.work.wire_bytes;
-  launches_.push_back({bi, std::chrono::steady_clock::now(), during_backward});
-  ++launched_total_;
+  log_.record(bi, during_backward);
 }
 
 void BucketedDdp::finish_gradient_synchronization() {
@@ -217,7 +211,7 @@ bool BucketedDdp::synchronize() {
   std::lock_guard<std::mutex> lock(mu_);
   if (sync_off_) return false;  // accumulating locally: the next backward with sync on synchronizes
   if (!in_step_ && !accumulated_locally_) return false;  // no backward since the last call: nothing to do
-  if (!in_step_) in_step_ = true, launches_.clear();  // accumulated under no_sync(), no backward since: send here
+  if (!in_step_) in_step_ = true, log_.start_step();  // accumulated under no_sync(), no backward since: send here
   // [finish]
   // Parameters whose hook did not run (unused in this forward) still owe their slot: fill it with their
   // current .grad() (zeros if none) so that every bucket completes and every rank launches the same

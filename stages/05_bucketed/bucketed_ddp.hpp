@@ -7,7 +7,7 @@
 
 #include "common/comm_hook.hpp"
 #include "common/dist.hpp"
-#include "common/grad_hooks.hpp"  // AccumulateGradHooks, LaunchRecord
+#include "common/grad_hooks.hpp"  // AccumulateGradHooks, LaunchLog
 #include "common/grad_sync.hpp"
 #include "common/strategy.hpp"
 #include "stages/05_bucketed/buckets.hpp"
@@ -88,8 +88,8 @@ class BucketedDdp : public GradSync {
   std::string describe_buckets() const;
   /// Bucket all-reduces launched since construction (lock-free), and the launches (index = bucket) of the
   /// step in progress or, between steps, of the last one.
-  int64_t launched_count() const { return launched_total_.load(); }
-  std::vector<LaunchRecord> launches() const;
+  int64_t launched_count() const { return log_.total(); }
+  std::vector<LaunchRecord> launches() const { return log_.step(); }
 
  protected:
   /// Parameter `param` (index into parameters()) was copied into its bucket, by its hook or, without a
@@ -144,8 +144,7 @@ class BucketedDdp : public GradSync {
   bool accumulated_locally_ = false;   // a gradient arrived locally since the last synchronization
   CommHook hook_;
   std::atomic<int64_t> wire_bytes_total_{0};
-  std::vector<LaunchRecord> launches_;
-  std::atomic<int64_t> launched_total_{0};
+  LaunchLog log_;                      // for launched_count() and launches()
   std::function<void(size_t)> bucket_averaged_;  // on_bucket_averaged()'s f, or empty
 
   std::unique_ptr<AccumulateGradHooks> hooks_;  // last member: destroyed first

@@ -107,10 +107,7 @@ int main(int argc, char** argv) {
       if (wanted("overlap")) variants.push_back({"overlap (stage 04)", make<OverlapDdp>});
       if (wanted("bucketed"))
         for (double cap : caps)
-          variants.push_back({fmt::format("bucketed {:g} MB (stage 05)", cap),
-                              [cap](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod) -> std::unique_ptr<GradSync> {
-                                return std::make_unique<BucketedDdp>(g, std::move(mod), cap);
-                              }});
+          variants.push_back({fmt::format("bucketed {:g} MB (stage 05)", cap), bucketed_ddp_strategy(cap)});
       record(results, bench_variants(pg, cfg, variants), cfg, pg.world_size());
       // [bench]
       results.meta["overhead_model"] = {{"o_s", m.o}, {"w_Bps", m.w}, {"grad_bytes", s},
