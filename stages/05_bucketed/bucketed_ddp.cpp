@@ -62,73 +62,9 @@ void BucketedDdp::build_buffers() {
 
 BucketedDdp::~BucketedDdp() { hooks_.reset(); }
 
-std::string BucketedDdp::describe_buckets() const {
-  std::string out;
-  for (size_t b = 0; b < assignment_.size(); ++b) {
-    if (b > 0) out += "\n";
-    out += fmt::format("bucket {}: {} B =", b, buckets_[b].buffer.nbytes());
-    for (size_t i : assignment_[b]) out += " " + names_[i];
-  }
-  return out;
-}
-
 void BucketedDdp::on_train_batch_start() {
   std::lock_guard<std::mutex> lock(mu_);
   if (in_step_) throw std::logic_error(std::string("BucketedDdp: ") + kStepUnfinishedMessage);
-}
-
-// [no_sync]
-void BucketedDdp::set_requires_gradient_sync(bool sync) {
-  std::lock_guard<std::mutex> lock(mu_);
-  // Buckets of an unfinished step may be on the wire, and finish would overwrite .grad() with their
-  // average, dropping whatever was accumulated meanwhile.
-  if (!sync && !sync_off_ && in_step_)
-    throw std::logic_error("BucketedDdp: no_sync() while a synchronization is unfinished: call "
-                           "finish_gradient_synchronization() after the backward outside the guard first");
-  sync_off_ = !sync;
-}
-// [no_sync]
-
-bool BucketedDdp::requires_gradient_sync() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return !sync_off_;
-}
-
-// The seams change what a step does, so only between steps (with mu_ held).
-void BucketedDdp::require_between_steps(const char* what) const {
-  if (in_step_)
-    throw std::logic_error(fmt::format("BucketedDdp::{}: buckets are in flight; call it between steps (after "
-                                       "finish_gradient_synchronization())", what));
-}
-
-void BucketedDdp::register_comm_hook(CommHook hook) {
-  if (!hook) throw std::logic_error("BucketedDdp::register_comm_hook: empty hook");
-  std::lock_guard<std::mutex> lock(mu_);
-  require_between_steps("register_comm_hook");
-  hook_ = std::move(hook);
-}
-
-void BucketedDdp::on_bucket_averaged(std::function<void(size_t)> f) {
-  std::lock_guard<std::mutex> lock(mu_);
-  require_between_steps("on_bucket_averaged");
-  bucket_averaged_ = std::move(f);
-}
-
-void BucketedDdp::reassign(std::vector<std::vector<size_t>> assignment) {
-  std::lock_guard<std::mutex> lock(mu_);
-  require_between_steps("reassign");
-  std::vector<int> seen(params_.size(), 0);
-  for (const auto& bucket : assignment)
-    for (size_t i : bucket)
-      if (i >= params_.size() || !params_[i].requires_grad() || seen[i]++)
-        throw std::logic_error(fmt::format("BucketedDdp::reassign: parameter index {} is out of range, frozen or "
-                                           "listed twice", i));
-  for (size_t i : hooked_)
-    if (!seen[i]) throw std::logic_error("BucketedDdp::reassign: no bucket for " + names_[i]);
-  if (std::any_of(assignment.begin(), assignment.end(), [](const auto& b) { return b.empty(); }))
-    throw std::logic_error("BucketedDdp::reassign: an empty bucket");
-  assignment_ = std::move(assignment);
-  build_buffers();
 }
 
 // Before AccumulateGrad adds into .grad(). A parameter already copied into its bucket this step means
@@ -240,6 +176,70 @@ bool BucketedDdp::synchronize() {
   in_step_ = false;
   accumulated_locally_ = false;
   return true;
+}
+
+// [no_sync]
+void BucketedDdp::set_requires_gradient_sync(bool sync) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Buckets of an unfinished step may be on the wire, and finish would overwrite .grad() with their
+  // average, dropping whatever was accumulated meanwhile.
+  if (!sync && !sync_off_ && in_step_)
+    throw std::logic_error("BucketedDdp: no_sync() while a synchronization is unfinished: call "
+                           "finish_gradient_synchronization() after the backward outside the guard first");
+  sync_off_ = !sync;
+}
+// [no_sync]
+
+bool BucketedDdp::requires_gradient_sync() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !sync_off_;
+}
+
+// The seams change what a step does, so only between steps (with mu_ held).
+void BucketedDdp::require_between_steps(const char* what) const {
+  if (in_step_)
+    throw std::logic_error(fmt::format("BucketedDdp::{}: buckets are in flight; call it between steps (after "
+                                       "finish_gradient_synchronization())", what));
+}
+
+void BucketedDdp::register_comm_hook(CommHook hook) {
+  if (!hook) throw std::logic_error("BucketedDdp::register_comm_hook: empty hook");
+  std::lock_guard<std::mutex> lock(mu_);
+  require_between_steps("register_comm_hook");
+  hook_ = std::move(hook);
+}
+
+void BucketedDdp::on_bucket_averaged(std::function<void(size_t)> f) {
+  std::lock_guard<std::mutex> lock(mu_);
+  require_between_steps("on_bucket_averaged");
+  bucket_averaged_ = std::move(f);
+}
+
+void BucketedDdp::reassign(std::vector<std::vector<size_t>> assignment) {
+  std::lock_guard<std::mutex> lock(mu_);
+  require_between_steps("reassign");
+  std::vector<int> seen(params_.size(), 0);
+  for (const auto& bucket : assignment)
+    for (size_t i : bucket)
+      if (i >= params_.size() || !params_[i].requires_grad() || seen[i]++)
+        throw std::logic_error(fmt::format("BucketedDdp::reassign: parameter index {} is out of range, frozen or "
+                                           "listed twice", i));
+  for (size_t i : hooked_)
+    if (!seen[i]) throw std::logic_error("BucketedDdp::reassign: no bucket for " + names_[i]);
+  if (std::any_of(assignment.begin(), assignment.end(), [](const auto& b) { return b.empty(); }))
+    throw std::logic_error("BucketedDdp::reassign: an empty bucket");
+  assignment_ = std::move(assignment);
+  build_buffers();
+}
+
+std::string BucketedDdp::describe_buckets() const {
+  std::string out;
+  for (size_t b = 0; b < assignment_.size(); ++b) {
+    if (b > 0) out += "\n";
+    out += fmt::format("bucket {}: {} B =", b, buckets_[b].buffer.nbytes());
+    for (size_t i : assignment_[b]) out += " " + names_[i];
+  }
+  return out;
 }
 
 MakeStrategy bucketed_ddp_strategy(double bucket_cap_mb) {
