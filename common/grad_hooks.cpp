@@ -13,7 +13,7 @@ namespace dp {
 const char* const kBackwardTwiceMessage =
     "backward ran twice before finish_gradient_synchronization(): call it after every backward "
     "(to accumulate gradients over several backward passes, run all but the last inside "
-    "a dp::NoSyncGuard, with a variant that has no_sync(): BucketedDdp)";
+    "a dp::NoSyncGuard, on a variant that implements set_requires_gradient_sync())";
 const char* const kStepUnfinishedMessage =
     "a new step started while the previous one still has gradients in flight: call "
     "finish_gradient_synchronization() after every backward";
