@@ -3,12 +3,14 @@
 #include "common/ddp_check.hpp"
 #include "common/launch_env.hpp"
 #include "common/runtime.hpp"
+#include "common/timing.hpp"
 #include "tests/support/ranks.hpp"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <atomic>
+#include <cmath>
 #include <functional>
 #include <thread>
 
@@ -375,4 +377,29 @@ TEST(LaunchEnv, ReadsTorchrunVariablesAndRejectsBadOnes) {
   env = dp::LaunchEnv::from_environment();
   EXPECT_FALSE(env.launched);
   EXPECT_EQ(env.world_size, 1);
+}
+
+// Stage 05's overhead model (common/timing.hpp). The cap it predicts minimises t(n_b) = s / (n_b w) + n_b o:
+// with o = 1 ms, w = 1 GB/s and s = 100 MB, sqrt(s w o) = 10 MB, i.e. 10 buckets, and 9 or 11 take longer.
+TEST(CommModel, BestCapMinimisesTheModelledTime) {
+  const dp::CommModel m{1e-3, 1e9};
+  const double s = 1e8;
+  EXPECT_NEAR(m.best_bucket_cap_mb(s), 10.0, 1e-9);
+  auto t = [&](double n_b) { return s / (n_b * m.w) + n_b * m.o; };
+  EXPECT_LT(t(10), t(9));
+  EXPECT_LT(t(10), t(11));
+}
+
+// Measured over two ranks (threads): a call costs something, the bandwidth is finite, and every rank gets
+// the same model (the slowest rank's medians).
+TEST(CommModel, MeasuredTheSameOnEveryRank) {
+  std::vector<dp::CommModel> got(2);
+  run_ranks(2, [&](ProcessGroup& pg) { got[pg.rank()] = dp::measure_comm_model(pg); });
+  for (const auto& m : got) {
+    EXPECT_GT(m.o, 0);
+    EXPECT_GT(m.w, 0);
+    EXPECT_TRUE(std::isfinite(m.w));
+  }
+  EXPECT_EQ(got[0].o, got[1].o);
+  EXPECT_EQ(got[0].w, got[1].w);
 }
