@@ -455,17 +455,19 @@ void check_gradient_sync(ProcessGroup& pg, const MakeStrategy& make) {
   s->zero_grad();
   model->forward_units(tokens, s->runner()).to(torch::kFloat32).sum().backward();
   s->after_backward();
+  std::string problem;  // the first tensor found wrong on this rank; every rank then fails together
   int64_t i = 0;
   for (auto* opt : s->optimizers())
     for (const auto& group : opt->param_groups())
       for (const auto& p : group.params()) {
         const auto& g = p.grad();
-        if (!g.defined() || g.sizes() != p.sizes() || g.scalar_type() != torch::kFloat32)
-          throw CheckFailed(fmt::format("optimizer tensor {} {}: gradient {} {}", i, shape_text(p.sizes()),
-                                        g.defined() ? shape_text(g.sizes()) : "missing",
-                                        g.defined() ? c10::toString(g.scalar_type()) : ""));
+        if (problem.empty() && (!g.defined() || g.sizes() != p.sizes() || g.scalar_type() != torch::kFloat32))
+          problem = fmt::format("optimizer tensor {} {}: gradient {} {}", i, shape_text(p.sizes()),
+                                g.defined() ? shape_text(g.sizes()) : "missing",
+                                g.defined() ? c10::toString(g.scalar_type()) : "");
         ++i;
       }
+  fail_together(pg, problem);
   // The model's own parameters, in the same order on every rank: a gradient kept whole (not a shard, which
   // differs across ranks by design) is the same average everywhere. FSDP keeps none for sharded tensors.
   for (const auto& item : model->named_parameters()) {

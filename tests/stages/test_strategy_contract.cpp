@@ -138,8 +138,8 @@ TYPED_TEST(StrategyContract, PassesCs336FsdpCorrectness) {
 // and extension 06a: they reduce-scatter inside step(), so no rank ever holds the averaged gradient whole.
 template <typename S>
 class GradientSyncContract : public ::testing::Test {};
-using SyncedAfterBackward = ::testing::Types<Ddp<Naive>, Ddp<Flat>, Ddp<Overlap>, Bucketed05, OverlappedOptimizer, Cs336,
-                                             Fsdp<FsdpMode<false, true>>, Fsdp<FsdpMode<false, false>>,
+using SyncedAfterBackward = ::testing::Types<Ddp<Naive>, Ddp<Flat>, Ddp<Overlap>, Bucketed05, OverlappedOptimizer,
+                                             Cs336, Fsdp<FsdpMode<false, true>>, Fsdp<FsdpMode<false, false>>,
                                              Fsdp<FsdpMode<true, true>>>;
 TYPED_TEST_SUITE(GradientSyncContract, SyncedAfterBackward);
 
@@ -408,6 +408,18 @@ struct ComputeDtypeHidden : Mutant {
   torch::ScalarType compute_dtype(const torch::nn::Module&) const override { return torch::kFloat32; }
 };
 
+// A gradient the optimizer steps dropped after synchronizing, on rank 0 only (FSDP's first shard).
+struct GradDroppedOnRank0 : Mutant {
+  GradDroppedOnRank0(std::unique_ptr<dp::Strategy> s, ProcessGroup& pg, std::shared_ptr<torch::nn::Module>)
+      : Mutant(std::move(s)), pg_(pg) {}
+  void after_backward() override {
+    inner_->after_backward();
+    if (pg_.rank() != 0) return;
+    inner_->optimizers().front()->param_groups().front().params().front().mutable_grad() = torch::Tensor();
+  }
+  ProcessGroup& pg_;
+};
+
 // Every rank trains on its own rows alone: no synchronisation at all (weights broadcast, so only the
 // step's synchronisation is missing).
 MakeStrategy skipped_sync() {
@@ -441,17 +453,27 @@ TEST(StrategyContractCanFail, SkippedSynchronisation) {
   expect_caught(skipped_sync(), "differs from single-process training");
   expect_caught(skipped_sync(), "hint [ranks-differ]");
 }
-TEST(StrategyContractCanFail, GradientsNotSynchronized) {  // the gradient-sync check catches it too
+// The gradient-sync check (dp::check_gradient_sync()) catches both; every rank fails, none waits in a collective.
+std::vector<std::string> gradient_sync_messages(const MakeStrategy& make) {
   std::vector<std::string> messages(2);
   run_ranks(2, [&](ProcessGroup& pg) {
     try {
-      dp::check_gradient_sync(pg, skipped_sync());
-      ADD_FAILURE() << "unsynchronized gradients passed on rank " << pg.rank();
+      dp::check_gradient_sync(pg, make);
+      ADD_FAILURE() << "the mutant passed on rank " << pg.rank();
     } catch (const dp::CheckFailed& e) {
       messages[pg.rank()] = e.what();
     }
   });
-  for (const auto& m : messages) EXPECT_NE(m.find("differs across ranks (not synchronized)"), std::string::npos) << m;
+  return messages;
+}
+TEST(StrategyContractCanFail, GradientsNotSynchronized) {
+  for (const auto& m : gradient_sync_messages(skipped_sync()))
+    EXPECT_NE(m.find("differs across ranks (not synchronized)"), std::string::npos) << m;
+}
+TEST(StrategyContractCanFail, ShardGradientMissing) {
+  const auto m = gradient_sync_messages(mutant_of<GradDroppedOnRank0>(dp::fsdp_strategy({})));
+  EXPECT_NE(m[0].find("optimizer tensor 0 [3200]: gradient missing"), std::string::npos) << m[0];
+  EXPECT_NE(m[1].find("another rank's check failed"), std::string::npos) << m[1];
 }
 TEST(StrategyContractCanFail, SummedNotAveraged) {
   expect_caught(mutant_of<SummedNotAveraged>(dp::ddp_strategy(Naive::make)), "differs from single-process training");
