@@ -64,25 +64,57 @@ bool report_margin(const Margin& m, const std::string& what) {
   return m.ok();
 }
 
-bool parameters_identical_across_ranks(ProcessGroup& pg, torch::nn::Module& module) {
+namespace {
+
+// Every rank's answer to two questions: whether `flag` holds on some rank, and whether every rank's `problem`
+// is empty. The checks ask both after each step, so one collective serves.
+struct Vote {
+  bool any_flag = false;
+  bool all_ok = true;
+};
+Vote vote(ProcessGroup& pg, bool flag, const std::string& problem) {
+  Vote v;
+  for (const auto& r : pg.all_gather(std::vector<double>{flag ? 1.0 : 0.0, problem.empty() ? 1.0 : 0.0}))
+    v.any_flag = v.any_flag || r[0] == 1.0, v.all_ok = v.all_ok && r[1] == 1.0;
+  return v;
+}
+
+// The vote with `flag` = "the ranks' parameters differ", in the same all_gather as the parameters themselves
+// (every unique parameter, flat, in the widest of their dtypes, so exactly; then 1 or 0 for an empty `problem`):
+// every rank compares every rank's copy with its own, so all reach the same answer.
+Vote vote_with_parameters(ProcessGroup& pg, torch::nn::Module& module, const std::string& problem) {
+  const auto params = unique_parameters(module);
+  auto dtype = params.empty() ? torch::kFloat32 : params.front().scalar_type();
+  for (const auto& p : params) dtype = at::promote_types(dtype, p.scalar_type());
   std::vector<torch::Tensor> flat;
-  for (auto& p : unique_parameters(module)) flat.push_back(p.detach().reshape({-1}).cpu());
-  auto mine = torch::cat(flat).to(pg.device());
-  bool same = true;
-  for (auto& other : pg.all_gather(mine)) same = same && torch::equal(other, mine);
+  for (const auto& p : params) flat.push_back(p.detach().to(dtype).reshape({-1}).cpu());
+  flat.push_back(torch::full({1}, problem.empty() ? 1.0 : 0.0, torch::TensorOptions().dtype(dtype)));
+  const auto mine = torch::cat(flat).to(pg.device());
+  const int64_t n = mine.numel() - 1;
+  Vote v;
+  for (const auto& other : pg.all_gather(mine)) {
+    v.any_flag = v.any_flag || !torch::equal(other.narrow(0, 0, n), mine.narrow(0, 0, n));
+    v.all_ok = v.all_ok && other[n].item<double>() == 1.0;
+  }
+  return v;
+}
+
+// All ranks throw together once any found a problem, so no rank is left waiting in the next collective.
+void throw_unless(const Vote& v, const std::string& problem) {
+  if (!v.all_ok) throw CheckFailed(problem.empty() ? "another rank's check failed (see its message)" : problem);
+}
+
+// Every rank votes; all ranks throw together.
+void fail_together(ProcessGroup& pg, const std::string& problem) { throw_unless(vote(pg, false, problem), problem); }
+
+}  // namespace
+
+bool parameters_identical_across_ranks(ProcessGroup& pg, torch::nn::Module& module) {
   // Every rank must reach the same verdict, or one rank would go on while another stops.
-  auto votes = pg.all_gather(same ? 1.0 : 0.0);
-  return std::all_of(votes.begin(), votes.end(), [](double v) { return v == 1.0; });
+  return !vote_with_parameters(pg, module, "").any_flag;
 }
 
 namespace {
-
-// Every rank votes; all ranks throw together, so no rank is left waiting in the next collective.
-void fail_together(ProcessGroup& pg, const std::string& problem) {
-  auto votes = pg.all_gather(problem.empty() ? 1.0 : 0.0);
-  if (std::count(votes.begin(), votes.end(), 1.0) == pg.world_size()) return;
-  throw CheckFailed(problem.empty() ? "another rank's check failed (see its message)" : problem);
-}
 
 struct Setup {
   torch::Tensor x, y;     // the whole batch, identical on every rank
@@ -144,15 +176,18 @@ Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_
     torch::mse_loss(ddp_model->forward(x), y).backward();
     strategy.after_backward();
     // A collective that after_backward() launched and left running races with the step: it still writes
-    // the gradients the optimizer reads. On a fast link it may end first, and the mistake hide: so ask.
+    // the gradients the optimizer reads. On a fast link it may end first, and the mistake hide: so ask. One
+    // found is waited for here, so that the step does not race with it, and every rank fails at this step's
+    // vote below, with this message first.
     const auto running = pg.unfinished_async();
-    fail_together(pg, running.empty() ? "" : fmt::format("step {}: after_backward() returned while {} collective(s) "
-                                                         "it launched were still running, the first: {}{}", step,
-                                                         running.size(), running.front(), not_waited_hint()));
+    std::string problem = running.empty() ? "" : fmt::format("step {}: after_backward() returned while {} "
+                                                             "collective(s) it launched were still running, the "
+                                                             "first: {}{}", step, running.size(), running.front(),
+                                                             not_waited_hint());
+    if (!running.empty()) pg.wait_async();
     strategy.step();
 
     const double bound = ddp_bound(s, pg.world_size(), layers, step + 1, G, max_weight);
-    std::string problem;
     for (size_t i = 0; i < ddp_params.size() && problem.empty(); ++i) {
       auto& [name, p] = ddp_params[i];
       if (!p.requires_grad()) {  // frozen: never touched by either run, so bit for bit where it started
@@ -169,10 +204,11 @@ Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_
                               double(s.x.size(0)) + pg.world_size() + 2.0 * (layers + 1), G, step + 1, max_weight) +
                   update_hint(ddp_before[i], p, base_before[i], base_params[i].second, pg.world_size());
     }
-    // Every step, whatever was found (a collective): ranks that disagree name the cause of a mismatch.
-    if (!parameters_identical_across_ranks(pg, *ddp_model) && !problem.empty())
-      problem = with_ranks_differ_hint(problem);
-    fail_together(pg, problem);
+    // Every step, whatever was found (collectives): ranks that disagree name the cause of a mismatch. One
+    // vote answers both questions (do ranks differ, did any rank find a problem).
+    const Vote v = vote_with_parameters(pg, *ddp_model, problem);
+    if (v.any_flag && !problem.empty() && running.empty()) problem = with_ranks_differ_hint(problem);
+    throw_unless(v, problem);
     if (s.shuffle) {
       auto idx = torch::randperm(s.x.size(0), torch::make_generator<at::CPUGeneratorImpl>(42 + step + 1000 * s.seed))
                      .to(s.x.device());  // drawn on the CPU (the same permutation everywhere), used where the rows are
@@ -317,7 +353,7 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
   torch::optim::SGD ref_opt(unique_parameters(*ref, true), torch::optim::SGDOptions(lr).momentum(momentum));
 
   // Compares full_parameters() with the reference: within `bound` (0: bit for bit), and the same on every
-  // rank (rank 0's values broadcast and compared). Every rank votes, so all fail together.
+  // rank (every rank's values gathered and compared with rank 0's). Every rank votes, so all fail together.
   Margin worst;
   // The parameters before the step being checked, ours (full) and the reference's: a failure's hint compares
   // the two updates.
@@ -335,10 +371,11 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
                               shape_text(full[i].second.sizes()), ref_params[i].first,
                               shape_text(ref_params[i].second.sizes()));
     fail_together(pg, problem);  // the same structure everywhere before any collective over it
-    bool differs = false;  // from rank 0's copy, in some tensor
+    std::vector<torch::Tensor> flat;  // every tensor in fp32 (exact from bf16), back to back
     for (size_t i = 0; i < full.size(); ++i) {
       const auto& [name, p] = full[i];
-      const Margin m{(p.to(torch::kFloat32) - ref_params[i].second.detach()).abs().max().item<double>(), bound};
+      flat.push_back(p.detach().to(torch::kFloat32).reshape({-1}));
+      const Margin m{(flat.back() - ref_params[i].second.detach().reshape({-1})).abs().max().item<double>(), bound};
       if (bound > 0 && m.ratio() >= worst.ratio()) worst = {m.diff, m.bound, derivation};
       if (!m.ok() && problem.empty())
         problem = bound == 0 ? fmt::format("{}: parameter {} is not rank 0's (max |diff| {:.3g}): rank 0's weights "
@@ -347,18 +384,28 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
                                            "rounding bound {:.3g} ({}){}", when, name, m.diff, bound, derivation,
                                            ours_before.empty() ? "" : update_hint(ours_before[i].second, p, ref_before[i],
                                                                                   ref_params[i].second, W));
-      auto zero = p.detach().clone();
-      pg.broadcast(zero, 0);  // every rank, every tensor: the same collectives whatever was found
-      if (!torch::equal(zero, p)) {
-        differs = true;
-        if (problem.empty()) problem = fmt::format("{}: parameter {} differs between rank 0 and rank {}", when, name, r);
-      }
     }
-    // Whether any rank differs from rank 0 (a collective, whatever was found): the cause of a mismatch.
-    const auto votes = pg.all_gather(differs ? 1.0 : 0.0);
-    if (std::count(votes.begin(), votes.end(), 1.0) > 0 && !problem.empty() && bound > 0)
-      problem = with_ranks_differ_hint(problem);
-    fail_together(pg, problem);
+    // Every rank's copy of all of them and its verdict so far (1: no problem), in one all_gather (every rank,
+    // whatever was found): does any rank differ from rank 0 (the cause of a mismatch), did any find a problem.
+    const auto mine = torch::cat(flat);
+    const int64_t n = mine.numel();
+    const auto verdict = torch::full({1}, problem.empty() ? 1.0 : 0.0, mine.options());
+    const auto all = pg.all_gather(torch::cat({mine, verdict}));
+    const auto zero = all.front().narrow(0, 0, n);  // rank 0's
+    Vote v;
+    for (const auto& other : all) {
+      v.any_flag = v.any_flag || !torch::equal(other.narrow(0, 0, n), zero);
+      v.all_ok = v.all_ok && other[n].item<double>() == 1.0;
+    }
+    for (size_t i = 0, off = 0; problem.empty() && i < flat.size(); off += flat[i++].numel())
+      if (!torch::equal(zero.narrow(0, off, flat[i].numel()), flat[i]))
+        problem = fmt::format("{}: parameter {} differs between rank 0 and rank {}", when, full[i].first, r);
+    if (v.any_flag && !problem.empty() && bound > 0) problem = with_ranks_differ_hint(problem);
+    v.all_ok = v.all_ok && !v.any_flag;  // a rank that differs from rank 0 fails every rank
+    throw_unless(v, problem);
+    // What the next step starts from: nothing changes the parameters between here and its zero_grad().
+    for (auto& [name, p] : full) p = p.detach().clone();
+    ours_before = std::move(full);
   };
   compare("after construction", 0.0, "");
 
@@ -389,8 +436,6 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
 
     // This rank's rows, in K micro-batches of rows / K: each mean loss / K, so that they add up to the
     // mean over the rank's rows; only the last backward must synchronize.
-    ours_before = strategy->full_parameters();  // a gather for sharded strategies: every rank, every step
-    for (auto& [name, p] : ours_before) p = p.detach().clone();
     strategy->zero_grad();
     const int64_t micro = rows / accumulate;
     for (int k = 0; k < accumulate; ++k) {
@@ -470,13 +515,18 @@ void check_gradient_sync(ProcessGroup& pg, const MakeStrategy& make) {
   fail_together(pg, problem);
   // The model's own parameters, in the same order on every rank: a gradient kept whole (not a shard, which
   // differs across ranks by design) is the same average everywhere. FSDP keeps none for sharded tensors.
-  for (const auto& item : model->named_parameters()) {
-    const std::string& name = item.key();
-    const torch::Tensor& p = item.value();
-    const auto kept = pg.all_gather(p.grad().defined() ? 1.0 : 0.0);
-    if (std::count(kept.begin(), kept.end(), kept.front()) != static_cast<long>(kept.size()))
-      throw CheckFailed(fmt::format("{}: a gradient on some ranks only", name));
-    if (kept.front() == 0) continue;
+  // Which ones kept a gradient, agreed first in one gather (ranks x parameters), so that a rank without one
+  // is an error here rather than a wait in the gathers of the gradients.
+  const auto params = model->named_parameters();
+  std::vector<double> mine;
+  for (const auto& item : params) mine.push_back(item.value().grad().defined() ? 1.0 : 0.0);
+  const auto kept = pg.all_gather(mine);
+  for (size_t k = 0; k < params.size(); ++k) {
+    const std::string& name = params[k].key();
+    const torch::Tensor& p = params[k].value();
+    for (const auto& other : kept)
+      if (other[k] != mine[k]) throw CheckFailed(fmt::format("{}: a gradient on some ranks only", name));
+    if (mine[k] == 0) continue;
     for (const auto& other : pg.all_gather(p.grad()))
       if (!torch::equal(other, p.grad()))
         throw CheckFailed(fmt::format("{}: the gradient differs across ranks (not synchronized)", name));

@@ -309,6 +309,15 @@ std::vector<std::string> ProcessGroup::unfinished_async() {
   return out;
 }
 
+void ProcessGroup::wait_async() {
+  std::vector<std::pair<Work, std::string>> running;
+  {
+    std::lock_guard<std::mutex> lock(impl_->tracked_mu);
+    running.swap(impl_->tracked);
+  }
+  for (auto& w : running) w.first.wait();  // outside the lock: a hook may launch meanwhile
+}
+
 static std::string describe(const char* op, const torch::Tensor& t) {
   return fmt::format("{} of {} bytes", op, t.numel() * t.element_size());
 }

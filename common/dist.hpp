@@ -119,6 +119,9 @@ class ProcessGroup {
   /// The remembered collectives that are still running, each as "all_reduce of 400 bytes (fc1.weight)";
   /// the completed ones are forgotten.
   std::vector<std::string> unfinished_async();
+  /// Waits for every remembered collective still running, and forgets them (a check that found some: its
+  /// next step then reads whole tensors, not ones a collective is still writing). Throws what Work::wait() throws.
+  void wait_async();
 
   ProcessGroup(ProcessGroup&&) noexcept;
   ProcessGroup& operator=(ProcessGroup&&) noexcept;
