@@ -135,7 +135,6 @@ void BucketedDdp::launch_bucket(size_t bi, bool during_backward) {
   Bucket& b = buckets_[bi];
   if (trace::recording()) trace::instant(fmt::format("bucket {} ready", bi));
   b.work = hook_(pg_, b.buffer, fmt::format("bucket {}", bi));  // one collective, all its gradients
-  wire_bytes_total_ += b.work.wire_bytes;
   log_.record(bi, during_backward);
 }
 

@@ -14,7 +14,6 @@
 
 #include "common/libtorch.hpp"
 
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -72,9 +71,6 @@ class BucketedDdp : public GradSync {
   /// later buckets may still be on the wire (PyTorch's comm-hook future's then()); with this object's lock
   /// held (f must not call back into it). Empty f removes it. Throws std::logic_error mid-step.
   void on_bucket_averaged(std::function<void(size_t bucket)> f);
-
-  /// Bytes handed to collectives since construction, per rank (the hooks' BucketWork::wire_bytes).
-  int64_t wire_bytes() const { return wire_bytes_total_.load(); }
 
   /// Unique parameters (frozen ones too, tied weights once) in registration order; buckets() indexes them.
   const std::vector<torch::Tensor>& parameters() const { return params_; }
@@ -143,7 +139,6 @@ class BucketedDdp : public GradSync {
   bool sync_off_ = false;              // set_requires_gradient_sync(false) holds: accumulate locally
   bool accumulated_locally_ = false;   // a gradient arrived locally since the last synchronization
   CommHook hook_;
-  std::atomic<int64_t> wire_bytes_total_{0};
   LaunchLog log_;                      // for launched_count() and launches()
   std::function<void(size_t)> bucket_averaged_;  // on_bucket_averaged()'s f, or empty
 
