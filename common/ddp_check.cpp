@@ -66,37 +66,39 @@ bool report_margin(const Margin& m, const std::string& what) {
 
 namespace {
 
-// Every rank's answer to two questions: whether `flag` holds on some rank, and whether every rank's `problem`
-// is empty. The checks ask both after each step, so one collective serves.
+// What the checks ask after each step, answered by every rank alike: whether the ranks' copies of a tensor
+// differ, and whether every rank's `problem` is empty.
 struct Vote {
   bool any_flag = false;
   bool all_ok = true;
 };
-Vote vote(ProcessGroup& pg, bool flag, const std::string& problem) {
-  Vote v;
-  for (const auto& r : pg.all_gather(std::vector<double>{flag ? 1.0 : 0.0, problem.empty() ? 1.0 : 0.0}))
-    v.any_flag = v.any_flag || r[0] == 1.0, v.all_ok = v.all_ok && r[1] == 1.0;
-  return v;
+struct Gathered {
+  std::vector<torch::Tensor> copies;  // every rank's `flat`, in rank order
+  Vote vote;                          // any_flag: the copies are not all equal
+};
+// Every rank's `flat` (1-D) and its verdict (1: `problem` empty) in one all_gather: a check's comparison and its
+// vote in one collective.
+Gathered gather_with_verdict(ProcessGroup& pg, const torch::Tensor& flat, const std::string& problem) {
+  const int64_t n = flat.numel();
+  Gathered g;
+  const auto verdict = torch::full({1}, problem.empty() ? 1.0 : 0.0, flat.options());
+  for (const auto& other : pg.all_gather(torch::cat({flat, verdict}))) {
+    g.copies.push_back(other.narrow(0, 0, n));
+    g.vote.any_flag = g.vote.any_flag || !torch::equal(g.copies.back(), flat);
+    g.vote.all_ok = g.vote.all_ok && other[n].item<double>() == 1.0;
+  }
+  return g;
 }
 
-// The vote with `flag` = "the ranks' parameters differ", in the same all_gather as the parameters themselves
-// (every unique parameter, flat, in the widest of their dtypes, so exactly; then 1 or 0 for an empty `problem`):
-// every rank compares every rank's copy with its own, so all reach the same answer.
+// gather_with_verdict() of every unique parameter, flat, in the widest of their dtypes (so exactly).
 Vote vote_with_parameters(ProcessGroup& pg, torch::nn::Module& module, const std::string& problem) {
   const auto params = unique_parameters(module);
   auto dtype = params.empty() ? torch::kFloat32 : params.front().scalar_type();
   for (const auto& p : params) dtype = at::promote_types(dtype, p.scalar_type());
   std::vector<torch::Tensor> flat;
   for (const auto& p : params) flat.push_back(p.detach().to(dtype).reshape({-1}).cpu());
-  flat.push_back(torch::full({1}, problem.empty() ? 1.0 : 0.0, torch::TensorOptions().dtype(dtype)));
-  const auto mine = torch::cat(flat).to(pg.device());
-  const int64_t n = mine.numel() - 1;
-  Vote v;
-  for (const auto& other : pg.all_gather(mine)) {
-    v.any_flag = v.any_flag || !torch::equal(other.narrow(0, 0, n), mine.narrow(0, 0, n));
-    v.all_ok = v.all_ok && other[n].item<double>() == 1.0;
-  }
-  return v;
+  auto mine = flat.empty() ? torch::zeros({0}, torch::TensorOptions().dtype(dtype)) : torch::cat(flat);
+  return gather_with_verdict(pg, mine.to(pg.device()), problem).vote;
 }
 
 // All ranks throw together once any found a problem, so no rank is left waiting in the next collective.
@@ -105,7 +107,10 @@ void throw_unless(const Vote& v, const std::string& problem) {
 }
 
 // Every rank votes; all ranks throw together.
-void fail_together(ProcessGroup& pg, const std::string& problem) { throw_unless(vote(pg, false, problem), problem); }
+void fail_together(ProcessGroup& pg, const std::string& problem) {
+  throw_unless(gather_with_verdict(pg, torch::zeros({0}, torch::TensorOptions().device(pg.device())), problem).vote,
+               problem);
+}
 
 }  // namespace
 
@@ -387,16 +392,9 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
     }
     // Every rank's copy of all of them and its verdict so far (1: no problem), in one all_gather (every rank,
     // whatever was found): does any rank differ from rank 0 (the cause of a mismatch), did any find a problem.
-    const auto mine = torch::cat(flat);
-    const int64_t n = mine.numel();
-    const auto verdict = torch::full({1}, problem.empty() ? 1.0 : 0.0, mine.options());
-    const auto all = pg.all_gather(torch::cat({mine, verdict}));
-    const auto zero = all.front().narrow(0, 0, n);  // rank 0's
-    Vote v;
-    for (const auto& other : all) {
-      v.any_flag = v.any_flag || !torch::equal(other.narrow(0, 0, n), zero);
-      v.all_ok = v.all_ok && other[n].item<double>() == 1.0;
-    }
+    const Gathered g = gather_with_verdict(pg, torch::cat(flat), problem);
+    const torch::Tensor& zero = g.copies.front();  // rank 0's
+    Vote v = g.vote;
     for (size_t i = 0, off = 0; problem.empty() && i < flat.size(); off += flat[i++].numel())
       if (!torch::equal(zero.narrow(0, off, flat[i].numel()), flat[i]))
         problem = fmt::format("{}: parameter {} differs between rank 0 and rank {}", when, full[i].first, r);
