@@ -78,9 +78,13 @@ int64_t optimizer_state_bytes(const optim::Optimizer& opt) {
 }
 
 TrainingBytes count_training_bytes(const torch::nn::Module& model, const optim::Optimizer& opt) {
+  return count_training_bytes(model.parameters(), opt);
+}
+
+TrainingBytes count_training_bytes(const std::vector<torch::Tensor>& params, const optim::Optimizer& opt) {
   TrainingBytes b;
   std::unordered_set<const void*> seen;
-  for (const auto& p : model.parameters()) {
+  for (const auto& p : params) {
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // tied weights once
     b.params += tensor_bytes({p});
     b.grads += tensor_bytes({p.grad()});

@@ -22,6 +22,8 @@ int64_t optimizer_state_bytes(const torch::optim::Optimizer& opt);
 
 /// Counts a model's parameters and gradients (tied weights once) and an optimizer's state.
 TrainingBytes count_training_bytes(const torch::nn::Module& model, const torch::optim::Optimizer& opt);
+/// The same over a list of tensors (each once), such as the shards a rank keeps between steps.
+TrainingBytes count_training_bytes(const std::vector<torch::Tensor>& params, const torch::optim::Optimizer& opt);
 
 /// Peak resident set size of this process so far (VmHWM in /proc/self/status, or getrusage's
 /// ru_maxrss when /proc is missing), in bytes.

@@ -25,11 +25,11 @@
 #include "common/ddp_bench.hpp"
 #include "common/format.hpp"
 #include "common/launch_env.hpp"
+#include "common/optimizer_check.hpp"
 #include "common/runtime.hpp"
 #include "common/transformer.hpp"
 #include "extensions/06a_zero1_buckets/bucketed_zero1.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
-#include "stages/06_sharded_opt/adamw_check.hpp"
 #include "stages/06_sharded_opt/strategies.hpp"
 
 using namespace dp;

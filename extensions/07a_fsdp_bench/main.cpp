@@ -31,7 +31,7 @@
 #include "extensions/07a_fsdp_bench/fsdp_bench.hpp"
 #include "extensions/07a_fsdp_bench/transformer_check.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
-#include "stages/07_fsdp/fsdp_check.hpp"
+#include "stages/07_fsdp/strategies.hpp"
 
 #include <fmt/ranges.h>
 

@@ -6,7 +6,7 @@
 #include "common/params.hpp"
 #include "common/tolerance.hpp"
 #include "common/transformer.hpp"
-#include "stages/07_fsdp/fsdp_check.hpp"
+#include "stages/07_fsdp/strategies.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>

@@ -22,9 +22,9 @@
 #include "common/cli.hpp"
 #include "common/ddp_bench.hpp"
 #include "common/launch_env.hpp"
+#include "common/optimizer_check.hpp"
 #include "common/runtime.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
-#include "stages/06_sharded_opt/adamw_check.hpp"
 #include "stages/06_sharded_opt/strategies.hpp"
 
 using namespace dp;

@@ -66,6 +66,11 @@ class Zero1Strategy : public Strategy {
 
 }  // namespace
 
+ShardedSteps zero1_steps(ProcessGroup& pg, const std::vector<torch::Tensor>& params, const optim::AdamWOptions& opts) {
+  std::shared_ptr<Zero1Optimizer> z = Zero1Optimizer::make<optim::AdamW>(pg, params, opts);
+  return {[z] { z->zero_grad(); }, [z] { z->step(); }, z->describe(), /*sums_over_ranks=*/true};
+}
+
 MakeStrategy zero1_strategy() {
   return [](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
             const MakeOptimizer& make) -> std::unique_ptr<Strategy> {

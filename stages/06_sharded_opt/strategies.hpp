@@ -1,8 +1,10 @@
 // Stage 06's ZeRO-1 as a dp::Strategy (common/strategy.hpp): what the common check, the benchmark harness
 // and the training-strategy contract suite run. It builds its optimizer with the MakeOptimizer it is given,
-// over the flat chunk this rank steps, and makes every rank start from rank 0's weights.
+// over the flat chunk this rank steps, and makes every rank start from rank 0's weights. And ZeRO-1 as the
+// two calls the check against AdamW drives (common/optimizer_check.hpp).
 #pragma once
 
+#include "common/optimizer_check.hpp"  // ShardedSteps
 #include "common/strategy.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"  // MakeLocalOptimizer
 
@@ -11,6 +13,10 @@ namespace dp {
 /// True ZeRO-1 (Zero1Optimizer): reduce-scatter of one flat gradient buffer, step of this rank's chunk,
 /// all-gather of the parameters (two passes, as DDP).
 MakeStrategy zero1_strategy();
+
+/// Zero1Optimizer over `params` with AdamW and `opts`, as the check against AdamW drives it.
+ShardedSteps zero1_steps(ProcessGroup& pg, const std::vector<torch::Tensor>& params,
+                         const torch::optim::AdamWOptions& opts);
 
 /// A ZeRO-1 design's local optimizer is built from parameter groups (owned tensors, or one flat chunk); a
 /// Strategy is given a factory over a tensor list. This adapts one to the other: the factory's optimizer,

@@ -10,6 +10,7 @@
 #include "common/trace.hpp"
 
 #include <fmt/format.h>
+#include <torch/csrc/utils/tensor_flatten.h>  // flatten_dense_tensors
 
 #include <stdexcept>
 
@@ -225,15 +226,12 @@ void Fsdp::finish_gradient_synchronization() {
       rep.push_back(p.grad());
     }
   if (!rep.empty() && pg_.world_size() > 1) {
-    std::vector<torch::Tensor> lines;
-    for (const auto& g : rep) lines.push_back(g.reshape(-1));
-    auto flat = torch::cat(lines);
+    auto flat = torch::utils::flatten_dense_tensors(rep);
     pg_.all_reduce(flat, "replicated");
     ++all_reduces_;
     sent_bytes_ += 2 * ring_share() * static_cast<double>(flat.nbytes());
-    flat.div_(pg_.world_size());
-    int64_t off = 0;
-    for (auto& g : rep) g.copy_(flat.narrow(0, off, g.numel()).view_as(g)), off += g.numel();
+    const auto mean = torch::utils::unflatten_dense_tensors(flat.div_(pg_.world_size()), rep);
+    for (size_t i = 0; i < rep.size(); ++i) rep[i].copy_(mean[i]);
   }
   for (size_t u : scatter_order_) complete_reduce_scatter(u);
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -255,8 +253,7 @@ ShardedParams Fsdp::sharding() const {
 std::string Fsdp::describe() const {
   return fmt::format("FSDP over {}, {} units ({} of {} parameters sharded), compute {}, reshard after forward {}",
                      count_of(pg_.world_size(), "rank"), units_.size(), with_commas(sharded_numel_),
-                     with_commas(sharded_numel_ + replicated_numel_), dtype_name(opts_.compute_dtype),
-                     opts_.reshard_after_forward);
+                     with_commas(num_parameters()), dtype_name(opts_.compute_dtype), opts_.reshard_after_forward);
 }
 
 }  // namespace dp

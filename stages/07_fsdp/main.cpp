@@ -30,9 +30,7 @@
 #include "common/launch_env.hpp"
 #include "common/memory.hpp"
 #include "common/runtime.hpp"
-#include "stages/07_fsdp/fsdp.hpp"
-#include "stages/07_fsdp/fsdp_check.hpp"
-#include "stages/07_fsdp/strategies.hpp"
+#include "stages/07_fsdp/strategies.hpp"  // and fsdp.hpp (FsdpOptions)
 
 using namespace dp;
 

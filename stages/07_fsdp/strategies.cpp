@@ -1,6 +1,15 @@
 #include "stages/07_fsdp/strategies.hpp"
 
+#include "common/cli.hpp"  // ComputeDtypeText
+#include "common/ddp_check.hpp"
+#include "common/format.hpp"
+#include "common/log.hpp"
 #include "common/memory.hpp"
+#include "common/runtime.hpp"
+#include "common/tolerance.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <stdexcept>
 
@@ -32,14 +41,8 @@ class FsdpStrategy : public Strategy {
     sent_ = fsdp_.sent_bytes() - sent_at_start_;
   }
   int64_t calls_per_step() const override { return calls_; }
-  TrainingBytes bytes() const override {  // the shards (and replicated tensors), their gradients, the state
-    TrainingBytes b;
-    const auto pieces = fsdp_.parameters();
-    b.params = tensor_bytes(pieces);  // what a rank keeps between steps
-    for (const auto& p : pieces) b.grads += tensor_bytes({p.grad()});
-    b.state = optimizer_state_bytes(*opt_);
-    return b;
-  }
+  // What a rank keeps between steps: the shards (and replicated tensors), their gradients, the state.
+  TrainingBytes bytes() const override { return count_training_bytes(fsdp_.parameters(), *opt_); }
   double sent_bytes_per_step() const override { return sent_; }
   std::string describe() const override { return fsdp_.describe(); }
   torch::ScalarType compute_dtype(const torch::nn::Module& m) const override { return compute_dtype_of(m, opts_); }
@@ -71,6 +74,46 @@ MakeStrategy fsdp_strategy(FsdpOptions opts) {
                 const MakeOptimizer& make) -> std::unique_ptr<Strategy> {
     return std::make_unique<FsdpStrategy>(pg, std::move(model), make, opts);
   };
+}
+
+void add_fsdp_flags(CLI::App& app, std::string& reshard, std::string& dtype) {
+  app.add_option("--reshard-after-forward", reshard,
+                 "true: free gathered weights after forward (ZeRO-3); false: keep them until backward; both")
+      ->check(CLI::IsMember({"true", "false", "both"}));
+  app.add_option("--compute-dtype", dtype, "With the benchmark: float32 or bfloat16 (bf16) for FSDP's gathered weights")
+      ->check(ComputeDtypeText);
+}
+
+std::string fsdp_mode_name(const FsdpOptions& f) {
+  return fmt::format("{}, {}", dtype_name(f.compute_dtype), f.reshard_after_forward ? "reshard after forward"
+                                                                                         : "keep until backward");
+}
+
+bool run_fsdp_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes, uint64_t seed) {
+  // [checks]
+  bool all_ok = true;
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16})
+    for (bool reshard : reshard_modes) {
+      const FsdpOptions f{reshard, dtype};
+      // CS336 2026's test_fsdp_correctness is the common check with its settings (plain SGD, 10 rows per rank).
+      bool ok = report_margin(check_strategy(pg, fsdp_strategy(f), StrategyCheck::cs336_fsdp(seed)),
+                              fmt::format("FSDP == one process on ToyFSDPModel ({}; 3 SGD steps, {})",
+                                          fsdp_mode_name(f), count_of(pg.world_size(), "rank")));
+      check_gradient_sync(pg, fsdp_strategy(f));  // CS336 2026's test_fsdp_gradient_sync; throws CheckFailed
+      print0("PASS FSDP gradients ({}): fp32, shard-shaped, replicated ones equal on every rank", fsdp_mode_name(f));
+      // The check every Strategy passes (common/ddp_check.hpp), with a reference computing in f's dtype:
+      // SGD with momentum (state to shard), every rank starting from its own weights, micro-batches.
+      for (int k : {1, 2}) {
+        StrategyCheck c;
+        c.seed = seed, c.accumulate = k;
+        ok = report_margin(check_strategy(pg, fsdp_strategy(f), c),
+                           fmt::format("FSDP as a Strategy == one process ({}; 3 SGD steps with momentum, {} "
+                                       "micro-batch{} per step)", fsdp_mode_name(f), k, k > 1 ? "es" : "")) && ok;
+      }
+      all_ok = all_ok && ok;
+    }
+  // [checks]
+  return all_ok;
 }
 
 }  // namespace dp

@@ -12,7 +12,6 @@
 #include "common/params.hpp"
 #include "common/grad_hooks.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
-#include "stages/07_fsdp/fsdp_check.hpp"
 #include "stages/07_fsdp/strategies.hpp"
 #include "tests/stages/fsdp_modes.hpp"
 #include "tests/support/expect.hpp"

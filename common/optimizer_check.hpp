@@ -1,5 +1,6 @@
-// Stage 06's check, CS336's test of a sharded optimizer: the same model trained with plain AdamW and with the
-// sharded design must be equal bit for bit after every step.
+// The check of a sharded optimizer, CS336's test: the same model trained with plain AdamW and with the
+// sharded design must be equal bit for bit after every step. Stage 06 runs it on ZeRO-1; extensions 06a,
+// 06b and 06d on their designs (a design gives its two calls as ShardedSteps).
 #pragma once
 
 #include "common/dist.hpp"
@@ -17,17 +18,14 @@ struct ShardedSteps {
   std::function<void()> zero_grad;  ///< before backward
   std::function<void()> step;       ///< after backward: the design's communication and its step
   std::string description;          ///< one line, printed
-  /// True for ZeRO-1's reduce-scatter: the N equal gradients are summed in rank order and divided by N (the
-  /// reference then takes the same sum); false for designs that all-reduce nothing here (extension 06d's).
+  /// True for a design that reduce-scatters the gradients (ZeRO-1): the N equal gradients are summed in rank
+  /// order and divided by N (the reference then takes the same sum); false for designs that all-reduce
+  /// nothing here (extension 06d's).
   bool sums_over_ranks = false;
 };
 /// Builds the design under test over `params` (a model's parameters) with AdamW and `opts`.
 using MakeShardedSteps = std::function<ShardedSteps(ProcessGroup& pg, const std::vector<torch::Tensor>& params,
                                                     const torch::optim::AdamWOptions& opts)>;
-
-/// Stage 06's Zero1Optimizer over `params` with AdamW and `opts`, as the check drives it.
-ShardedSteps zero1_steps(ProcessGroup& pg, const std::vector<torch::Tensor>& params,
-                         const torch::optim::AdamWOptions& opts);
 
 /// CS336's test on its `toy` and `tied` models: every rank seeds 42, so models and data agree without a
 /// broadcast; every rank computes full gradients (no DDP). After each of 10 steps the sharded model must equal

@@ -1,11 +1,10 @@
-#include "stages/06_sharded_opt/adamw_check.hpp"
+#include "common/optimizer_check.hpp"
 
 #include "common/ddp_check.hpp"
 #include "common/format.hpp"
+#include "common/log.hpp"
 #include "common/models.hpp"
 #include "common/params.hpp"
-#include "common/runtime.hpp"
-#include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
 #include <algorithm>
 
@@ -13,7 +12,7 @@ namespace dp {
 
 namespace optim = torch::optim;
 
-// ZeRO-1 sums the N equal gradients over the ranks and divides by N: exactly g for N <= 2; for N = 3, 4 the
+// A design that reduce-scatters (ZeRO-1) sums the N equal gradients over the ranks and divides by N: exactly g for N <= 2; for N = 3, 4 the
 // reference takes the same sum (N copies in rank order, / N), the one rounding ZeRO-1 may add.
 static bool matches_adamw(ProcessGroup& pg, const std::string& model_name, const MakeShardedSteps& make) {
   // [check]
@@ -47,11 +46,6 @@ static bool matches_adamw(ProcessGroup& pg, const std::string& model_name, const
     }
   }
   return parameters_identical_across_ranks(pg, *shd);
-}
-
-ShardedSteps zero1_steps(ProcessGroup& pg, const std::vector<torch::Tensor>& params, const optim::AdamWOptions& opts) {
-  std::shared_ptr<Zero1Optimizer> z = Zero1Optimizer::make<optim::AdamW>(pg, params, opts);
-  return {[z] { z->zero_grad(); }, [z] { z->step(); }, z->describe(), /*sums_over_ranks=*/true};
 }
 
 bool check_against_adamw(ProcessGroup& pg, const std::string& what, const MakeShardedSteps& make) {
