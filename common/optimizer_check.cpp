@@ -12,8 +12,9 @@ namespace dp {
 
 namespace optim = torch::optim;
 
-// A design that reduce-scatters (ZeRO-1) sums the N equal gradients over the ranks and divides by N: exactly g for N <= 2; for N = 3, 4 the
-// reference takes the same sum (N copies in rank order, / N), the one rounding ZeRO-1 may add.
+// A design that reduce-scatters (ZeRO-1) sums the N equal gradients over the ranks and divides by N: exactly
+// g for N <= 2; for N = 3, 4 the reference takes the same sum (N copies in rank order, / N), the one rounding
+// ZeRO-1 may add.
 static bool matches_adamw(ProcessGroup& pg, const std::string& model_name, const MakeShardedSteps& make) {
   // [check]
   torch::manual_seed(42);
