@@ -183,8 +183,7 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
       if (timed) flat.push_back(f), single.push_back(s);
       // Agree on stopping: every rank must run the same number of steps or the collectives mismatch.
       const bool over = cfg.budget_s > 0 && budget.seconds() > cfg.budget_s && timed && i + 1 < cfg.warmup + cfg.steps;
-      auto votes = pg.all_gather(over ? 1.0 : 0.0);
-      if (std::find(votes.begin(), votes.end(), 1.0) != votes.end()) {
+      if (pg.first_rank_with(over) >= 0) {
         run.cut_by_budget = true;
         print0("  note: --budget {} reached after {} of {} timed steps; every figure below uses {} rounds",
                cfg.budget, i + 1 - cfg.warmup, cfg.steps, i + 1 - cfg.warmup);

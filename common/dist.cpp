@@ -478,6 +478,13 @@ std::vector<double> ProcessGroup::all_gather(double v) {
   return res;
 }
 
+int ProcessGroup::first_rank_with(bool flag) {
+  const auto flags = all_gather(flag ? 1.0 : 0.0);
+  for (size_t r = 0; r < flags.size(); ++r)
+    if (flags[r] == 1.0) return static_cast<int>(r);
+  return -1;
+}
+
 void ProcessGroup::barrier() {
   // A one-element all-reduce is a barrier on every backend (c10d's barrier on NCCL needs a device hint).
   auto t = torch::zeros({1}, torch::TensorOptions().device(device_));

@@ -105,6 +105,9 @@ class ProcessGroup {
   Work reduce_scatter_native_async(torch::Tensor& out, torch::Tensor& in, const std::string& label = {});
   /// Every rank's value, in rank order (small values such as timings or counts).
   std::vector<double> all_gather(double v);
+  /// The lowest rank whose `flag` is true, or -1 when no rank's is: every rank gets the same answer, so all
+  /// can stop (or throw) together, naming the rank (one all_gather).
+  int first_rank_with(bool flag);
   /// Every rank's vector, in rank order (all ranks must pass the same length).
   std::vector<std::vector<double>> all_gather(const std::vector<double>& v);
   /// Blocks until every rank reached it.

@@ -46,11 +46,9 @@ void verify_same_model(ProcessGroup& pg, torch::nn::Module& module) {
     problem = fmt::format("ranks built different models: parameter {} ({}) has shape {} on rank {} but {} on rank 0",
                           i, params[i].first, shape_text(dims(mine[i])), pg.rank(), shape_text(dims(shapes[i])));
   }
-  auto votes = pg.all_gather(problem.empty() ? 1.0 : 0.0);
-  for (int r = 0; r < pg.world_size(); ++r)
-    if (votes[r] != 1.0)
-      throw UsageError(problem.empty() ? fmt::format("ranks built different models: see rank {}'s message", r)
-                                       : problem);
+  if (const int r = pg.first_rank_with(!problem.empty()); r >= 0)
+    throw UsageError(problem.empty() ? fmt::format("ranks built different models: see rank {}'s message", r)
+                                     : problem);
 }
 
 }  // namespace

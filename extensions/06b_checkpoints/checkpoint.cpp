@@ -199,11 +199,10 @@ CheckpointInfo load_checkpoint(const std::string& path, ProcessGroup& pg, torch:
   } catch (const UsageError& e) {
     error = e.what();
   }
-  const auto ok = pg.all_gather(error.empty() ? 1.0 : 0.0);
+  const int failed = pg.first_rank_with(!error.empty());
   if (!error.empty()) throw UsageError(error);
-  for (int r = 0; r < pg.world_size(); ++r)
-    if (ok[static_cast<size_t>(r)] != 1.0)
-      throw UsageError(fmt::format("rank {} could not load checkpoint {} (its error says why)", r, path));
+  if (failed >= 0)
+    throw UsageError(fmt::format("rank {} could not load checkpoint {} (its error says why)", failed, path));
 
   // 2. Install: every parameter, the state this rank owns (any world size), each group's learning rate.
   {

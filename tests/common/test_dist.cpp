@@ -60,6 +60,16 @@ TEST_P(Collectives, AllGatherKeepsRankOrder) {
   });
 }
 
+// Every rank gets the lowest flagged rank (the one a refusal names), or -1 when none is flagged.
+TEST_P(Collectives, FirstRankWithAFlagIsTheSameOnEveryRank) {
+  const int W = GetParam();
+  run_ranks(W, [&](ProcessGroup& pg) {
+    EXPECT_EQ(pg.first_rank_with(false), -1);
+    EXPECT_EQ(pg.first_rank_with(pg.rank() == W - 1), W - 1);  // one rank flagged: every rank names it
+    EXPECT_EQ(pg.first_rank_with(pg.rank() >= W / 2), W / 2);   // several: the lowest
+  });
+}
+
 TEST_P(Collectives, AsyncHandlesCompleteInAnyWaitOrder) {
   const int W = GetParam();
   run_ranks(W, [&](ProcessGroup& pg) {
