@@ -2,6 +2,7 @@
 #include "common/dist.hpp"
 #include "common/ddp_check.hpp"
 #include "common/launch_env.hpp"
+#include "common/optimizer_check.hpp"
 #include "common/runtime.hpp"
 #include "common/timing.hpp"
 #include "tests/support/ranks.hpp"
@@ -157,6 +158,26 @@ TEST(Timeout, MissingPeerInAllToAllIsAnErrorNotAHang) {
   expect_missing_peer_error("all_to_all", [](ProcessGroup& pg) {
     auto in = torch::ones({8}), out = torch::zeros({8});
     pg.all_to_all_async(out, in).wait();
+  });
+}
+
+// The check against AdamW (common/optimizer_check.hpp) with a design that issues a collective every step and is
+// wrong on rank 1 only: every rank must return FAIL, none stop stepping early and leave the other waiting in
+// that collective (which the 20 s collective timeout would turn into an exception here).
+TEST(OptimizerCheck, AMismatchOnOneRankFailsEveryRankWithoutAHang) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto make = [](ProcessGroup& g, const std::vector<torch::Tensor>& params, const torch::optim::AdamWOptions& o) {
+      auto opt = std::make_shared<torch::optim::AdamW>(params, o);
+      auto step = [opt, &g, params] {
+        opt->step();
+        auto t = torch::ones({1});
+        g.all_reduce(t);  // as a design's communication
+        torch::NoGradGuard no_grad;
+        if (g.rank() == 1) params.front().add_(1.0);
+      };
+      return dp::ShardedSteps{[opt] { opt->zero_grad(); }, step, "AdamW, rank 1 off by one", false};
+    };
+    EXPECT_FALSE(dp::check_against_adamw(pg, "a design wrong on rank 1", make)) << "rank " << pg.rank();
   });
 }
 
