@@ -86,6 +86,29 @@ TEST_P(Collectives, AsyncHandlesCompleteInAnyWaitOrder) {
   });
 }
 
+// What the DDP check relies on when a strategy leaves a collective running (common/ddp_check.cpp): while
+// tracking, unfinished_async() names it, and wait_async() returns only once it has completed, its sum in place.
+// Rank 0 joins 500 ms late, so on the other ranks the all-reduce is still running when they ask; a wait_async()
+// that forgot to wait would leave their tensors unsummed.
+TEST_P(Collectives, WaitAsyncWaitsForTheTrackedCollectives) {
+  const int W = GetParam();
+  run_ranks(W, [&](ProcessGroup& pg) {
+    pg.track_async(true);
+    if (pg.rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    auto t = torch::full({1000}, static_cast<float>(pg.rank()));
+    pg.all_reduce_async(t, "late");
+    if (pg.rank() > 0) {
+      const auto running = pg.unfinished_async();
+      ASSERT_EQ(running.size(), 1u) << "rank " << pg.rank();
+      EXPECT_NE(running.front().find("(late)"), std::string::npos) << running.front();
+    }
+    pg.wait_async();
+    EXPECT_TRUE(pg.unfinished_async().empty()) << "rank " << pg.rank();
+    EXPECT_TRUE(torch::all(t == W * (W - 1) / 2.0f).item<bool>()) << "rank " << pg.rank() << ": not summed yet";
+    pg.track_async(false);
+  });
+}
+
 // Point to point, as stage 01's ring uses it: each rank sends to the next and receives from the one before,
 // into a view. A second wait on either handle returns at once (c10d's Gloo receive would block until its
 // timeout, as if the peer were dead).
