@@ -16,7 +16,9 @@ BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m,
   // Check the cap before the broadcast: a bad option fails fast and identically on every rank.
   std::vector<int64_t> bytes;
   std::vector<bool> trainable;
+  std::vector<torch::Tensor> hooked_params;
   for (auto& [name, p] : unique_named_parameters(*module)) {
+    if (p.requires_grad()) hooked_.push_back(params_.size()), hooked_params.push_back(p);
     names_.push_back(name);
     params_.push_back(p);
     bytes.push_back(p.numel() * static_cast<int64_t>(p.element_size()));
@@ -25,13 +27,6 @@ BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m,
   assignment_ = assign_buckets(bytes, trainable, cap_mb_);
   broadcast_parameters(pg_, *module);  // every rank starts from rank 0's weights (frozen ones too)
   build_buffers();
-
-  std::vector<torch::Tensor> hooked_params;
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].requires_grad()) {
-      hooked_.push_back(i);
-      hooked_params.push_back(params_[i]);
-    }
   ready_.assign(params_.size(), 0);
   hooks_ = std::make_unique<AccumulateGradHooks>(
       hooked_params, [this](size_t h) { check_not_ready(hooked_[h]); },
@@ -217,16 +212,15 @@ void BucketedDdp::on_bucket_averaged(std::function<void(size_t)> f) {
 void BucketedDdp::reassign(std::vector<std::vector<size_t>> assignment) {
   std::lock_guard<std::mutex> lock(mu_);
   require_between_steps("reassign");
-  std::vector<int> seen(params_.size(), 0);
-  for (const auto& bucket : assignment)
-    for (size_t i : bucket)
-      if (i >= params_.size() || !params_[i].requires_grad() || seen[i]++)
-        throw std::logic_error(fmt::format("BucketedDdp::reassign: parameter index {} is out of range, frozen or "
-                                           "listed twice", i));
-  for (size_t i : hooked_)
-    if (!seen[i]) throw std::logic_error("BucketedDdp::reassign: no bucket for " + names_[i]);
-  if (std::any_of(assignment.begin(), assignment.end(), [](const auto& b) { return b.empty(); }))
-    throw std::logic_error("BucketedDdp::reassign: an empty bucket");
+  std::vector<size_t> listed;  // sorted, it must be hooked_: every trainable parameter, once
+  for (const auto& bucket : assignment) {
+    if (bucket.empty()) throw std::logic_error("BucketedDdp::reassign: an empty bucket");
+    listed.insert(listed.end(), bucket.begin(), bucket.end());
+  }
+  std::sort(listed.begin(), listed.end());
+  if (listed != hooked_)
+    throw std::logic_error("BucketedDdp::reassign: the buckets must list every trainable parameter (by its index "
+                           "into parameters()) exactly once, and no frozen one");
   assignment_ = std::move(assignment);
   build_buffers();
 }
