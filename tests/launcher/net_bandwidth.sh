@@ -20,12 +20,16 @@ dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 # the per-call latency hardly count; 3 warm-up and 20 timed rounds keep the test under ~10 s. The check
 # takes the fastest round: what the link allows. Anything else only adds time to a round (4 ranks share
 # 2 cores; the VM's host is busy at times): in a clean-clone CI run the median round of 4 ranks came out
-# 36% slow, its fastest round 5% slow, the same as on an idle machine.
-timeout -k 5 150 "$launch" --nproc "$nproc" --net "$rate" -- \
-  "$prog" --bench --sizes 10MB --warmup 3 --iters 20 --json "$dir/out.json" >"$dir/log" 2>&1
-rc=$?
-[ $rc = 0 ] || { echo "ddp_launch exited with $rc:"; cat "$dir/log"; exit 1; }
-python3 - "$dir/out.json" "$nproc" "$rate" "$want" "$tol" <<'PY'
+# 36% slow, its fastest round 5% slow, the same as on an idle machine; but once, late in a full suite, every
+# round of 4 ranks was slow (fastest 150 ms, -20%; the same test alone right after: 126 ms, -4.5%). So a
+# run whose fastest round is too SLOW is tried once more and the better attempt counts: a busy host cannot
+# make a round faster, so a link shaped too fast still fails at once, and one shaped too slow fails twice.
+attempt() {  # prints the verdict; exit 0 within tolerance, 3 too slow, 1 otherwise
+  timeout -k 5 150 "$launch" --nproc "$nproc" --net "$rate" -- \
+    "$prog" --bench --sizes 10MB --warmup 3 --iters 20 --json "$dir/out.json" >"$dir/log" 2>&1
+  local rc=$?
+  [ $rc = 0 ] || { echo "ddp_launch exited with $rc:"; cat "$dir/log"; return 1; }
+  python3 - "$dir/out.json" "$nproc" "$rate" "$want" "$tol" <<'PY'
 import json, sys
 path, nproc, rate, want, tol = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
 row = json.load(open(path))["rows"][0]
@@ -34,5 +38,9 @@ off = (got - want) / want
 fast, ms, iters = row["latency_min_s"] * 1e3, row["latency_median_s"] * 1e3, row["iters"]
 print(f"{nproc} ranks at {rate}: bus bandwidth {got:.4f} GB/s in the fastest round, expected {want:.4f} GB/s: "
       f"{off:+.1%} (tolerance {tol:.0%}; fastest {fast:.1f} ms, median {ms:.1f} ms of {iters} rounds)")
-sys.exit(0 if abs(off) <= tol else 1)
+sys.exit(0 if abs(off) <= tol else 3 if off < 0 else 1)
 PY
+}
+attempt; rc=$?
+if [ $rc = 3 ]; then echo "too slow: once more (a busy host only adds time)"; attempt; rc=$?; fi
+exit $(( rc == 0 ? 0 : 1 ))
