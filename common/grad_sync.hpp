@@ -73,6 +73,14 @@ class NoSyncGuard {
 /// rank 0's parameters (its constructor calls broadcast_parameters()).
 using MakeGradSync = std::function<std::unique_ptr<GradSync>(ProcessGroup&, std::shared_ptr<torch::nn::Module>)>;
 
+/// The MakeGradSync of a class constructed as `T(pg, model)`: make_grad_sync<NaiveDdp>().
+template <typename T>
+MakeGradSync make_grad_sync() {
+  return [](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) -> std::unique_ptr<GradSync> {
+    return std::make_unique<T>(pg, std::move(m));
+  };
+}
+
 /// Copies rank 0's parameters (frozen ones too) and buffers to every rank, tied weights once, in place.
 /// First checks that every rank built the same model (the same number of unique parameters, each of the
 /// same shape); otherwise every rank throws dp::UsageError naming the first mismatch, before any

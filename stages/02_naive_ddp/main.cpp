@@ -25,18 +25,14 @@
 
 using namespace dp;
 
-static std::unique_ptr<GradSync> make_naive(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) {
-  return std::make_unique<NaiveDdp>(pg, std::move(m));
-}
-
 // Correct before fast: the program refuses to time anything it has not checked.
 static void run_checks(ProcessGroup& pg, uint64_t seed) {
   // [checks]
   print0("toy MLP, batch 100 split over {}, SGD lr 0.01, 10 epochs:", count_of(pg.world_size(), "rank"));
-  report_margin(check_toy_mlp_experiment(pg, make_naive, /*verbose=*/true, seed),
+  report_margin(check_toy_mlp_experiment(pg, make_grad_sync<NaiveDdp>(), /*verbose=*/true, seed),
                 "toy MLP: DDP weights equal single-process full-batch weights");
   for (const char* model : {"toy", "tied"})
-    report_margin(check_cs336_scenario(pg, model, make_naive, 5, false, seed),
+    report_margin(check_cs336_scenario(pg, model, make_grad_sync<NaiveDdp>(), 5, false, seed),
                   fmt::format("CS336 scenario ({}): 5 SGD steps equal single-process training, frozen parameters "
                               "unchanged", model));
   // [checks]
@@ -63,7 +59,8 @@ int main(int argc, char** argv) {
       print_bench_header(pg, cfg);
       Results results("stage02");
       // The baseline, the same per-rank work with no communication at all, is measured alongside.
-      record(results, bench_variants(pg, cfg, {{"naive (stage 02)", make_naive}}), cfg, pg.world_size());
+      record(results, bench_variants(pg, cfg, {{"naive (stage 02)", make_grad_sync<NaiveDdp>()}}), cfg,
+             pg.world_size());
       print0("\n{}", ddp_table(results));
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     }

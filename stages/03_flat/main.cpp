@@ -24,20 +24,13 @@
 
 using namespace dp;
 
-static std::unique_ptr<GradSync> make_flat(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) {
-  return std::make_unique<FlatDdp>(pg, std::move(m));
-}
-static std::unique_ptr<GradSync> make_naive(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) {
-  return std::make_unique<NaiveDdp>(pg, std::move(m));
-}
-
 // Correct before fast: the program refuses to time anything it has not checked.
 static void run_checks(ProcessGroup& pg, uint64_t seed) {
   print0("toy MLP, batch 100 split over {}, SGD lr 0.01, 10 epochs:", count_of(pg.world_size(), "rank"));
-  report_margin(check_toy_mlp_experiment(pg, make_flat, /*verbose=*/true, seed),
+  report_margin(check_toy_mlp_experiment(pg, make_grad_sync<FlatDdp>(), /*verbose=*/true, seed),
                 "toy MLP: DDP weights equal single-process full-batch weights");
   for (const char* model : {"toy", "tied"})
-    report_margin(check_cs336_scenario(pg, model, make_flat, 5, false, seed),
+    report_margin(check_cs336_scenario(pg, model, make_grad_sync<FlatDdp>(), 5, false, seed),
                   fmt::format("CS336 scenario ({}): 5 SGD steps equal single-process training, frozen parameters "
                               "unchanged", model));
 }
@@ -64,7 +57,8 @@ int main(int argc, char** argv) {
       Results results("stage03");
       // [bench]
       // Stage 02's way and stage 03's way in the same run, taking turns step by step: compare ratios.
-      record(results, bench_variants(pg, cfg, {{"naive (stage 02)", make_naive}, {"flat (stage 03)", make_flat}}),
+      record(results, bench_variants(pg, cfg, {{"naive (stage 02)", make_grad_sync<NaiveDdp>()},
+                                               {"flat (stage 03)", make_grad_sync<FlatDdp>()}}),
              cfg, pg.world_size());
       // [bench]
       print0("\n{}", ddp_table(results));

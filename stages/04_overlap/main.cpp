@@ -28,13 +28,6 @@
 
 using namespace dp;
 
-static std::unique_ptr<GradSync> make_overlap(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) {
-  return std::make_unique<OverlapDdp>(pg, std::move(m));
-}
-static std::unique_ptr<GradSync> make_naive(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) {
-  return std::make_unique<NaiveDdp>(pg, std::move(m));
-}
-
 // Overlap is a claim about time, so we show it: one backward of a small Transformer, and we count
 // the all-reduces that were launched before loss.backward() returned.
 static void show_overlap(ProcessGroup& pg) {
@@ -66,10 +59,10 @@ static void show_overlap(ProcessGroup& pg) {
 
 static void run_checks(ProcessGroup& pg, uint64_t seed) {
   print0("toy MLP, batch 100 split over {}, SGD lr 0.01, 10 epochs:", count_of(pg.world_size(), "rank"));
-  report_margin(check_toy_mlp_experiment(pg, make_overlap, /*verbose=*/true, seed),
+  report_margin(check_toy_mlp_experiment(pg, make_grad_sync<OverlapDdp>(), /*verbose=*/true, seed),
                 "toy MLP: DDP weights equal single-process full-batch weights");
   for (const char* model : {"toy", "tied"})
-    report_margin(check_cs336_scenario(pg, model, make_overlap, 5, false, seed),
+    report_margin(check_cs336_scenario(pg, model, make_grad_sync<OverlapDdp>(), 5, false, seed),
                   fmt::format("CS336 scenario ({}): 5 SGD steps equal single-process training, frozen parameters "
                               "unchanged", model));
   show_overlap(pg);
@@ -95,7 +88,8 @@ int main(int argc, char** argv) {
     if (bench) {
       print_bench_header(pg, cfg);
       Results results("stage04");
-      record(results, bench_variants(pg, cfg, {{"naive (stage 02)", make_naive}, {"overlap (stage 04)", make_overlap}}),
+      record(results, bench_variants(pg, cfg, {{"naive (stage 02)", make_grad_sync<NaiveDdp>()},
+                                               {"overlap (stage 04)", make_grad_sync<OverlapDdp>()}}),
              cfg, pg.world_size());
       print0("\n{}", ddp_table(results));
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));

@@ -28,34 +28,35 @@ BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m,
   broadcast_parameters(pg_, *module);  // every rank starts from rank 0's weights (frozen ones too)
   build_buffers();
   ready_.assign(params_.size(), 0);
-  hooks_ = std::make_unique<AccumulateGradHooks>(
-      hooked_params, [this](size_t h) { check_not_ready(hooked_[h]); },
-      [this](size_t h) { on_gradient_ready(hooked_[h]); });
+  hooks_ = std::make_unique<AccumulateGradHooks>(hooked_params, [this](size_t h) { check_not_ready(hooked_[h]); },
+                                                 [this](size_t h) { on_gradient_ready(hooked_[h]); });
 }
 
 void BucketedDdp::build_buffers() {
   buckets_.clear();
   // [buffers]
-  slots_.assign(params_.size(), Slot{});
+  slots_.assign(params_.size(), torch::Tensor());
+  bucket_of_.assign(params_.size(), 0);
   for (size_t b = 0; b < assignment_.size(); ++b) {
     Bucket bucket;
     bucket.params = assignment_[b];
     const auto& first = params_[bucket.params.front()];
     int64_t numel = 0;
+    for (size_t i : bucket.params) numel += params_[i].numel();
+    bucket.buffer = torch::zeros({numel}, first.options().requires_grad(false));
+    int64_t offset = 0;  // in elements: the bucket's gradients lie back to back, in bucket order
     for (size_t i : bucket.params) {
       if (params_[i].scalar_type() != first.scalar_type() || params_[i].device() != first.device())
         throw std::invalid_argument(fmt::format("BucketedDdp: bucket {} mixes dtypes or devices ({} and {})", b,
                                                 names_[bucket.params.front()], names_[i]));
-      slots_[i] = {b, numel, params_[i].numel()};
-      numel += params_[i].numel();
+      slots_[i] = bucket.buffer.narrow(0, offset, params_[i].numel()).view(params_[i].sizes());
+      bucket_of_[i] = b;
+      offset += params_[i].numel();
     }
-    bucket.buffer = torch::zeros({numel}, first.options().requires_grad(false));
     buckets_.push_back(std::move(bucket));
   }
   // [buffers]
 }
-
-BucketedDdp::~BucketedDdp() { hooks_.reset(); }
 
 void BucketedDdp::on_train_batch_start() {
   std::lock_guard<std::mutex> lock(mu_);
@@ -77,20 +78,15 @@ void BucketedDdp::check_not_ready(size_t i) {
 // .grad() tensor: LibTorch's AccumulateGrad installs a new tensor whenever .grad() is undefined (after
 // zero_grad() in torch 2.x, which sets gradients to undefined by default), and the view is silently
 // lost. A copy is correct whatever the training loop does with .grad(); it costs one memcpy per gradient.
-torch::Tensor BucketedDdp::slot_of(size_t i) {
-  const Slot& s = slots_[i];
-  return buckets_[s.bucket].buffer.narrow(0, s.offset, s.numel).view(params_[i].sizes());
-}
-
 void BucketedDdp::copy_into_slot(size_t i) {
   gradient_copied(i);
   const auto grad = params_[i].grad();
   if (grad.defined())
-    slot_of(i).copy_(grad);
+    slots_[i].copy_(grad);
   else
-    slot_of(i).zero_();  // only from finish: a parameter with no gradient at all counts as zero
+    slots_[i].zero_();  // only from finish: a parameter with no gradient at all counts as zero
   ready_[i] = 1;
-  ++buckets_[slots_[i].bucket].ready;
+  ++buckets_[bucket_of_[i]].ready;
 }
 
 void BucketedDdp::on_gradient_ready(size_t i) {
@@ -133,10 +129,6 @@ void BucketedDdp::launch_bucket(size_t bi, bool during_backward) {
   log_.record(bi, during_backward);
 }
 
-void BucketedDdp::finish_gradient_synchronization() {
-  if (synchronize()) after_synchronization();  // outside the lock: a subclass may issue collectives there
-}
-
 bool BucketedDdp::synchronize() {
   std::lock_guard<std::mutex> lock(mu_);
   if (sync_off_) return false;  // accumulating locally: the next backward with sync on synchronizes
@@ -155,9 +147,9 @@ bool BucketedDdp::synchronize() {
     b.work.wait();  // then the hook's last part: the bucket holds the average (allreduce_hook: sum / world)
     for (size_t i : b.params) {
       if (params_[i].grad().defined())
-        params_[i].mutable_grad().copy_(slot_of(i));
+        params_[i].mutable_grad().copy_(slots_[i]);
       else
-        params_[i].mutable_grad() = slot_of(i).clone();
+        params_[i].mutable_grad() = slots_[i].clone();
     }
     if (bucket_averaged_) bucket_averaged_(bi);  // e.g. step this bucket's parameters (extension 05c)
   }
@@ -166,9 +158,7 @@ bool BucketedDdp::synchronize() {
   // calls on_train_batch_start() still works.
   for (auto& b : buckets_) b.ready = 0, b.work = BucketWork();
   std::fill(ready_.begin(), ready_.end(), 0);
-  next_to_launch_ = 0;
-  in_step_ = false;
-  accumulated_locally_ = false;
+  next_to_launch_ = 0, in_step_ = false, accumulated_locally_ = false;
   return true;
 }
 
@@ -184,34 +174,28 @@ void BucketedDdp::set_requires_gradient_sync(bool sync) {
 }
 // [no_sync]
 
-bool BucketedDdp::requires_gradient_sync() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return !sync_off_;
-}
-
-// The seams change what a step does, so only between steps (with mu_ held).
-void BucketedDdp::require_between_steps(const char* what) const {
+// The seams change what a step does, so only between steps: the lock, once no step is in flight.
+std::unique_lock<std::mutex> BucketedDdp::lock_between_steps(const char* what) {
+  std::unique_lock<std::mutex> lock(mu_);
   if (in_step_)
     throw std::logic_error(fmt::format("BucketedDdp::{}: buckets are in flight; call it between steps (after "
                                        "finish_gradient_synchronization())", what));
+  return lock;
 }
 
 void BucketedDdp::register_comm_hook(CommHook hook) {
   if (!hook) throw std::logic_error("BucketedDdp::register_comm_hook: empty hook");
-  std::lock_guard<std::mutex> lock(mu_);
-  require_between_steps("register_comm_hook");
+  auto lock = lock_between_steps("register_comm_hook");
   hook_ = std::move(hook);
 }
 
 void BucketedDdp::on_bucket_averaged(std::function<void(size_t)> f) {
-  std::lock_guard<std::mutex> lock(mu_);
-  require_between_steps("on_bucket_averaged");
+  auto lock = lock_between_steps("on_bucket_averaged");
   bucket_averaged_ = std::move(f);
 }
 
 void BucketedDdp::reassign(std::vector<std::vector<size_t>> assignment) {
-  std::lock_guard<std::mutex> lock(mu_);
-  require_between_steps("reassign");
+  auto lock = lock_between_steps("reassign");
   std::vector<size_t> listed;  // sorted, it must be hooked_: every trainable parameter, once
   for (const auto& bucket : assignment) {
     if (bucket.empty()) throw std::logic_error("BucketedDdp::reassign: an empty bucket");
@@ -228,8 +212,7 @@ void BucketedDdp::reassign(std::vector<std::vector<size_t>> assignment) {
 std::string BucketedDdp::describe_buckets() const {
   std::string out;
   for (size_t b = 0; b < assignment_.size(); ++b) {
-    if (b > 0) out += "\n";
-    out += fmt::format("bucket {}: {} B =", b, buckets_[b].buffer.nbytes());
+    out += fmt::format("{}bucket {}: {} B =", b > 0 ? "\n" : "", b, buckets_[b].buffer.nbytes());
     for (size_t i : assignment_[b]) out += " " + names_[i];
   }
   return out;

@@ -1,8 +1,6 @@
-// Stage 05: bucketed data parallelism. Stage 04 launched one all-reduce per parameter and paid the
-// fixed cost of a collective once per tensor. Here gradients are copied into a few flat buffers
-// ("buckets"), and each bucket is all-reduced with one collective as soon as all its gradients are
-// final, still during backward. The bucket size trades per-call overhead (few large buckets) against
-// overlap (the first bucket can only start once it is full).
+// Stage 05: bucketed data parallelism. Gradients are copied into a few flat buffers ("buckets"), each
+// all-reduced with one collective as soon as all its gradients are final, still during backward: a
+// collective's fixed cost is paid once per bucket, not once per tensor as in stage 04, and the overlap stays.
 #pragma once
 
 #include "common/comm_hook.hpp"
@@ -23,14 +21,12 @@
 namespace dp {
 
 /// Data parallelism with gradient buckets launched from autograd hooks, in bucket order.
-///
-/// Usage, on every rank (the same loop as OverlapDdp):
-///   BucketedDdp ddp(pg, model, 25.0);   // 25 MB buckets
-///   loop: ddp.on_train_batch_start(); opt.zero_grad(); model->forward(...).backward();
-///         ddp.finish_gradient_synchronization(); opt.step();
+/// Usage, on every rank: BucketedDdp ddp(pg, model, 25.0) for 25 MB buckets, then OverlapDdp's loop:
+///   ddp.on_train_batch_start(); opt.zero_grad(); forward, backward; ddp.finish_gradient_synchronization(); opt.step();
 /// Accumulation over K micro-batches: the first K-1 backward passes inside a dp::NoSyncGuard, each loss
 /// divided by K, then the K-th outside it and finish: one process's step on all K * B * world rows.
-/// The process group must outlive this object. Extensions build on its seams (extensions/05*):
+/// The process group must outlive this object. Destroying it removes the hooks without waiting for
+/// collectives in flight (they keep their buffers alive). Extensions build on its seams (extensions/05*):
 /// register_comm_hook(), on_bucket_averaged() and, for subclasses, gradient_copied(),
 /// after_synchronization() and reassign().
 class BucketedDdp : public GradSync {
@@ -40,10 +36,6 @@ class BucketedDdp : public GradSync {
   /// dp::UsageError for a cap that is not positive and finite, std::invalid_argument for a bucket that
   /// would mix dtypes or devices.
   BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module, double bucket_cap_mb);
-  /// Removes the hooks. Does not wait for collectives still in flight (they keep their buffers alive).
-  ~BucketedDdp() override;
-  BucketedDdp(const BucketedDdp&) = delete;
-  BucketedDdp& operator=(const BucketedDdp&) = delete;
 
   /// The wrapped model (call forward on your own typed pointer to it).
   std::shared_ptr<torch::nn::Module> module;
@@ -51,18 +43,19 @@ class BucketedDdp : public GradSync {
   /// Throws std::logic_error if the previous step never finished (the per-step state is reset by finish).
   void on_train_batch_start() override;
   void after_backward() override { finish_gradient_synchronization(); }
-  /// One all-reduce per bucket.
-  int64_t calls_per_step() const override { return static_cast<int64_t>(bucket_count()); }
+  int64_t calls_per_step() const override { return static_cast<int64_t>(bucket_count()); }  // one per bucket
   /// Launches the buckets not launched yet (a parameter that got no gradient this step contributes its
   /// .grad(), zeros if none), waits for all of them and copies each bucket's average back into .grad().
   /// Does nothing while sync is off or when no gradient arrived since the last call.
-  void finish_gradient_synchronization();
+  void finish_gradient_synchronization() {
+    if (synchronize()) after_synchronization();  // outside the lock: a subclass may issue collectives there
+  }
 
   /// PyTorch's DDP.no_sync() (dp::NoSyncGuard sets it for a scope): after false, backward accumulates into
   /// .grad() with no communication and finish does nothing; after true, the next backward synchronizes the
   /// whole accumulated .grad(). Throws std::logic_error on false while a synchronization is unfinished.
   void set_requires_gradient_sync(bool sync) override;
-  bool requires_gradient_sync() const override;
+  bool requires_gradient_sync() const override { std::lock_guard<std::mutex> lock(mu_); return !sync_off_; }
 
   /// How a bucket is reduced (PyTorch's register_comm_hook; common/comm_hook.hpp): the same hook on every
   /// rank. The default is allreduce_hook(). Throws std::logic_error mid-step or for an empty hook.
@@ -103,11 +96,10 @@ class BucketedDdp : public GradSync {
  private:
   void check_not_ready(size_t param);   // pre-hook: already ready this step? a second backward
   void on_gradient_ready(size_t param); // post-hook: copy .grad() into its slot, launch what is complete
-  torch::Tensor slot_of(size_t param);   // its view into its bucket's buffer, shaped like the parameter
   void copy_into_slot(size_t param);    // .grad() (zeros if none) into its slot, counted as ready
-  void require_between_steps(const char* what) const;  // std::logic_error mid-step
+  std::unique_lock<std::mutex> lock_between_steps(const char* what);  // std::logic_error mid-step
   bool synchronize();                   // finish's work, under the lock; false when there was nothing to do
-  void build_buffers();             // buckets_ and slots_ from assignment_
+  void build_buffers();                 // buckets_, slots_ and bucket_of_ from assignment_
   void launch_complete_buckets_in_order(bool during_backward);
   void launch_bucket(size_t bucket, bool during_backward);  // its collective (through hook_) and its record
 
@@ -117,18 +109,14 @@ class BucketedDdp : public GradSync {
     size_t ready = 0;            // gradients copied in this step
     BucketWork work;             // this step's reduction, once launched by the hook
   };
-  struct Slot {
-    size_t bucket = 0;
-    int64_t offset = 0;  // in elements, into the bucket's buffer
-    int64_t numel = 0;
-  };
 
   ProcessGroup& pg_;
   double cap_mb_;
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;
   std::vector<std::vector<size_t>> assignment_;
-  std::vector<Slot> slots_;            // per parameter in params_ (meaningful for trainable ones)
+  std::vector<torch::Tensor> slots_;   // per parameter in params_: a view into its bucket's buffer, its shape
+  std::vector<size_t> bucket_of_;      // per parameter in params_: which bucket (trainable ones only)
   std::vector<size_t> hooked_;         // hook index -> index in params_
 
   mutable std::mutex mu_;  // hooks run on autograd's thread (another thread for CUDA tensors)

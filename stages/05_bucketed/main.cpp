@@ -5,11 +5,8 @@
 // What it adds: stage 04 overlapped communication with backward but paid a collective's fixed cost
 // once per parameter tensor; stage 03 paid it once but could not overlap. Buckets pay it once per
 // bucket and keep the overlap. The bucket size trades the two: the overhead model predicts the best one.
-//
-// What users of PyTorch's DDP reach for next lives in extensions/ on this stage: communication hooks
-// (05a: fp16 buckets), buckets rebuilt in arrival order (05b), the optimizer overlapped with communication
-// (05c), and all of them measured in one run, with gradient accumulation under no_sync(), against
-// PyTorch's own DDP (05d).
+// Built on this stage (extensions/05*): fp16 communication hooks (05a), buckets in arrival order (05b), the
+// optimizer overlapped with communication (05c), all of them with no_sync() accumulation against PyTorch's DDP (05d).
 //
 // Run it:
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed                      # checks only
@@ -25,11 +22,9 @@
 // What it leaves for the next stage: every rank still keeps a full copy of the optimizer state
 // (AdamW: two floats per parameter, twice the model). Stage 06 shards it across ranks.
 #include "common/cli.hpp"
-#include "common/data.hpp"
 #include "common/ddp_bench.hpp"
 #include "common/ddp_check.hpp"
 #include "common/launch_env.hpp"
-#include "common/models.hpp"
 #include "common/runtime.hpp"
 #include "common/timing.hpp"  // CommModel
 #include "common/transformer.hpp"
@@ -39,11 +34,6 @@
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 
 using namespace dp;
-
-template <typename Sync>
-static std::unique_ptr<GradSync> make(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) {
-  return std::make_unique<Sync>(pg, std::move(m));
-}
 
 static void run_checks(ProcessGroup& pg, uint64_t seed) {
   // [checks]
@@ -102,9 +92,9 @@ int main(int argc, char** argv) {
       // [bench]
       std::vector<Variant> variants;
       auto wanted = [&](const char* v) { return std::find(names.begin(), names.end(), v) != names.end(); };
-      if (wanted("naive")) variants.push_back({"naive (stage 02)", make<NaiveDdp>});
-      if (wanted("flat")) variants.push_back({"flat (stage 03)", make<FlatDdp>});
-      if (wanted("overlap")) variants.push_back({"overlap (stage 04)", make<OverlapDdp>});
+      if (wanted("naive")) variants.push_back({"naive (stage 02)", make_grad_sync<NaiveDdp>()});
+      if (wanted("flat")) variants.push_back({"flat (stage 03)", make_grad_sync<FlatDdp>()});
+      if (wanted("overlap")) variants.push_back({"overlap (stage 04)", make_grad_sync<OverlapDdp>()});
       if (wanted("bucketed"))
         for (double cap : caps)
           variants.push_back({fmt::format("bucketed {:g} MB (stage 05)", cap), bucketed_ddp_strategy(cap)});

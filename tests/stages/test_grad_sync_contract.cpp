@@ -209,9 +209,7 @@ struct FrozenNotBroadcast : GradSync {
 };
 
 template <typename Sync>
-std::unique_ptr<GradSync> make(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) {
-  return std::make_unique<Sync>(pg, std::move(m));
-}
+const dp::MakeGradSync make = dp::make_grad_sync<Sync>();
 
 // Each rank's dp::CheckFailed message from the CS336 check of `make` on `model` (every rank throws, together).
 std::vector<std::string> failures(const dp::MakeGradSync& make, const char* model = "toy", int world = 2) {
