@@ -73,7 +73,7 @@ class NoSyncGuard {
 /// rank 0's parameters (its constructor calls broadcast_parameters()).
 using MakeGradSync = std::function<std::unique_ptr<GradSync>(ProcessGroup&, std::shared_ptr<torch::nn::Module>)>;
 
-/// The MakeGradSync of a class constructed as `T(pg, model)`: make_grad_sync<NaiveDdp>().
+/// The MakeGradSync of a GradSync class constructed as `T(pg, model)`, such as a stage's DDP class.
 template <typename T>
 MakeGradSync make_grad_sync() {
   return [](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) -> std::unique_ptr<GradSync> {
