@@ -2,6 +2,7 @@
 #include "common/cli.hpp"
 
 #include "common/dist.hpp"
+#include "common/fork_cases.hpp"
 #include "common/format.hpp"
 #include "common/runtime.hpp"
 
@@ -194,6 +195,7 @@ Cli::Cli(const std::string& program, const std::string& description) : app_(desc
 Cli::~Cli() = default;
 
 int Cli::parse(int argc, char** argv) {
+  serve_fork_cases(argc, argv);  // the suite's bad-input cases, forked after start-up (DP_FORK_CASES)
   try {
     app_.parse(argc, argv);
     parse_seconds(common_.timeout, "--timeout");

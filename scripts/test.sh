@@ -53,7 +53,8 @@ case "$config" in
     # #ifdef DP_WITH_CUDA in common/): one 2.x build instead of two. The `margins` label runs there too (the grid's
     # three tests and the tolerance model's unit tests): 2.x does its matrix products in MKL, not OpenBLAS, in
     # another summation order (the cuda suite took 338 s with them, 237 s without, in two clean clones). Left
-    # out: the bad-input refusals (CLI and launcher, the same on both) and the emulated-network tests (the
+    # out: the bad-input refusals run through the launcher, one test each (the same on both; each program's own
+    # refusals run here, forked from one start: bad_inputs_<program>, the NCCL and CUDA ones among them), the emulated-network tests (the
     # launcher's tc and the programs' overlap, not LibTorch's), and four of stage 09's whole runs (the
     # launcher's and the rounds' logic; LibTorch 2.x's Gloo is seen failing, timing out and healing in the kill,
     # shrink and hang runs): so that CI stays well under its limit. The workbook's stubs run here too: they fail

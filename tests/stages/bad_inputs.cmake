@@ -7,9 +7,59 @@ set(TINY --bench --preset tiny --context 16 --warmup 0 --steps 2)
 set(MEM env DP_AVAILABLE_MEMORY_BYTES=24000000000)
 
 # name | expected exit | output regex | command...
+# A case whose command is one of this project's programs (after `env K=V ...`, if any) becomes a case of that
+# program's ctest `bad_inputs_<program>`: the program starts once and forks per case after LibTorch has loaded
+# (common/fork_cases.hpp; ~250 starts of about 1 s each saved), with expect_exit.sh's three checks. Its output
+# names each case (`ok   bad_input_<name>`); one alone: DP_FORK_CASES_FILTER=<name> ctest -R bad_inputs_<program>.
+# Any other command (the launcher, a script) stays a test of its own, bad_input_<name>, under expect_exit.sh.
 function(dp_bad_input name code regex)
-  dp_add_test(bad_input_${name} LABELS "hardening;cli" TIMEOUT 90 COMMAND ${EXPECT} ${code} ${regex} -- ${ARGN})
+  set(cmd ${ARGN})
+  set(envs)
+  list(GET cmd 0 a)
+  while(a STREQUAL "env" OR a MATCHES "^[A-Za-z_][A-Za-z0-9_]*=")  # env K=V env K2=V2 ... (MEM, ALONE)
+    if(NOT a STREQUAL "env")
+      list(APPEND envs "${a}")
+    endif()
+    list(POP_FRONT cmd)
+    list(GET cmd 0 a)
+  endwhile()
+  list(GET cmd 0 program)
+  # The launcher is no LibTorch program (it starts in milliseconds and has no Cli::parse): its cases stay tests.
+  if(NOT program MATCHES "^\\$<TARGET_FILE:([A-Za-z0-9_]+)>$" OR CMAKE_MATCH_1 STREQUAL "ddp_launch")
+    dp_add_test(bad_input_${name} LABELS "hardening;cli" TIMEOUT 90 COMMAND ${EXPECT} ${code} ${regex} -- ${ARGN})
+    return()
+  endif()
+  set(target ${CMAKE_MATCH_1})
+  list(POP_FRONT cmd)
+  set(text "case bad_input_${name}\ncodes ${code}\nregex ${regex}\n")
+  foreach(e IN LISTS envs)
+    string(APPEND text "env ${e}\n")
+  endforeach()
+  foreach(a IN LISTS cmd)
+    string(APPEND text "arg ${a}\n")
+  endforeach()
+  set_property(GLOBAL APPEND_STRING PROPERTY DP_FORK_CASES_${target} "${text}end\n")
+  set_property(GLOBAL APPEND PROPERTY DP_FORK_CASE_PROGRAMS ${target})
 endfunction()
+
+# After every dp_bad_input (tests/CMakeLists.txt calls it last): one case file and one test per program.
+function(dp_bad_input_programs)
+  get_property(programs GLOBAL PROPERTY DP_FORK_CASE_PROGRAMS)
+  list(REMOVE_DUPLICATES programs)
+  foreach(p IN LISTS programs)
+    get_property(text GLOBAL PROPERTY DP_FORK_CASES_${p})
+    set(file ${CMAKE_BINARY_DIR}/tests/bad_inputs/${p}.cases)
+    file(GENERATE OUTPUT ${file} CONTENT "${text}")
+    # One thread at start-up, so that the cases can be forked: OpenBLAS starts its pool as it loads (the presets
+    # set the same; the programs set their own thread counts after start-up).
+    dp_add_test(bad_inputs_${p} LABELS "hardening;cli" TIMEOUT 300
+      COMMAND env OPENBLAS_NUM_THREADS=1 DP_FORK_CASES=${file} $<TARGET_FILE:${p}>)
+  endforeach()
+endfunction()
+
+# The runner's checks can fail: a wrong exit code, a wrong output and a case past its timeout are each caught.
+dp_add_test(bad_inputs_runner_can_fail LABELS "hardening;cli" TIMEOUT 60
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/../fork_cases_can_fail.sh ${S01})
 
 foreach(prog stage01_allreduce stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt
              stage07_fsdp stage08_train_lm ext05d_feature_bench ext06c_memory_bench ext07a_fsdp_bench)
