@@ -1,4 +1,4 @@
-// DP_FAULT=die@R, hang@R and misorder@R: what the hardening tests and docs/debugging.md provoke; and
+// DP_FAULT=die@R, hang@R, orphan@R and misorder@R: what the hardening tests and docs/debugging.md provoke; and
 // ACTION@SLOT:POINT, the faults of an elastic run (stage 09), each fired once in the run through its store.
 #include "common/fault.hpp"
 
@@ -10,6 +10,8 @@
 #include "common/timeline.hpp"
 
 #include <fmt/format.h>
+
+#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
@@ -28,6 +30,14 @@ bool fault_requested(const std::string& action, int rank) {
 }
 
 void maybe_inject_fault(int rank) {
+  if (fault_requested("orphan", rank)) {  // a process left behind: `sleep 30` in this session, not waited for
+    fmt::print(stderr, "{} DP_FAULT: orphan: leaving `sleep 30` running\n", log_tag());
+    std::fflush(stderr);
+    if (fork() == 0) {
+      execlp("sleep", "sleep", "30", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+  }
   for (const char* action : {"die", "hang"}) {
     if (!fault_requested(action, rank)) continue;
     fmt::print(stderr, "{} DP_FAULT: {} now\n", log_tag(), action);

@@ -12,8 +12,9 @@ namespace dp {
 
 class ProcessGroup;
 
-/// With DP_FAULT=hang@R rank R blocks forever here, with DP_FAULT=die@R it is killed by SIGKILL here.
-/// Does nothing when DP_FAULT is unset or names another action or rank.
+/// With DP_FAULT=hang@R rank R blocks forever here, with DP_FAULT=die@R it is killed by SIGKILL here; with
+/// DP_FAULT=orphan@R it starts `sleep 30` and goes on, leaving that process running after it exits (what the
+/// checks for leftover processes must catch). Does nothing when DP_FAULT is unset or names another action or rank.
 void maybe_inject_fault(int rank);
 
 /// Fault injection for docs/debugging.md: with DP_FAULT=misorder@R, rank R issues one extra collective

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # fork_cases_can_fail.sh PROGRAM
-# The bad-input runner (common/fork_cases.hpp) catches its mutants: a case file with one good case and three
-# bad ones (a wrong exit code, an output that does not match, a case that outlives its timeout) must give
-# one `ok`, three `FAIL` lines naming each case and its reason, the count, and exit code 1, in seconds.
+# The bad-input runner (common/fork_cases.hpp) catches its mutants: a case file with one good case and four
+# bad ones (a wrong exit code, an output that does not match, a case that outlives its timeout, one that leaves
+# a process running: DP_FAULT=orphan@0) must give one `ok`, four `FAIL` lines naming each case and its reason,
+# the count, and exit code 1, in seconds.
 set -u
 prog=$1
+export OPENBLAS_NUM_THREADS=1  # one thread at start-up: the fork path (with more, each case executes the program)
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 cat >"$dir/mutants.cases" <<'CASES'
 case good
@@ -33,14 +35,20 @@ env MASTER_PORT=9
 arg --timeout
 arg 60s
 end
+case leaves_a_process
+codes 0
+regex PASS
+env DP_FAULT=orphan@0
+end
 CASES
 out=$(DP_FORK_CASES="$dir/mutants.cases" timeout 60 "$prog" 2>&1); rc=$?
 fail=0
 for want in "^ok   good " "^FAIL wrong_code: expected exit code 3, got 0" \
             "^FAIL wrong_output: output does not match /no such words/" \
-            "^FAIL outlives_its_timeout: timed out after 2 s" "1 of 4 bad-input cases passed$"; do
+            "^FAIL outlives_its_timeout: timed out after 2 s" \
+            "^FAIL leaves_a_process: 1 process\(es\) left running after it returned" "1 of 5 bad-input cases passed$"; do
   grep -qE -- "$want" <<<"$out" || { echo "missing /$want/ in the runner's output"; fail=1; }
 done
 [ "$rc" = 1 ] || { echo "expected exit code 1, got $rc"; fail=1; }
 [ $fail = 0 ] || { echo "$out" | tail -40; exit 1; }
-echo "fork_cases_can_fail: PASS: 3 mutants caught by name, exit 1"
+echo "fork_cases_can_fail: PASS: 4 mutants caught by name, exit 1"
