@@ -161,7 +161,9 @@ def resume(launch, prog, work):
 
 def lostwork(launch, prog, work):
     ck = os.path.join(work, "lm.ckpt")
-    short = ["--steps", "3", "--warmup", "0", "--eval-every", "10", "--sample", "0", "--batch", "8", "--context", "32"]
+    # "nano" where size does not matter; the sample past --timeout below needs the default model's seconds.
+    short = ["--steps", "3", "--warmup", "0", "--eval-every", "10", "--sample", "0", "--batch", "8", "--context", "32",
+             "--preset", "nano"]
     # Asked for, written: no --checkpoint-every, yet the run ends with the checkpoint on disk.
     rc, out = run(launch, prog, 2, short + ["--checkpoint", ck], os.path.join(work, "end.log"))
     ok = must(rc == 0 and os.path.exists(ck) and f"checkpoint step 3 written to {ck}" in out,
@@ -193,7 +195,7 @@ def lostwork(launch, prog, work):
     # seconds), no peer waits in a collective past --timeout meanwhile. (The final barrier after the sample
     # failed this: "barrier failed ... Timed out waiting 3000ms".)
     at = short.index("--sample")
-    no_sample = short[:at] + short[at + 2:]
+    no_sample = short[:at] + short[at + 2:-2]  # the default preset: sampling 1000 bytes outlasts --timeout 3s
     rc, out = run(launch, prog, 2, no_sample + ["--sample", "1000", "--timeout", "3s"], os.path.join(work, "sample.log"))
     ok = must(rc == 0 and "PASS stage 08" in out and "sampled from the model" in out,
               f"--sample 1000 at --timeout 3s: exit {rc}, the sample and PASS") and ok
