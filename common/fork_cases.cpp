@@ -64,7 +64,8 @@ std::vector<Case> read_cases(const std::string& path) {
 
 bool matches(const std::string& re, const std::string& text) {
   regex_t r;
-  if (regcomp(&r, re.c_str(), REG_EXTENDED | REG_NOSUB) != 0) return false;
+  if (regcomp(&r, re.c_str(), REG_EXTENDED | REG_NOSUB) != 0)
+    refuse(fmt::format("/{}/ is not a POSIX extended regular expression", re));
   bool hit = false;
   std::istringstream lines(text);
   for (std::string line; !hit && std::getline(lines, line);) hit = regexec(&r, line.c_str(), 0, nullptr, 0) == 0;
@@ -88,7 +89,8 @@ std::vector<pid_t> session_members(pid_t sid) {
     const pid_t pid = std::atoi(e->d_name);
     if (pid <= 0) continue;
     std::ifstream f(fmt::format("/proc/{}/stat", pid));
-    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::string stat;  // one line
+    std::getline(f, stat);
     const auto close = stat.rfind(')');
     if (close == std::string::npos) continue;
     std::istringstream rest(stat.substr(close + 2));
@@ -169,6 +171,9 @@ void serve_fork_cases(int& argc, char**& argv) {
     unlink(path);
     std::fflush(nullptr);  // nothing buffered here is written twice
     const auto t0 = std::chrono::steady_clock::now();
+    const auto seconds_since_fork = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
     const pid_t pid = fork();
     if (pid < 0) refuse(fmt::format("fork: {}", std::strerror(errno)));
     if (pid == 0) return become_case(c, out_fd, argc, argv, exec);  // main() goes on as the case
@@ -181,14 +186,14 @@ void serve_fork_cases(int& argc, char**& argv) {
         rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         break;
       }
-      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > c.timeout_s) {
+      if (seconds_since_fork() > c.timeout_s) {
         kill(-pid, SIGKILL), waitpid(pid, &status, 0);
         timed_out = true, rc = 124;  // timeout(1)'s code
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double took = seconds_since_fork();
     std::string out;
     char buf[65536];
     for (off_t at = 0;;) {

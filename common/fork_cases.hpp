@@ -1,5 +1,5 @@
 // The suite's bad-input cases of one program, run as forks of one process: a LibTorch program spends about
-// 0.5-0.7 s of CPU starting (loading and initialising libtorch) before main() runs, and the ~250 cases of
+// 0.5-0.7 s of CPU starting (loading and initialising libtorch) before main() runs, and the 241 cases of
 // tests/stages/bad_inputs.cmake each paid it once. Forked after start-up, a case costs a few milliseconds
 // and runs the same main() with its own arguments and environment.
 #pragma once

@@ -7,8 +7,8 @@
 #   bash scripts/test.sh cuda     # CUDA + NCCL against the same pip torch 2.x (preset cuda): compiles and
 #                                 # links everything; without a GPU its tests run on the CPU with Gloo, and
 #                                 # the NCCL ones check the refusals
-#   bash scripts/test.sh all      # what CI runs, timed: cuda (LibTorch 2.x; without the bad-input refusals
-#                                 # and the emulated-network tests), then default in full
+#   bash scripts/test.sh all      # what CI runs, timed: cuda (LibTorch 2.x; without the launcher's bad-input
+#                                 # refusals and the emulated-network tests), then default in full
 # Extra arguments go to ctest (e.g. -R Stage05, -L e2e). ctest's presets set OPENBLAS_NUM_THREADS=1: OpenBLAS
 # then starts no spinning thread pool when it loads (about 0.1 s of CPU in each of the suite's ~1,000
 # processes); a program that multiplies matrices grows the pool to its share of the cores itself
@@ -54,11 +54,11 @@ case "$config" in
     # three tests and the tolerance model's unit tests): 2.x does its matrix products in MKL, not OpenBLAS, in
     # another summation order (the cuda suite took 338 s with them, 237 s without, in two clean clones). Left
     # out: the bad-input refusals run through the launcher, one test each (the same on both; each program's own
-    # refusals run here, forked from one start: bad_inputs_<program>, the NCCL and CUDA ones among them), the emulated-network tests (the
-    # launcher's tc and the programs' overlap, not LibTorch's), and four of stage 09's whole runs (the
-    # launcher's and the rounds' logic; LibTorch 2.x's Gloo is seen failing, timing out and healing in the kill,
-    # shrink and hang runs): so that CI stays well under its limit. The workbook's stubs run here too: they fail
-    # on 2.x as on 1.13.
+    # refusals run here, forked from one start: bad_inputs_<program>, the NCCL and CUDA ones among them), the
+    # emulated-network tests (the launcher's tc and the programs' overlap, not LibTorch's), and four of stage 09's
+    # whole runs (the launcher's and the rounds' logic; LibTorch 2.x's Gloo is seen failing, timing out and
+    # healing in the kill, shrink and hang runs): so that CI stays well under its limit. The workbook's stubs run
+    # here too: they fail on 2.x as on 1.13.
     run_config cuda -LE net -E '^(bad_input_|stage09_elastic_(twice|quorum|heal|minimum))'
     run_config default "$@"   # last, so CI's closing ctest line is the README's own test command
     echo "test.sh: all configurations passed:"; cat "$timings" ;;
