@@ -3,7 +3,7 @@
 # The bad-input runner (common/fork_cases.hpp) catches its mutants: a case file with one good case and four
 # bad ones (a wrong exit code, an output that does not match, a case that outlives its timeout, one that leaves
 # a process running: DP_FAULT=orphan@0) must give one `ok`, four `FAIL` lines naming each case and its reason,
-# the count, and exit code 1, in seconds.
+# the count, and exit code 1, in seconds; a case file whose regex does not compile is refused with exit 2.
 set -u
 prog=$1
 export OPENBLAS_NUM_THREADS=1  # one thread at start-up: the fork path (with more, each case executes the program)
@@ -51,4 +51,10 @@ for want in "^ok   good " "^FAIL wrong_code: expected exit code 3, got 0" \
 done
 [ "$rc" = 1 ] || { echo "expected exit code 1, got $rc"; fail=1; }
 [ $fail = 0 ] || { echo "$out" | tail -40; exit 1; }
-echo "fork_cases_can_fail: PASS: 4 mutants caught by name, exit 1"
+# A case file whose regex does not compile is refused (exit 2, naming it), not read as "no match".
+printf 'case bad_regex\ncodes 0\nregex (unclosed\narg --help\nend\n' >"$dir/bad_regex.cases"
+out=$(DP_FORK_CASES="$dir/bad_regex.cases" timeout 60 "$prog" 2>&1); rc=$?
+if [ "$rc" != 2 ] || ! grep -qF "/(unclosed/ is not a POSIX extended regular expression" <<<"$out"; then
+  echo "a regex that does not compile: expected exit 2 and its refusal, got $rc:"; echo "$out" | tail -10; exit 1
+fi
+echo "fork_cases_can_fail: PASS: 4 mutants caught by name, exit 1; a broken regex refused, exit 2"
