@@ -5,13 +5,14 @@
 
 #include "common/comm_hook.hpp"
 #include "common/dist.hpp"
-#include "common/grad_hooks.hpp"  // AccumulateGradHooks, LaunchLog
 #include "common/grad_sync.hpp"
+#include "common/grad_hooks.hpp"
 #include "common/strategy.hpp"
 #include "stages/05_bucketed/buckets.hpp"
 
 #include "common/libtorch.hpp"
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -20,15 +21,18 @@
 
 namespace dp {
 
-/// Data parallelism with gradient buckets launched from autograd hooks, in bucket order.
-/// Usage, on every rank: BucketedDdp ddp(pg, model, 25.0) for 25 MB buckets, then OverlapDdp's loop:
-///   ddp.on_train_batch_start(); opt.zero_grad(); forward, backward; ddp.finish_gradient_synchronization(); opt.step();
+/// Data parallelism with one asynchronous all-reduce per bucket of gradients, launched from autograd hooks.
+///
+/// Usage, on every rank:
+///   auto ddp = std::make_shared<BucketedDdp>(pg, model, 25.0);   // 25 MB buckets (keep model for forward)
+///   loop: ddp->on_train_batch_start(); opt.zero_grad(); loss = f(model->forward(x_local)); loss.backward();
+///         ddp->finish_gradient_synchronization(); opt.step();
+/// Every trainable parameter's gradient then holds the average over ranks. The process group must
+/// outlive this object. Frozen parameters (requires_grad false) are broadcast but never hooked.
 /// Accumulation over K micro-batches: the first K-1 backward passes inside a dp::NoSyncGuard, each loss
 /// divided by K, then the K-th outside it and finish: one process's step on all K * B * world rows.
-/// The process group must outlive this object. Destroying it removes the hooks without waiting for
-/// collectives in flight (they keep their buffers alive). Extensions build on its seams (extensions/05*):
-/// register_comm_hook(), on_bucket_averaged() and, for subclasses, gradient_copied(),
-/// after_synchronization() and reassign().
+/// Extensions build on its seams (extensions/05*): register_comm_hook(), on_bucket_averaged() and, for
+/// subclasses, gradient_copied(), after_synchronization() and reassign().
 class BucketedDdp : public GradSync {
  public:
   /// Broadcasts rank 0's parameters and buffers, assigns buckets with assign_buckets() over the unique
@@ -36,12 +40,18 @@ class BucketedDdp : public GradSync {
   /// dp::UsageError for a cap that is not positive and finite, std::invalid_argument for a bucket that
   /// would mix dtypes or devices.
   BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module, double bucket_cap_mb);
+  /// Removes the hooks. Does not wait for collectives still in flight (they keep their buffers alive).
+  ~BucketedDdp() override;
+  BucketedDdp(const BucketedDdp&) = delete;
+  BucketedDdp& operator=(const BucketedDdp&) = delete;
 
-  /// The wrapped model (call forward on your own typed pointer to it).
+  /// The wrapped model. Call forward on your own typed pointer to it (torch::nn::Module has no
+  /// virtual forward); its parameters are the ones being synchronized.
   std::shared_ptr<torch::nn::Module> module;
 
-  /// Throws std::logic_error if the previous step never finished (the per-step state is reset by finish).
+  /// Throws std::logic_error when the previous step's gradients were never finished.
   void on_train_batch_start() override;
+  /// Same as finish_gradient_synchronization().
   void after_backward() override { finish_gradient_synchronization(); }
   int64_t calls_per_step() const override { return static_cast<int64_t>(bucket_count()); }  // one per bucket
   /// Launches the buckets not launched yet (a parameter that got no gradient this step contributes its
@@ -67,6 +77,7 @@ class BucketedDdp : public GradSync {
 
   /// Unique parameters (frozen ones too, tied weights once) in registration order; buckets() indexes them.
   const std::vector<torch::Tensor>& parameters() const { return params_; }
+  /// Their dotted names, same order.
   const std::vector<std::string>& parameter_names() const { return names_; }
   /// Indices into parameters() per bucket, bucket 0 (launched first) first.
   const std::vector<std::vector<size_t>>& buckets() const { return assignment_; }
@@ -75,9 +86,10 @@ class BucketedDdp : public GradSync {
   int world_size() const { return pg_.world_size(); }
   /// One line per bucket: "bucket 0: 1000 B = fc3.weight" (for printing).
   std::string describe_buckets() const;
-  /// Bucket all-reduces launched since construction (lock-free), and the launches (index = bucket) of the
-  /// step in progress or, between steps, of the last one.
+  /// Bucket all-reduces launched since construction. Lock-free: may be read from another autograd hook.
   int64_t launched_count() const { return log_.total(); }
+  /// The launches of the step in progress or, between steps, of the last finished step, in launch order.
+  /// A launch's index is its bucket's.
   std::vector<LaunchRecord> launches() const { return log_.step(); }
 
  protected:
@@ -94,9 +106,9 @@ class BucketedDdp : public GradSync {
   ProcessGroup& process_group() const { return pg_; }
 
  private:
-  void check_not_ready(size_t param);   // pre-hook: already ready this step? a second backward
-  void on_gradient_ready(size_t param); // post-hook: copy .grad() into its slot, launch what is complete
-  void copy_into_slot(size_t param);    // .grad() (zeros if none) into its slot, counted as ready
+  void check_not_ready(size_t i);     // pre-hook: already ready (copied) this step? a second backward
+  void on_gradient_ready(size_t i);   // post-hook: copy .grad() into its slot, launch what is complete
+  void copy_into_slot(size_t i);      // .grad() (zeros if none) into its slot, counted as ready
   std::unique_lock<std::mutex> lock_between_steps(const char* what);  // std::logic_error mid-step
   bool synchronize();                   // finish's work, under the lock; false when there was nothing to do
   void build_buffers();                 // buckets_, slots_ and bucket_of_ from assignment_
@@ -127,10 +139,10 @@ class BucketedDdp : public GradSync {
   bool sync_off_ = false;              // set_requires_gradient_sync(false) holds: accumulate locally
   bool accumulated_locally_ = false;   // a gradient arrived locally since the last synchronization
   CommHook hook_;
-  LaunchLog log_;                      // for launched_count() and launches()
+  LaunchLog log_;                     // for launched_count() and launches()
   std::function<void(size_t)> bucket_averaged_;  // on_bucket_averaged()'s f, or empty
 
-  std::unique_ptr<AccumulateGradHooks> hooks_;  // last member: destroyed first
+  std::unique_ptr<AccumulateGradHooks> hooks_;  // last member: destroyed first, before the state it uses
 };
 
 /// BucketedDdp with `bucket_cap_mb` MB buckets as a dp::Strategy (dp::ddp_strategy()); micro-batches
