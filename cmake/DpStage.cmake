@@ -113,7 +113,7 @@ function(dp_add_gtest target)
     set(G_TIMEOUT 120)
   endif()
   add_executable(${target} ${G_SOURCES})
-  target_link_libraries(${target} PRIVATE ${G_LINK} GTest::gtest_main)
+  target_link_libraries(${target} PRIVATE ${G_LINK} dp_gtest_main)  # tests/support/gtest_main.cpp
   # A program's test files compile as one unit, four files at most: each unit pays ~3 s of CPU to load the
   # precompiled LibTorch header whatever its size (test_ext06's three files: 12 s as one unit, 31 s one by one).
   set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 4)

@@ -155,7 +155,7 @@ TEST(Log, TagOutlivesTheGroupRank) {
   dp::print_rank("mine");
   EXPECT_EQ(testing::internal::GetCapturedStdout(), "summary\n[rank 2/3] mine\n");
   testing::internal::CaptureStderr();
-  EXPECT_EQ(dp::run_main([]() -> int { throw dp::UsageError("bad"); }), 2);
+  EXPECT_EQ(dp::exit_code_of([]() -> int { throw dp::UsageError("bad"); }), 2);
   EXPECT_EQ(testing::internal::GetCapturedStderr(), "[rank 2/3] error: bad\n");
   dp::set_log_rank(1, 2);
   testing::internal::CaptureStdout();
@@ -164,6 +164,22 @@ TEST(Log, TagOutlivesTheGroupRank) {
   dp::set_log_tag(-1, -1);  // back to the group's rank, as every other program
   dp::set_log_rank(0, 1);
   EXPECT_EQ(dp::log_tag(), "[rank 0/1]");
+}
+
+// run_main() ends the process through leave_process(): the body's exit code, with what it printed but had not
+// flushed (stdout to a pipe is fully buffered); DP_FULL_EXIT=1 returns the code to main() instead.
+TEST(Log, RunMainLeavesWithTheCodeAndTheOutput) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(dp::run_main([] {
+                std::setvbuf(stderr, nullptr, _IOFBF, 4096);  // buffered, as a pipe makes stdout
+                std::fputs("written, not flushed\n", stderr);
+                return 3;
+              }),
+              ::testing::ExitedWithCode(3), "written, not flushed");
+  EXPECT_EXIT(dp::run_main([]() -> int { throw dp::UsageError("bad"); }), ::testing::ExitedWithCode(2), "error: bad");
+  setenv("DP_FULL_EXIT", "1", 1);
+  EXPECT_EQ(dp::run_main([] { return 4; }), 4);
+  unsetenv("DP_FULL_EXIT");
 }
 
 // --backend nccl exits 2 on a CPU build, and on a CUDA build where there is no GPU (this machine).
