@@ -2,6 +2,8 @@
 //   case NAME | codes 2 (or 1|137) | timeout SECONDS | regex RE | env K=V ... | arg A ... | end
 #include "common/fork_cases.hpp"
 
+#include "common/runtime.hpp"
+
 #include <fmt/format.h>
 
 #include <dirent.h>
@@ -16,7 +18,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <iostream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -124,11 +125,9 @@ void become_case(const Case& c, int out_fd, int& argc, char**& argv, bool exec) 
   setsid();
   // At exit, after what main() registered: flush and leave, skipping the destructors of what was built before
   // the fork (LibTorch's operator registry deregisters each of its thousands of kernels: ~0.1 s of CPU a case,
-  // copying the parent's pages as it writes). Nothing a case prints is lost; its exit code is main()'s.
-  on_exit([](int status, void*) {
-    std::cout.flush(), std::cerr.flush(), std::fflush(nullptr);
-    _exit(status);
-  }, nullptr);
+  // copying the parent's pages as it writes). Nothing a case prints is lost; its exit code is main()'s. Also
+  // under DP_FULL_EXIT=1: what those destructors would free is the parent's, not the case's.
+  on_exit([](int status, void*) { flush_and_exit(status); }, nullptr);
   dup2(out_fd, STDOUT_FILENO), dup2(out_fd, STDERR_FILENO), close(out_fd);
   unsetenv("DP_FORK_CASES");
   for (const auto& e : c.env) {

@@ -16,8 +16,11 @@ int exit_code_of(const std::function<int()>& body);
 
 /// Ends the process with exit code `code`: flushes stdout and stderr and leaves through _exit(), without the
 /// destructors of globals (LibTorch's cost 0.2-0.3 s of CPU a process), so everything the process writes
-/// must be written before. With DP_FULL_EXIT=1 in the environment (a leak checker wants every destructor)
-/// it returns `code` instead, for main() to return.
+/// must be written before.
+[[noreturn]] void flush_and_exit(int code);
+
+/// flush_and_exit(code), unless DP_FULL_EXIT=1 is in the environment (a leak checker wants every
+/// destructor): then it returns `code`, for main() to return.
 int leave_process(int code);
 
 /// What every program's main() returns: leave_process(exit_code_of(body)).
