@@ -74,19 +74,15 @@ void BucketedDdp::check_not_ready(size_t i) {
     throw std::logic_error(std::string("BucketedDdp: ") + kBackwardTwiceMessage + "; parameter " + names_[i]);
 }
 
-// Copy, not view. The bucket holds its own copy of each gradient, and .grad() stays a separate tensor.
-// The alternative (PyTorch's gradient_as_bucket_view=True) makes .grad() a view into the bucket, which
-// saves this copy and one gradient's worth of memory, but only works if nothing ever replaces the
-// .grad() tensor: LibTorch's AccumulateGrad installs a new tensor whenever .grad() is undefined (after
-// zero_grad() in torch 2.x, which sets gradients to undefined by default), and the view is silently
-// lost. A copy is correct whatever the training loop does with .grad(); it costs one memcpy per gradient.
+// Copy, not view. PyTorch's gradient_as_bucket_view=True makes .grad() a view into the bucket, saving this
+// copy and one gradient's worth of memory, but only while nothing replaces the .grad() tensor: AccumulateGrad
+// installs a new one whenever .grad() is undefined (after zero_grad() in torch 2.x, which sets gradients to
+// undefined by default), and the view is silently lost. A copy is correct whatever the loop does with .grad(),
+// for one memcpy per gradient.
 void BucketedDdp::copy_into_slot(size_t i) {
   gradient_copied(i);
   const auto grad = params_[i].grad();
-  if (grad.defined())
-    slots_[i].copy_(grad);
-  else
-    slots_[i].zero_();  // only from finish: a parameter with no gradient at all counts as zero
+  grad.defined() ? slots_[i].copy_(grad) : slots_[i].zero_();  // undefined only from finish: counts as zero
   ready_[i] = 1;
   ++buckets_[bucket_of_[i]].ready;
 }
@@ -104,14 +100,12 @@ void BucketedDdp::on_gradient_ready(size_t i) {
   // [ready]
 }
 
-// Launch bucket 0, 1, 2, ... strictly in index order: a complete bucket waits while an earlier one is
-// still incomplete. Gloo matches collectives by their position in each rank's sequence, so every rank
-// must issue the same all-reduces in the same order. Readiness order need not follow bucket order (a
-// parameter registered late but used early in forward, or a tied weight, which is ready only once its
-// use nearest the input has been differentiated), and it is only as deterministic as the autograd
-// engine; bucket index order depends on nothing but the model. Had two ranks launched their buckets in
-// different orders, Gloo would add bucket 1 of one rank to bucket 2 of another: wrong sums if the sizes
-// happen to match, an error or a hang if not.
+// Launch bucket 0, 1, 2, ... strictly in index order: a complete bucket waits while an earlier one is still
+// incomplete. Gloo matches collectives by their position in each rank's sequence, so every rank must issue the
+// same all-reduces in the same order. Readiness order need not follow bucket order (a parameter registered late
+// but used early in forward; a tied weight, ready only once its use nearest the input is differentiated) and is
+// only as deterministic as the autograd engine; bucket order depends on nothing but the model. Launched in
+// different orders, Gloo would add bucket 1 of one rank to bucket 2 of another: wrong sums, an error or a hang.
 void BucketedDdp::launch_complete_buckets_in_order(bool during_backward) {
   // [launch]
   // [exercise 05.2: launch every complete bucket, strictly in bucket order]
@@ -156,8 +150,7 @@ bool BucketedDdp::synchronize() {
     if (bucket_averaged_) bucket_averaged_(bi);  // e.g. step this bucket's parameters (extension 05c)
   }
   // [finish]
-  // Reset the per-step state here rather than only in on_train_batch_start(), so that a loop that never
-  // calls on_train_batch_start() still works.
+  // Reset here, not in on_train_batch_start(): a loop that never calls it still works.
   for (auto& b : buckets_) b.ready = 0, b.work = BucketWork();
   std::fill(ready_.begin(), ready_.end(), 0);
   next_to_launch_ = 0, in_step_ = false, accumulated_locally_ = false;

@@ -56,10 +56,9 @@ class BucketedDdp : public GradSync {
   int64_t calls_per_step() const override { return static_cast<int64_t>(bucket_count()); }  // one per bucket
   /// Launches the buckets not launched yet (a parameter that got no gradient this step contributes its
   /// .grad(), zeros if none), waits for all of them and copies each bucket's average back into .grad().
-  /// Does nothing while sync is off or when no gradient arrived since the last call.
-  void finish_gradient_synchronization() {
-    if (synchronize()) after_synchronization();  // outside the lock: a subclass may issue collectives there
-  }
+  /// Does nothing while sync is off or when no gradient arrived since the last call. after_synchronization()
+  /// runs outside the lock: a subclass may issue collectives there.
+  void finish_gradient_synchronization() { if (synchronize()) after_synchronization(); }
 
   /// PyTorch's DDP.no_sync() (dp::NoSyncGuard sets it for a scope): after false, backward accumulates into
   /// .grad() with no communication and finish does nothing; after true, the next backward synchronizes the

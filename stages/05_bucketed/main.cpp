@@ -2,22 +2,21 @@
 // order, up to a cap in MB each, --caps); each bucket is all-reduced with one collective as soon as its last
 // gradient is ready, while backward goes on.
 //
-// What it adds: stage 04 overlapped communication with backward but paid a collective's fixed cost
-// once per parameter tensor; stage 03 paid it once but could not overlap. Buckets pay it once per
-// bucket and keep the overlap. The bucket size trades the two: the overhead model predicts the best one.
-// Built on this stage (extensions/05*): fp16 communication hooks (05a), buckets in arrival order (05b), the
-// optimizer overlapped with communication (05c), all of them with no_sync() accumulation against PyTorch's DDP (05d).
+// What it adds: stage 04 overlapped communication with backward but paid a collective's fixed cost once per
+// parameter tensor; stage 03 paid it once but could not overlap. Buckets pay it once per bucket and keep the
+// overlap; the overhead model predicts the best bucket size. Built on it (extensions/05*): fp16 hooks (05a),
+// buckets in arrival order (05b), the optimizer overlapped (05c), no_sync() accumulation against PyTorch's DDP (05d).
 //
 // Run it:
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed                      # checks only
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed --bench --preset small
 //   ./build/bin/ddp_launch --nproc 2 --net 1gbit -- ./build/bin/stage05_bucketed --bench --preset tiny --trace t.json
-//     (--net: each rank behind a simulated 1 Gbit/s link, root only; --trace: a timeline of every step,
-//      python3 scripts/timeline.py t.json draws it)
-// Correct output: bucket assignments and PASS lines for caps 0.0016, 0.0001 and 0.01 MB; with --bench
-// the overhead model's prediction and one table: no communication, stages 02, 03, 04, and stage 05
-// at each cap in --caps, all measured in the same run, with overlap efficiency and the speed-up over
-// one process. On a 1 Gbit/s link, buckets beat stage 03 by about 15%; over loopback they do not.
+//     (--net: each rank behind a simulated 1 Gbit/s link, root only; --trace: a timeline of every step, drawn
+//      by python3 scripts/timeline.py t.json)
+// Correct output: bucket assignments and PASS lines for caps 0.0016, 0.0001 and 0.01 MB; with --bench the
+// overhead model's prediction and one table: no communication, stages 02-04 and stage 05 at each cap in --caps,
+// measured in one run, with overlap efficiency and the speed-up over one process. On a 1 Gbit/s link buckets
+// beat stage 03 by about 15%; over loopback they do not.
 //
 // What it leaves for the next stage: every rank still keeps a full copy of the optimizer state
 // (AdamW: two floats per parameter, twice the model). Stage 06 shards it across ranks.
