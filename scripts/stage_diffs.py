@@ -18,7 +18,8 @@ where the stage is a new idea rather than an edit (06, 07, 08) until its diff fi
 
   python3 scripts/stage_diffs.py            writes docs/diffs/ and prints each diff's length
   python3 scripts/stage_diffs.py --check    exit 1 if docs/diffs/ is not what the sources give (ctest)
-  python3 scripts/stage_diffs.py --sizes    lines per diff against DIFF_BUDGET (a report; exit 0)
+  python3 scripts/stage_diffs.py --sizes    lines per diff against DIFF_BUDGET, split into new files and edits
+                                            (a report; exit 0)
 """
 import argparse
 import difflib
@@ -109,7 +110,8 @@ def write_stage(prev, cur, out):
         head.append(f"#   {rel(o):45} -> {rel(c)}")
     for o in dropped:
         head.append(f"#   {rel(o):45} -> (not in this folder)")
-    body = "".join(unified(o, c) for o, c in pairs)
+    diffs = [(o, unified(o, c)) for o, c in pairs]
+    body = "".join(d for _, d in diffs)
     (out / f"{n}.diff").write_text("\n".join(head) + "\n" + body)
     # The file list, with what each holds, and the common/ headers the stage includes.
     rows = ["lines  file                                        what it holds"]
@@ -124,7 +126,8 @@ def write_stage(prev, cur, out):
     if earlier:
         rows.append("from earlier stages: " + " ".join(sorted(earlier)))
     (out / f"{n}.txt").write_text("\n".join(rows) + "\n")
-    return len(body.splitlines())
+    new_files = sum(len(d.splitlines()) for o, d in diffs if o is None)
+    return len(body.splitlines()), new_files
 
 
 def what_it_holds(f, text):
@@ -167,8 +170,10 @@ def main():
             lengths = generate(pathlib.Path(tmp))
     else:
         lengths = generate(pathlib.Path(a.out))
-    for n, length in lengths.items():
-        print(f"{n}.diff: {length:5d} lines{'' if length <= DIFF_BUDGET else f'  over the {DIFF_BUDGET}-line budget'}")
+    for n, (length, new_files) in lengths.items():
+        # A new file can only be read whole: the split says how much of a diff is new code and how much edits.
+        split = f" ({new_files} in new files, {length - new_files} editing stage {int(n) - 1:02d}'s)" if new_files else ""
+        print(f"{n}.diff: {length:5d} lines{split}{'' if length <= DIFF_BUDGET else f'  over the {DIFF_BUDGET}-line budget'}")
     return 0
 
 
