@@ -32,8 +32,6 @@ BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m,
                                                  [this](size_t h) { on_gradient_ready(hooked_[h]); });
 }
 
-BucketedDdp::~BucketedDdp() { hooks_.reset(); }
-
 void BucketedDdp::build_buffers() {
   buckets_.clear();
   // [buffers]

@@ -40,10 +40,9 @@ class BucketedDdp : public GradSync {
   /// dp::UsageError for a cap that is not positive and finite, std::invalid_argument for a bucket that
   /// would mix dtypes or devices.
   BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module, double bucket_cap_mb);
-  /// Removes the hooks. Does not wait for collectives still in flight (they keep their buffers alive).
-  ~BucketedDdp() override;
-  BucketedDdp(const BucketedDdp&) = delete;
-  BucketedDdp& operator=(const BucketedDdp&) = delete;
+  /// Removes the hooks (hooks_, the last member, goes first). Does not wait for collectives still in
+  /// flight (they keep their buffers alive). Not copyable (its mutex and hooks are not).
+  ~BucketedDdp() override = default;
 
   /// The wrapped model. Call forward on your own typed pointer to it (torch::nn::Module has no
   /// virtual forward); its parameters are the ones being synchronized.
@@ -51,8 +50,7 @@ class BucketedDdp : public GradSync {
 
   /// Throws std::logic_error when the previous step's gradients were never finished.
   void on_train_batch_start() override;
-  /// Same as finish_gradient_synchronization().
-  void after_backward() override { finish_gradient_synchronization(); }
+  void after_backward() override { finish_gradient_synchronization(); }  ///< finish, below
   int64_t calls_per_step() const override { return static_cast<int64_t>(bucket_count()); }  // one per bucket
   /// Launches the buckets not launched yet (a parameter that got no gradient this step contributes its
   /// .grad(), zeros if none), waits for all of them and copies each bucket's average back into .grad().
@@ -76,8 +74,7 @@ class BucketedDdp : public GradSync {
 
   /// Unique parameters (frozen ones too, tied weights once) in registration order; buckets() indexes them.
   const std::vector<torch::Tensor>& parameters() const { return params_; }
-  /// Their dotted names, same order.
-  const std::vector<std::string>& parameter_names() const { return names_; }
+  const std::vector<std::string>& parameter_names() const { return names_; }  ///< their dotted names, same order
   /// Indices into parameters() per bucket, bucket 0 (launched first) first.
   const std::vector<std::vector<size_t>>& buckets() const { return assignment_; }
   size_t bucket_count() const { return assignment_.size(); }

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <utility>  // std::exchange
 
 namespace dp {
 
@@ -28,8 +29,7 @@ std::vector<std::vector<size_t>> assign_buckets(const std::vector<int64_t>& para
     if (!trainable[k]) continue;  // frozen: no gradient to send
     const double bytes = static_cast<double>(param_bytes[k]);
     if (!current.empty() && current_bytes + bytes > cap_bytes) {  // would overflow: close this bucket
-      buckets.push_back(std::move(current));
-      current.clear();
+      buckets.push_back(std::exchange(current, {}));
       current_bytes = 0;
     }
     current.push_back(k);  // an empty bucket takes any parameter, even one larger than the cap
