@@ -102,11 +102,11 @@ endfunction()
 
 # dp_add_gtest(<target> SOURCES <files> LINK <libs> LABELS <labels> [LABELS_BY_NAME <regex>=<label>...]
 #              [TIMEOUT s])
-#   One GoogleTest executable; each test suite becomes one ctest test, its tests run in one process
-#   ("Suite.*"; a typed suite gives one per type, "Suite.*<Type>"; see cmake/DpGtestSuites.cmake), with
-#   the labels and a timeout of TIMEOUT plus 30 s per test. LABELS_BY_NAME adds <label> to the suites whose
-#   ctest name matches <regex>. Run one test alone with the executable: build/tests/<target>
-#   --gtest_filter='Suite.Test'.
+#   One GoogleTest executable, its tests registered with ctest by cmake/DpGtestSuites.cmake: a typed suite
+#   one ctest test per type ("Suite.*<Type>"), the other suites with the same labels a few to a ctest test
+#   named by its gtest filter ("Cli.*:Sizes.*"), each one process, with the labels and a timeout of TIMEOUT
+#   plus 30 s per test. LABELS_BY_NAME adds <label> to the suites whose name ("Suite.*") matches <regex>.
+#   Run one test alone with the executable: build/tests/<target> --gtest_filter='Suite.Test'.
 function(dp_add_gtest target)
   cmake_parse_arguments(G "" "TIMEOUT" "SOURCES;LINK;LABELS;LABELS_BY_NAME" ${ARGN})
   if(NOT G_TIMEOUT)

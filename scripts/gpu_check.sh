@@ -75,7 +75,7 @@ step stage08_zero1_gloo_cuda_w2 check 150 "$L --nproc 2 -- $B/stage08_train_lm -
 # host both ways, and the run continues where it stopped (its step and loss curve).
 step stage08_resume_w1_to_w2 check 200 "rm -f $build/gpu_lm.ckpt && $L --nproc 1 -- $B/stage08_train_lm --backend nccl --sync zero1 --corpus docs --steps 20 --eval-every 10 --sample 0 --checkpoint $build/gpu_lm.ckpt --checkpoint-every 10 && $L --nproc 2 -- $B/stage08_train_lm --device cuda --sync fsdp --corpus docs --steps 40 --eval-every 10 --sample 0 --checkpoint $build/gpu_lm.ckpt --resume"
 # The suite's CUDA tests (elsewhere they skip, saying why).
-step ctest_cuda check 120 "ctest --test-dir $build -R '^(Backends|GlooOnCuda|Cli)\\.' --output-on-failure --timeout 120"
+step ctest_cuda check 120 "ctest --test-dir $build -R '(^|:)(Backends|GlooOnCuda|Cli)\\.' --output-on-failure --timeout 120"
 # Stage 05's benchmark: the Transformer's step on the GPU (compute) beside the overhead model's prediction.
 step stage05_bench_nccl_w1 timed 120 "$L --nproc 1 -- $B/stage05_bucketed --backend nccl --bench --preset small --context 256 --batch 16 --warmup 2 --steps 10 --json $out/gpu_stage05_bench_nccl_w1.json"
 step stage05_bench_gloo_cuda_w2 timed 120 "$L --nproc 2 -- $B/stage05_bucketed --device cuda --bench --preset small --context 256 --batch 16 --warmup 2 --steps 10 --json $out/gpu_stage05_bench_gloo_cuda_w2.json"
