@@ -7,7 +7,7 @@
 #   sudo bash scripts/fresh_machine.sh --worktree      # the working tree as it is, uncommitted changes too
 #   sudo bash scripts/fresh_machine.sh --keep --dir /var/tmp/dp-fresh --logs /var/tmp/dp-fresh-logs
 #
-# It takes about 18 minutes on 2 cores (measured 2026-12-03 at 14578e6): debootstrap under 1, the tour 6
+# It takes about 18 minutes on 2 cores (measured 2026-12-03 at 85bed44): debootstrap under 1, the tour 6
 # (Debian's packages, the build, every stage), the test suite 11 (the tests' build 2, ctest 7). Correct
 # output ends with
 #   fresh_machine: tour.sh exit 0 in N s; test.sh exit 0 in N s; ctest: N passed, 0 failed, 0 skipped
