@@ -126,6 +126,8 @@ function(dp_add_gtest target)
   file(WRITE ${config} "set(EXE [=[${PROJECT_BINARY_DIR}/tests/${target}]=])\nset(OUT [=[${out}]=])\n"
                        "set(WORKDIR [=[${CMAKE_CURRENT_BINARY_DIR}]=])\nset(TIMEOUT ${G_TIMEOUT})\nset(PER_TEST 30)\n"
                        "set(LABELS [=[${G_LABELS}]=])\nset(RULES [=[${G_LABELS_BY_NAME}]=])\n")
+  # Relinked (and so listed again) when the registering script changes, not only when the tests do.
+  set_property(TARGET ${target} APPEND PROPERTY LINK_DEPENDS ${PROJECT_SOURCE_DIR}/cmake/DpGtestSuites.cmake)
   add_custom_command(TARGET ${target} POST_BUILD
     COMMAND ${CMAKE_COMMAND} -D CONFIG=${config} -P ${PROJECT_SOURCE_DIR}/cmake/DpGtestSuites.cmake
     COMMENT "Listing the test suites of ${target}" VERBATIM)
