@@ -40,7 +40,7 @@ macro(add_one name filter count labels)
 endmacro()
 
 # Pass 1: the suites in listing order. Typed ones are registered at once; the others are kept by label set
-# (the set joined with '|' is the key).
+# (the set joined with '|', its MD5 naming the group's variables).
 set(keys "")
 set(name "")
 macro(flush)
