@@ -21,8 +21,6 @@ OverlapDdp::OverlapDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) :
       params_, [this](size_t i) { check_not_ready(i); }, [this](size_t i) { on_gradient_ready(i); });
 }
 
-OverlapDdp::~OverlapDdp() { hooks_.reset(); }
-
 void OverlapDdp::on_train_batch_start() {
   std::lock_guard<std::mutex> lock(mu_);
   if (in_step_) throw std::logic_error(std::string("OverlapDdp: ") + kStepUnfinishedMessage);

@@ -34,10 +34,9 @@ class OverlapDdp : public GradSync {
  public:
   /// Broadcasts rank 0's parameters and buffers to every rank, then hooks each unique trainable parameter.
   OverlapDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module);
-  /// Removes the hooks. Does not wait for collectives still in flight (they keep their tensors alive).
-  ~OverlapDdp() override;
-  OverlapDdp(const OverlapDdp&) = delete;
-  OverlapDdp& operator=(const OverlapDdp&) = delete;
+  /// Removes the hooks (hooks_, the last member, goes first). Does not wait for collectives still in
+  /// flight (they keep their tensors alive). Not copyable (its mutex and hooks are not).
+  ~OverlapDdp() override = default;
 
   /// The wrapped model. Call forward on your own typed pointer to it (torch::nn::Module has no
   /// virtual forward); its parameters are the ones being synchronized.
@@ -64,7 +63,7 @@ class OverlapDdp : public GradSync {
   std::vector<LaunchRecord> launches() const { return log_.step(); }
 
  private:
-  void check_not_ready(size_t i);     // pre-hook: already ready (launched) this step? a second backward
+  void check_not_ready(size_t i);     // pre-hook: already ready this step? then a second backward
   void on_gradient_ready(size_t i);   // post-hook: .grad() is final, launch its all-reduce
   void launch(size_t i, bool during_backward);
 
@@ -78,7 +77,7 @@ class OverlapDdp : public GradSync {
   std::vector<std::string> names_;
 
   mutable std::mutex mu_;  // hooks run on autograd's thread (another thread for CUDA tensors)
-  bool in_step_ = false;              // a hook ran since the last finish
+  bool in_step_ = false;              // a synchronization began; finish not called yet
   std::vector<char> launched_;        // per parameter, this step
   std::vector<Pending> pending_;      // in launch order
   LaunchLog log_;                     // for launched_count() and launches()

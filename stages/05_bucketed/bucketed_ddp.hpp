@@ -41,7 +41,7 @@ class BucketedDdp : public GradSync {
   /// would mix dtypes or devices.
   BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module, double bucket_cap_mb);
   /// Removes the hooks (hooks_, the last member, goes first). Does not wait for collectives still in
-  /// flight (they keep their buffers alive). Not copyable (its mutex and hooks are not).
+  /// flight (they keep their tensors alive). Not copyable (its mutex and hooks are not).
   ~BucketedDdp() override = default;
 
   /// The wrapped model. Call forward on your own typed pointer to it (torch::nn::Module has no
@@ -50,7 +50,8 @@ class BucketedDdp : public GradSync {
 
   /// Throws std::logic_error when the previous step's gradients were never finished.
   void on_train_batch_start() override;
-  void after_backward() override { finish_gradient_synchronization(); }  ///< finish, below
+  /// Same as finish_gradient_synchronization().
+  void after_backward() override { finish_gradient_synchronization(); }
   int64_t calls_per_step() const override { return static_cast<int64_t>(bucket_count()); }  // one per bucket
   /// Launches the buckets not launched yet (a parameter that got no gradient this step contributes its
   /// .grad(), zeros if none), waits for all of them and copies each bucket's average back into .grad().
@@ -74,7 +75,8 @@ class BucketedDdp : public GradSync {
 
   /// Unique parameters (frozen ones too, tied weights once) in registration order; buckets() indexes them.
   const std::vector<torch::Tensor>& parameters() const { return params_; }
-  const std::vector<std::string>& parameter_names() const { return names_; }  ///< their dotted names, same order
+  /// Their dotted names, same order.
+  const std::vector<std::string>& parameter_names() const { return names_; }
   /// Indices into parameters() per bucket, bucket 0 (launched first) first.
   const std::vector<std::vector<size_t>>& buckets() const { return assignment_; }
   size_t bucket_count() const { return assignment_.size(); }
@@ -82,7 +84,7 @@ class BucketedDdp : public GradSync {
   int world_size() const { return pg_.world_size(); }
   /// One line per bucket: "bucket 0: 1000 B = fc3.weight" (for printing).
   std::string describe_buckets() const;
-  /// Bucket all-reduces launched since construction. Lock-free: may be read from another autograd hook.
+  /// All-reduces launched since construction. Lock-free: may be read from another autograd hook.
   int64_t launched_count() const { return log_.total(); }
   /// The launches of the step in progress or, between steps, of the last finished step, in launch order.
   /// A launch's index is its bucket's.
@@ -102,7 +104,7 @@ class BucketedDdp : public GradSync {
   ProcessGroup& process_group() const { return pg_; }
 
  private:
-  void check_not_ready(size_t i);     // pre-hook: already ready (copied) this step? a second backward
+  void check_not_ready(size_t i);     // pre-hook: already ready this step? then a second backward
   void on_gradient_ready(size_t i);   // post-hook: copy .grad() into its slot, launch what is complete
   void copy_into_slot(size_t i);      // .grad() (zeros if none) into its slot, counted as ready
   std::unique_lock<std::mutex> lock_between_steps(const char* what);  // std::logic_error mid-step
@@ -128,12 +130,12 @@ class BucketedDdp : public GradSync {
   std::vector<size_t> hooked_;         // hook index -> index in params_
 
   mutable std::mutex mu_;  // hooks run on autograd's thread (another thread for CUDA tensors)
+  bool in_step_ = false;              // a synchronization began; finish not called yet
+  std::vector<char> ready_;           // per parameter in params_, this step
   std::vector<Bucket> buckets_;
-  std::vector<char> ready_;            // per parameter in params_, this step
-  size_t next_to_launch_ = 0;          // buckets [0, next_to_launch_) are launched this step
-  bool in_step_ = false;               // a synchronized backward ran, finish not called yet
-  bool sync_off_ = false;              // set_requires_gradient_sync(false) holds: accumulate locally
-  bool accumulated_locally_ = false;   // a gradient arrived locally since the last synchronization
+  size_t next_to_launch_ = 0;         // buckets [0, next_to_launch_) are launched this step
+  bool sync_off_ = false;             // set_requires_gradient_sync(false) holds: accumulate locally
+  bool accumulated_locally_ = false;  // a gradient arrived locally since the last synchronization
   CommHook hook_;
   LaunchLog log_;                     // for launched_count() and launches()
   std::function<void(size_t)> bucket_averaged_;  // on_bucket_averaged()'s f, or empty

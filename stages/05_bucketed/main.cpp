@@ -11,8 +11,7 @@
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed                      # checks only
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed --bench --preset small
 //   ./build/bin/ddp_launch --nproc 2 --net 1gbit -- ./build/bin/stage05_bucketed --bench --preset tiny --trace t.json
-//     (--net: each rank behind a simulated 1 Gbit/s link, root only; --trace: a timeline of every step, drawn
-//      by python3 scripts/timeline.py t.json)
+//     (--net: a simulated 1 Gbit/s link per rank, root only; --trace: a timeline, python3 scripts/timeline.py t.json)
 // Correct output: bucket assignments and PASS lines for caps 0.0016, 0.0001 and 0.01 MB; with --bench the
 // overhead model's prediction and one table: no communication, stages 02-04 and stage 05 at each cap in --caps,
 // measured in one run, with overlap efficiency and the speed-up over one process. On a 1 Gbit/s link buckets
@@ -35,8 +34,7 @@
 using namespace dp;
 
 static void run_checks(ProcessGroup& pg, uint64_t seed) {
-  // [checks]
-  for (double cap : {0.0016, 0.0001, 0.01}) {
+  for (double cap : {0.0016, 0.0001, 0.01})
     for (const char* model : {"toy", "tied"}) {
       auto make_bucketed = [&](ProcessGroup& g, std::shared_ptr<torch::nn::Module> m) -> std::unique_ptr<GradSync> {
         auto ddp = std::make_unique<BucketedDdp>(g, std::move(m), cap);
@@ -46,8 +44,6 @@ static void run_checks(ProcessGroup& pg, uint64_t seed) {
       report_margin(check_cs336_scenario(pg, model, make_bucketed, 5, false, seed),
                     fmt::format("CS336 scenario ({}, {} MB buckets): equals single-process training", model, cap));
     }
-  }
-  // [checks]
 }
 
 int main(int argc, char** argv) {

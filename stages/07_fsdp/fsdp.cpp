@@ -24,6 +24,11 @@ torch::ScalarType compute_dtype_of(const torch::nn::Module& m, const FsdpOptions
   return is_sharded_module(m) ? opts.compute_dtype : torch::kFloat32;
 }
 
+std::string fsdp_mode_name(const FsdpOptions& f) {
+  return fmt::format("{}, {}", dtype_name(f.compute_dtype), f.reshard_after_forward ? "reshard after forward"
+                                                                                         : "keep until backward");
+}
+
 // [shard]
 Fsdp::Fsdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const ModuleUnits& units, FsdpOptions opts)
     : pg_(pg), model_(std::move(model)), opts_(opts) {

@@ -28,6 +28,9 @@ struct FsdpOptions {
   /// optimizer steps (master weights) and the reduce-scattered gradients are fp32 either way.
   torch::ScalarType compute_dtype = torch::kFloat32;
 };
+/// "float32, reshard after forward", "bfloat16, keep until backward", ...: how the checks' lines and the
+/// benchmark's rows name an FsdpOptions.
+std::string fsdp_mode_name(const FsdpOptions& f);
 
 /// True for the modules whose weights Fsdp shards: Linear and Embedding (CS336 2026's rule); the
 /// parameters of every other module (RMSNorm) are replicated.

@@ -6,7 +6,6 @@
 #include "common/log.hpp"
 #include "common/memory.hpp"
 #include "common/runtime.hpp"
-#include "common/tolerance.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -82,11 +81,6 @@ void add_fsdp_flags(CLI::App& app, std::string& reshard, std::string& dtype) {
       ->check(CLI::IsMember({"true", "false", "both"}));
   app.add_option("--compute-dtype", dtype, "With the benchmark: float32 or bfloat16 (bf16) for FSDP's gathered weights")
       ->check(ComputeDtypeText);
-}
-
-std::string fsdp_mode_name(const FsdpOptions& f) {
-  return fmt::format("{}, {}", dtype_name(f.compute_dtype), f.reshard_after_forward ? "reshard after forward"
-                                                                                         : "keep until backward");
 }
 
 bool run_fsdp_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes, uint64_t seed) {

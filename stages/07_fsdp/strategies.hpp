@@ -20,10 +20,6 @@ namespace dp {
 /// calls_per_step() and sent_bytes_per_step() are counted during the last step.
 MakeStrategy fsdp_strategy(FsdpOptions opts = {});
 
-/// "float32, reshard after forward", "bfloat16, keep until backward", ...: how the checks' lines and the
-/// benchmark's rows name an FsdpOptions.
-std::string fsdp_mode_name(const FsdpOptions& f);
-
 /// Adds the flags both of stage 07's programs take (the stage's and extension 07a's): --reshard-after-forward
 /// (true, false or both: true_false_both()) and --compute-dtype (parse_compute_dtype()); the parser refuses
 /// other values (exit 2, naming the value and the choices).
