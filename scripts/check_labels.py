@@ -19,6 +19,8 @@ import re
 import subprocess
 import sys
 
+from gtest_listing import suites
+
 STAGE = re.compile(r"^(stage|ext)\d\d$")  # a stage's label or an extension's
 
 
@@ -45,13 +47,7 @@ def problems(tests):
 
 def listed_tests(listing):
     """The full names ("Suite.Test", "Suite/0.Test", "Prefix/Suite.Test/1") of a `--gtest_list_tests` listing."""
-    out, suite = [], None
-    for line in listing.splitlines():
-        if m := re.match(r"^(\S+)\.(?:\s+#.*)?$", line):
-            suite = m.group(1)
-        elif (m := re.match(r"^  (\S+)", line)) and suite:
-            out.append(f"{suite}.{m.group(1)}")
-    return out
+    return [f"{s.name}.{t}" for s in suites(listing) for t in s.tests]
 
 
 def coverage_problems(tests, list_tests):

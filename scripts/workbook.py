@@ -35,6 +35,8 @@ import time
 import tomllib
 from pathlib import Path
 
+import gtest_listing  # scripts/gtest_listing.py
+
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ROOT / "stages"
 BOOK = ROOT / "workbook"
@@ -362,15 +364,8 @@ STUB_TIMEOUT_S = 180  # one stage's filtered run: a stub throws at the first ste
 def gtest_filter(listing, want):
     """The --gtest_filter of the suites in a `--gtest_list_tests` listing named `want`, or whose TypeParam is
     `want` (or starts with it, when it ends in '<')."""
-    suites = []
-    for line in listing.splitlines():
-        m = re.match(r"^(\S+)\.(?:\s+# TypeParam = (.*))?$", line)
-        if not m:
-            continue
-        suite, param = m.group(1), (m.group(2) or "").strip()
-        if suite == want or param == want or (want.endswith("<") and param.startswith(want)):
-            suites.append(f"{suite}.*")
-    return ":".join(suites)
+    return ":".join(f"{s.name}.*" for s in gtest_listing.suites(listing) if s.name == want or s.type_param == want
+                    or (want.endswith("<") and s.type_param.startswith(want)))
 
 
 def _compile_stubbed(e, paths, meta, tmp):
