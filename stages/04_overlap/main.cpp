@@ -88,11 +88,9 @@ int main(int argc, char** argv) {
     if (bench) {
       print_bench_header(pg, cfg);
       Results results("stage04");
-      // [bench]
       std::vector<Variant> variants{{"naive (stage 02)", make_grad_sync<NaiveDdp>()},
                                     {"overlap (stage 04)", make_grad_sync<OverlapDdp>()}};
       record(results, bench_variants(pg, cfg, variants), cfg, pg.world_size());
-      // [bench]
       print0("\n{}", ddp_table(results));
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     }

@@ -28,6 +28,7 @@ struct FsdpOptions {
   /// optimizer steps (master weights) and the reduce-scattered gradients are fp32 either way.
   torch::ScalarType compute_dtype = torch::kFloat32;
 };
+
 /// "float32, reshard after forward", "bfloat16, keep until backward", ...: how the checks' lines and the
 /// benchmark's rows name an FsdpOptions.
 std::string fsdp_mode_name(const FsdpOptions& f);
