@@ -21,7 +21,7 @@ else()
   if(DP_CUDA AND NOT (TARGET torch_cuda OR "${TORCH_LIBRARIES}" MATCHES "torch_cuda"))
     message(FATAL_ERROR "DP_CUDA=ON needs a CUDA LibTorch; this one (${TORCH_INSTALL_PREFIX}) is CPU-only. "
                         "Use the cuda preset, which builds against the pip wheel: "
-                        "bash scripts/install_torch2.sh && cmake --preset cuda")
+                        "bash scripts/setup/install_torch2.sh && cmake --preset cuda")
   endif()
 endif()
 find_package(Threads REQUIRED)
@@ -29,11 +29,11 @@ find_package(Doxygen QUIET)
 
 # --- The small dependencies: the system's when it has them, else third_party/'s ------------------
 # A machine without a package manager (a GPU machine, a cluster node) gets copies of their sources from
-# scripts/vendor_deps.sh (run where Debian's packages are); nothing here downloads.
+# scripts/setup/vendor_deps.sh (run where Debian's packages are); nothing here downloads.
 set(DP_THIRD_PARTY "${PROJECT_SOURCE_DIR}/third_party" CACHE PATH
-    "Copies of CLI11, nlohmann-json, {fmt} and GoogleTest (scripts/vendor_deps.sh), used where the system lacks them")
-set(_dp_vendor_hint "install it (bash scripts/install_deps.sh on Debian) or copy it into ${DP_THIRD_PARTY} with "
-                    "bash scripts/vendor_deps.sh on a Debian machine that has it")
+    "Copies of CLI11, nlohmann-json, {fmt} and GoogleTest (scripts/setup/vendor_deps.sh), used where the system lacks them")
+set(_dp_vendor_hint "install it (bash scripts/setup/install_deps.sh on Debian) or copy it into ${DP_THIRD_PARTY} with "
+                    "bash scripts/setup/vendor_deps.sh on a Debian machine that has it")
 set(DP_DEPS_MSG "")
 find_package(CLI11 CONFIG QUIET)
 if(NOT TARGET CLI11::CLI11)
@@ -169,6 +169,6 @@ function(dp_print_summary)
   endif()
   if(NOT DP_HAVE_GLOO)
     message(FATAL_ERROR "No Gloo headers (a pip torch ships none): install libgloo-dev (Debian), or copy them "
-                        "into ${DP_THIRD_PARTY} with bash scripts/vendor_deps.sh on a Debian machine that has it.")
+                        "into ${DP_THIRD_PARTY} with bash scripts/setup/vendor_deps.sh on a Debian machine that has it.")
   endif()
 endfunction()

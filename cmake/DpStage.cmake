@@ -52,29 +52,27 @@ function(dp_add_stage dir)
 endfunction()
 
 # dp_add_extension(<dir-name> [SOURCES <main.cpp>] [LIB_SOURCES <files>...] LINK <libs>...)
-#   An extension of a stage (extensions/NNx_name). LIB_SOURCES join library extNN_lib, one per stage's
-#   extensions, built as one unity translation unit (each extension's library alone cost a LibTorch-sized
-#   compile); SOURCES become the program bin/extNNx_name, linked to extNN_lib and LINK.
+#   An extension of a stage (extensions/NNx_name). LIB_SOURCES become its own library, extNNx_name_lib, linked to
+#   exactly what it builds on (LINK: its stage's library, the stages' before it, an extension's of the same stage
+#   with an earlier letter); SOURCES become the program bin/extNNx_name, linked to that library and LINK.
+#   extNN_lib names every library of stage NN's extensions at once, for the tests that check them together.
 function(dp_add_extension dir)
   cmake_parse_arguments(E "" "" "SOURCES;LIB_SOURCES;LINK" ${ARGN})
   string(SUBSTRING "${dir}" 0 2 num)
-  set(lib ext${num}_lib)
+  if(NOT TARGET ext${num}_lib)
+    add_library(ext${num}_lib INTERFACE)
+  endif()
+  set(own)
   if(E_LIB_SOURCES)
-    if(NOT TARGET ${lib})
-      add_library(${lib} STATIC)
-      target_link_libraries(${lib} PUBLIC dp_common)
-      target_precompile_headers(${lib} REUSE_FROM dp_common)
-      set_target_properties(${lib} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 4)
-    endif()
-    target_sources(${lib} PRIVATE ${E_LIB_SOURCES})
-    target_link_libraries(${lib} PUBLIC ${E_LINK})
+    set(own ext${dir}_lib)
+    add_library(${own} STATIC ${E_LIB_SOURCES})
+    target_link_libraries(${own} PUBLIC dp_common ${E_LINK})
+    target_precompile_headers(${own} REUSE_FROM dp_common)
+    target_link_libraries(ext${num}_lib INTERFACE ${own})
   endif()
   if(E_SOURCES)
     add_executable(ext${dir} ${E_SOURCES})
-    target_link_libraries(ext${dir} PRIVATE dp_common ${E_LINK})
-    if(TARGET ${lib})
-      target_link_libraries(ext${dir} PRIVATE ${lib})
-    endif()
+    target_link_libraries(ext${dir} PRIVATE dp_common ${own} ${E_LINK})
     target_precompile_headers(ext${dir} REUSE_FROM dp_common)
     dp_program_optimization(ext${dir})
     set_target_properties(ext${dir} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)

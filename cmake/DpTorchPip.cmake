@@ -1,4 +1,4 @@
-# LibTorch from a pip `torch` 2.x wheel (scripts/install_torch2.sh puts one in build-venv/torch2).
+# LibTorch from a pip `torch` 2.x wheel (scripts/setup/install_torch2.sh puts one in build-venv/torch2).
 # Used by the 'torch2' preset (CPU, Gloo) and the 'cuda' preset (CUDA, NCCL). Sets Torch_VERSION,
 # TORCH_LIBRARIES, TORCH_INCLUDE_DIRS, TORCH_INSTALL_PREFIX as find_package(Torch) would.
 #
@@ -14,7 +14,7 @@ set(DP_TORCH_PYTHON "${PROJECT_SOURCE_DIR}/build-venv/torch2/bin/python" CACHE F
     "Python whose pip torch 2.x provides LibTorch (torch2 and cuda presets)")
 if(NOT EXISTS "${DP_TORCH_PYTHON}")
   message(FATAL_ERROR "No pip torch at ${DP_TORCH_PYTHON}. Install the pinned one with:\n"
-                      "  bash scripts/install_torch2.sh\n"
+                      "  bash scripts/setup/install_torch2.sh\n"
                       "or pass -DDP_TORCH_PYTHON=/path/to/python of an environment that has torch 2.x.")
 endif()
 execute_process(
@@ -22,7 +22,7 @@ execute_process(
     "import os, torch; print(torch.__version__.split('+')[0]); print(os.path.dirname(torch.__file__)); print(int(torch.compiled_with_cxx11_abi())); print(torch.version.cuda or '')"
   OUTPUT_VARIABLE _dp_out RESULT_VARIABLE _dp_rc ERROR_VARIABLE _dp_err OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(NOT _dp_rc EQUAL 0)
-  message(FATAL_ERROR "${DP_TORCH_PYTHON} cannot import torch:\n${_dp_err}\nRun: bash scripts/install_torch2.sh")
+  message(FATAL_ERROR "${DP_TORCH_PYTHON} cannot import torch:\n${_dp_err}\nRun: bash scripts/setup/install_torch2.sh")
 endif()
 string(REPLACE "\n" ";" _dp_out "${_dp_out}")
 list(GET _dp_out 0 Torch_VERSION)
@@ -35,7 +35,7 @@ if(_dp_n GREATER 3)
 endif()
 if(Torch_VERSION VERSION_LESS 2.0)
   message(FATAL_ERROR "${DP_TORCH_PYTHON} has torch ${Torch_VERSION}; the torch2/cuda presets need 2.x "
-                      "(bash scripts/install_torch2.sh installs the pinned one)")
+                      "(bash scripts/setup/install_torch2.sh installs the pinned one)")
 endif()
 # LibTorch 2.x headers of recent releases refuse anything older than C++20 (all.h #errors).
 set(CMAKE_CXX_STANDARD 20)
@@ -44,7 +44,7 @@ set(DP_TORCH_ABI_MSG "_GLIBCXX_USE_CXX11_ABI=${DP_TORCH_CXX11_ABI} (torch.compil
 if(DP_CUDA)
   if(DP_TORCH_CUDA_VERSION STREQUAL "")
     message(FATAL_ERROR "The cuda preset needs a CUDA LibTorch, but ${DP_TORCH_PYTHON} has a CPU-only torch "
-                        "${Torch_VERSION}. Install the pinned CUDA wheel with: bash scripts/install_torch2.sh")
+                        "${Torch_VERSION}. Install the pinned CUDA wheel with: bash scripts/setup/install_torch2.sh")
   endif()
   find_package(CUDAToolkit QUIET)
   if(NOT CUDAToolkit_FOUND)

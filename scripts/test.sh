@@ -12,7 +12,7 @@
 # Extra arguments go to ctest (e.g. -R Stage05, -L e2e). ctest's presets set OPENBLAS_NUM_THREADS=1: OpenBLAS
 # then starts no spinning thread pool when it loads (about 0.1 s of CPU in each of the suite's ~1,000
 # processes); a program that multiplies matrices grows the pool to its share of the cores itself
-# (set_cpu_threads in common/runtime.cpp). They also run three tests at a time, on two cores: a test spends
+# (set_cpu_threads in common/dist/runtime.cpp). They also run three tests at a time, on two cores: a test spends
 # much of its time waiting (a timeout that must expire, a launcher's restart delay, a paced link, a peer
 # that is still starting LibTorch: an empty program linked to libtorch_cpu and stage 01's --help alike take
 # 0.45-0.5 s of CPU here, of which loading and relocating 285 shared libraries, most linked BIND_NOW, 0.15-0.2 s
@@ -41,13 +41,13 @@ run_config() {  # preset, ctest arguments...
 }
 
 timings=$(mktemp); trap 'rm -f "$timings"' EXIT
-bash scripts/install_deps.sh
+bash scripts/setup/install_deps.sh
 case "$config" in
   # The default suite needs the pip torch 2.x too: its torchrun starts our programs in the launcher test.
-  default) bash scripts/install_torch2.sh >/dev/null; run_config default "$@" ;;
-  torch2|cuda) bash scripts/install_torch2.sh >/dev/null; run_config "$config" "$@" ;;
+  default) bash scripts/setup/install_torch2.sh >/dev/null; run_config default "$@" ;;
+  torch2|cuda) bash scripts/setup/install_torch2.sh >/dev/null; run_config "$config" "$@" ;;
   all)
-    t=$(date +%s); bash scripts/install_torch2.sh >/dev/null
+    t=$(date +%s); bash scripts/setup/install_torch2.sh >/dev/null
     echo "test.sh: pip torch 2.x ready in $(( $(date +%s) - t )) s" | tee -a "$timings"
     # LibTorch 2.x through the cuda build, whose C++ is the torch2 build's plus the CUDA/NCCL code (a few
     # #ifdef DP_WITH_CUDA in common/): one 2.x build instead of two. The `margins` label runs there too (the grid's

@@ -16,9 +16,9 @@ done
 # The tour builds only what it runs (the test suite is scripts/test.sh's business); --full builds everything,
 # since the benchmarks behind docs/ use more programs.
 if [ $full = 1 ]; then
-  bash scripts/build.sh
+  bash scripts/setup/build.sh
 else
-  bash scripts/build.sh ddp_launch stage01_allreduce stage02_naive_ddp stage03_flat stage04_overlap \
+  bash scripts/setup/build.sh ddp_launch stage01_allreduce stage02_naive_ddp stage03_flat stage04_overlap \
     stage05_bucketed stage06_sharded_opt stage07_fsdp stage08_train_lm stage09_elastic
 fi
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -64,9 +64,9 @@ DP_FAULT=die@1:step8 $LE $B/stage09_elastic --steps 20 --warmup 5 --curve $out/s
 
 echo
 echo "==== summary (tiny Transformer, ${NPROC:-2} ranks, $link, this machine)"
-$PY scripts/tour_summary.py $out
+$PY scripts/course/tour_summary.py $out
 
 if [ $full = 1 ]; then
   echo; echo "==== --full: regenerating every benchmark behind docs/ (about 50 minutes)"
-  bash scripts/bench_docs.sh
+  bash scripts/bench/bench_docs.sh
 fi

@@ -12,7 +12,7 @@ out=$(env PATH="$tmp/bin" "$cmake" -S "$src" -B "$tmp/build" -DCMAKE_CXX_COMPILE
 rc=$?
 echo "$out"
 if [ $rc -eq 0 ]; then echo "FAIL: configured without clang++ in PATH"; exit 1; fi
-for want in "clang++, which is not installed" "scripts/install_deps.sh" "-DCMAKE_CXX_COMPILER=g++"; do
+for want in "clang++, which is not installed" "scripts/setup/install_deps.sh" "-DCMAKE_CXX_COMPILER=g++"; do
   if ! grep -qF -- "$want" <<<"$(tr '\n' ' ' <<<"$out" | tr -s ' ')"; then
     echo "FAIL: the error does not say '$want'"; exit 1
   fi

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# fork_cases_can_fail.sh PROGRAM
-# The bad-input runner (common/fork_cases.hpp) catches its mutants: a case file with one good case and four
+# fork_cases_can_fail.sh PROGRAM FORK_CASES_LIBRARY
+# The bad-input runner (tests/support/fork_cases.hpp) catches its mutants: a case file with one good case and four
 # bad ones (a wrong exit code, an output that does not match, a case that outlives its timeout, one that leaves
 # a process running: DP_FAULT=orphan@0) must give one `ok`, four `FAIL` lines naming each case and its reason,
 # the count, and exit code 1, in seconds; a case file whose regex does not compile is refused with exit 2.
 set -u
 prog=$1
+export LD_PRELOAD=$2  # the fork server (tests/support/fork_cases.hpp): preloaded, never linked into a program
 export OPENBLAS_NUM_THREADS=1  # one thread at start-up: the fork path (with more, each case executes the program)
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 cat >"$dir/mutants.cases" <<'CASES'

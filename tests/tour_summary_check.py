@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ctest tour_summary_table: the tour's closing table (scripts/tour_summary.py) says what the runs measured.
+"""ctest tour_summary_table: the tour's closing table (scripts/course/tour_summary.py) says what the runs measured.
 
   tour_summary_check.py SUMMARY_SCRIPT E2E_DIR STAGE08_CURVE STAGE09_CURVE
 

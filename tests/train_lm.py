@@ -20,7 +20,7 @@
 Exit 0: pass; 1: fail; 77: skipped (the corpus, Debian's fortunes package, is not installed).
 TOL: curves of different world sizes sum the same gradients in another order. This one bound is an
 envelope, not a derivation: over 30 AdamW steps a rounding difference is fed back through the loss's
-curvature, which the first-order analysis of common/tolerance.hpp does not bound (the program's own check,
+curvature, which the first-order analysis of common/measure/tolerance.hpp does not bound (the program's own check,
 2 steps against one process, carries the derived bound). Measured with the "nano" model: at most 8.3e-7
 (LibTorch 1.13) and 7.2e-7 (2.11) over every comparison below, a ratio of 0.008 to TOL.
 """
@@ -217,7 +217,7 @@ def lostwork(launch, prog, work):
 def main():
     what, launch, prog, work = sys.argv[1:5]
     if not os.path.isdir(CORPUS):
-        print(f"skipped: {CORPUS} is missing (apt-get install fortunes; scripts/install_deps.sh installs it)")
+        print(f"skipped: {CORPUS} is missing (apt-get install fortunes; scripts/setup/install_deps.sh installs it)")
         return 77
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)

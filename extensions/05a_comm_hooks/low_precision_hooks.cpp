@@ -1,6 +1,6 @@
 #include "extensions/05a_comm_hooks/low_precision_hooks.hpp"
 
-#include "common/runtime.hpp"
+#include "common/dist/runtime.hpp"
 
 #include <fmt/format.h>
 #include <torch/version.h>

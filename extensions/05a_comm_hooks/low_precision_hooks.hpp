@@ -4,10 +4,10 @@
 // significant bits. PyTorch's fp16_compress_hook and bf16_compress_hook.
 #pragma once
 
-#include "common/dist.hpp"
-#include "common/comm_hook.hpp"
+#include "common/dist/dist.hpp"
+#include "common/comm/comm_hook.hpp"
 
-#include "common/libtorch.hpp"
+#include "common/base/libtorch.hpp"
 
 #include <string>
 #include <vector>

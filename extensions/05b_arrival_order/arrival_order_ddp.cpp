@@ -1,6 +1,6 @@
 #include "extensions/05b_arrival_order/arrival_order_ddp.hpp"
 
-#include "common/runtime.hpp"
+#include "common/dist/runtime.hpp"
 
 #include <fmt/format.h>
 

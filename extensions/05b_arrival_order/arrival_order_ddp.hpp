@@ -5,10 +5,10 @@
 // through stage 05's seams (gradient_copied(), after_synchronization(), reassign()).
 #pragma once
 
-#include "common/dist.hpp"
+#include "common/dist/dist.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 
-#include "common/libtorch.hpp"
+#include "common/base/libtorch.hpp"
 
 #include <cstdint>
 #include <memory>

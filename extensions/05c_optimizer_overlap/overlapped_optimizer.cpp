@@ -1,12 +1,12 @@
 #include "extensions/05c_optimizer_overlap/overlapped_optimizer.hpp"
 
-#include "common/data.hpp"
-#include "common/full_state.hpp"
-#include "common/memory.hpp"
-#include "common/params.hpp"
-#include "common/runtime.hpp"
-#include "common/trace.hpp"
-#include "common/transformer.hpp"
+#include "common/model/data.hpp"
+#include "common/state/full_state.hpp"
+#include "common/measure/memory.hpp"
+#include "common/model/params.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/base/trace.hpp"
+#include "common/model/transformer.hpp"
 
 #include <fmt/format.h>
 

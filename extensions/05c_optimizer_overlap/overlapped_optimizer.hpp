@@ -5,11 +5,11 @@
 // communication. Built on stage 05's seam BucketedDdp::on_bucket_averaged().
 #pragma once
 
-#include "common/dist.hpp"
-#include "common/strategy.hpp"
+#include "common/dist/dist.hpp"
+#include "common/contract/strategy.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 
-#include "common/libtorch.hpp"
+#include "common/base/libtorch.hpp"
 
 #include <functional>
 #include <memory>

@@ -1,6 +1,6 @@
 // Extension 05d, on stage 05 and extensions 05a-05c: every feature of stage 05's DDP measured in one run,
-// and our side of the comparison against PyTorch's own DDP (scripts/compare_torch_ddp.py runs this
-// program and scripts/torch_ddp.py launch by launch on the same simulated link).
+// and our side of the comparison against PyTorch's own DDP (scripts/bench/compare_torch_ddp.py runs this
+// program and scripts/peers/torch_ddp.py launch by launch on the same simulated link).
 //
 // What it adds: stage 05's benchmark times one bucketed row per cap. Here every cap x communication hook
 // (05a: --comm-hook allreduce,fp16) x bucket order (05b: --bucket-order reverse,arrival) x optimizer
@@ -19,14 +19,14 @@
 // sequence and collectives per sequence (K times fewer with K micro-batches).
 //
 // What it leaves: measurements only; each feature's idea is in its own folder (05a-05c) and page section.
-#include "common/cli.hpp"
-#include "common/data.hpp"
-#include "common/ddp_bench.hpp"
-#include "common/ddp_check.hpp"
-#include "common/launch_env.hpp"
-#include "common/params.hpp"
-#include "common/runtime.hpp"
-#include "common/transformer.hpp"
+#include "common/measure/cli.hpp"
+#include "common/model/data.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/model/params.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/model/transformer.hpp"
 #include "extensions/05a_comm_hooks/low_precision_hooks.hpp"
 #include "extensions/05b_arrival_order/arrival_order_ddp.hpp"
 #include "extensions/05c_optimizer_overlap/overlapped_optimizer.hpp"

@@ -2,15 +2,15 @@
 // hooks; per bucket a chunk's step and an all-gather, first layers first.
 #include "extensions/06a_zero1_buckets/bucketed_zero1.hpp"
 
-#include "common/format.hpp"
-#include "common/full_state.hpp"
-#include "common/params.hpp"
-#include "common/units.hpp"
-#include "common/memory.hpp"
-#include "common/models.hpp"
-#include "common/optim_state.hpp"
-#include "common/runtime.hpp"
-#include "common/trace.hpp"
+#include "common/base/format.hpp"
+#include "common/state/full_state.hpp"
+#include "common/model/params.hpp"
+#include "common/model/units.hpp"
+#include "common/measure/memory.hpp"
+#include "common/model/models.hpp"
+#include "common/state/optim_state.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/base/trace.hpp"
 #include "stages/05_bucketed/buckets.hpp"  // assign_buckets
 #include "stages/06_sharded_opt/strategies.hpp"      // local_factory
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"  // flattenable_parameters

@@ -11,15 +11,15 @@
 // cannot do.
 #pragma once
 
-#include "common/dist.hpp"
-#include "common/memory.hpp"  // count_training_bytes, TrainingBytes
-#include "common/shard_comm.hpp"
-#include "common/strategy.hpp"
-#include "common/units.hpp"                             // UnitRunner, ModuleUnits
-#include "common/grad_hooks.hpp"  // AccumulateGradHooks
+#include "common/dist/dist.hpp"
+#include "common/measure/memory.hpp"  // count_training_bytes, TrainingBytes
+#include "common/comm/shard_comm.hpp"
+#include "common/contract/strategy.hpp"
+#include "common/model/units.hpp"                             // UnitRunner, ModuleUnits
+#include "common/comm/grad_hooks.hpp"  // AccumulateGradHooks
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"       // MakeLocalOptimizer
 
-#include "common/libtorch.hpp"
+#include "common/base/libtorch.hpp"
 
 #include <cstdint>
 #include <memory>

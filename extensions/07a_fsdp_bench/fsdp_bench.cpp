@@ -2,21 +2,21 @@
 // in both resharding modes, on the Transformer.
 // All variants are built first and then take turns step by step, so each round's ratio compares steps
 // run back to back. Memory is counted tensor by tensor; peak RSS only means something for one variant
-// per process (--variants fsdp), which is how scripts/bench_docs.sh measures it.
+// per process (--variants fsdp), which is how scripts/bench/bench_docs.sh measures it.
 #include "extensions/07a_fsdp_bench/fsdp_bench.hpp"
 
-#include "common/accounting.hpp"
-#include "common/launch_env.hpp"
-#include "common/memory.hpp"
-#include "common/models.hpp"
-#include "common/results.hpp"
-#include "common/runtime.hpp"
-#include "common/timing.hpp"
-#include "common/tolerance.hpp"  // dtype_name
-#include "common/trace.hpp"
-#include "common/trace_write.hpp"
-#include "common/transformer.hpp"
-#include "common/grad_sync.hpp"  // broadcast_parameters
+#include "common/measure/accounting.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/measure/memory.hpp"
+#include "common/model/models.hpp"
+#include "common/measure/results.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/measure/timing.hpp"
+#include "common/base/format.hpp"  // dtype_name
+#include "common/base/trace.hpp"
+#include "common/measure/trace_write.hpp"
+#include "common/model/transformer.hpp"
+#include "common/contract/grad_sync.hpp"  // broadcast_parameters
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 

@@ -3,9 +3,9 @@
 // memory and speed.
 #pragma once
 
-#include "common/ddp_bench.hpp"
-#include "common/dist.hpp"
-#include "common/results.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/dist/dist.hpp"
+#include "common/measure/results.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 
 #include <string>

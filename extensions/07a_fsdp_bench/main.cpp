@@ -21,13 +21,13 @@
 // and a time table (ratios to the first variant round by round); "PASS extension 07a" last.
 //
 // What it leaves: the figures are one CPU machine's; a GPU changes the ratio of compute to communication.
-#include "common/cli.hpp"
-#include "common/ddp_bench.hpp"
-#include "common/format.hpp"
-#include "common/launch_env.hpp"
-#include "common/memory.hpp"
-#include "common/runtime.hpp"
-#include "common/transformer.hpp"
+#include "common/measure/cli.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/base/format.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/measure/memory.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/model/transformer.hpp"
 #include "extensions/07a_fsdp_bench/fsdp_bench.hpp"
 #include "extensions/07a_fsdp_bench/transformer_check.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   return run_main([&] {
     configure_cpu_threads();
     check_blas();
-    map_large_allocations();  // resident memory follows the live tensors (common/memory.hpp)
+    map_large_allocations();  // resident memory follows the live tensors (common/measure/memory.hpp)
     const std::vector<bool> modes = true_false_both(reshard);
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
     // Bad input: exit 2 before any rendezvous and before the checks.

@@ -1,11 +1,12 @@
 // FSDP on the Transformer against single-process training: the model extension 07a times.
 #include "extensions/07a_fsdp_bench/transformer_check.hpp"
 
-#include "common/ddp_check.hpp"
-#include "common/models.hpp"
-#include "common/params.hpp"
-#include "common/tolerance.hpp"
-#include "common/transformer.hpp"
+#include "common/base/format.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
+#include "common/measure/tolerance.hpp"
+#include "common/model/transformer.hpp"
 #include "stages/07_fsdp/strategies.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>

@@ -2,8 +2,8 @@
 // one process (momentum, bf16, accumulated micro-batches), the model this extension measures.
 #pragma once
 
-#include "common/dist.hpp"
-#include "common/tolerance.hpp"
+#include "common/dist/dist.hpp"
+#include "common/measure/tolerance.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 
 #include <cstdint>

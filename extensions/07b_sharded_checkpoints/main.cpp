@@ -17,25 +17,25 @@
 // stage 08 does ("save: 0.30 s, peak resident memory +16 MB ...; gathering the whole state instead: +160 MB").
 // With --resume-only, per rank "read K of the checkpoint's 14 files", "PASS loaded ... (saved by 2 ranks at
 // step 3) into 3 ranks: every tensor and its AdamW state equal to the whole state assembled from the files"
-// and the load's cost; "PASS extension 07b" last. --json FILE writes the costs (scripts/bench_docs.sh ext07b).
+// and the load's cost; "PASS extension 07b" last. --json FILE writes the costs (scripts/bench/bench_docs.sh ext07b).
 //
 // What it leaves: a save over an older checkpoint replaces it file by file (an interrupted one is refused on
 // load, not mixed; save to a new folder per step to keep the last good one); stage 08 still saves the full
 // state, through the contract every way of training shares.
-#include "common/cli.hpp"
-#include "common/data.hpp"
-#include "common/ddp_bench.hpp"
-#include "common/format.hpp"
-#include "common/full_state.hpp"
-#include "common/launch_env.hpp"
-#include "common/log.hpp"
-#include "common/memory.hpp"
-#include "common/models.hpp"
-#include "common/params.hpp"
-#include "common/results.hpp"
-#include "common/runtime.hpp"
-#include "common/timing.hpp"
-#include "common/transformer.hpp"
+#include "common/measure/cli.hpp"
+#include "common/model/data.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/base/format.hpp"
+#include "common/state/full_state.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/base/log.hpp"
+#include "common/measure/memory.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
+#include "common/measure/results.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/measure/timing.hpp"
+#include "common/model/transformer.hpp"
 #include "extensions/07b_sharded_checkpoints/sharded_checkpoint.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 
@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
   return run_main([&] {
     configure_cpu_threads();
     // A freed buffer goes back to the OS at once, so that resident memory follows the live tensors and the peak
-    // a save or a load adds is what it allocated (common/memory.hpp says what glibc does otherwise).
+    // a save or a load adds is what it allocated (common/measure/memory.hpp says what glibc does otherwise).
     map_large_allocations();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
     validate_bench_config(cfg, world);                           // bad input: exit 2 before any rendezvous

@@ -1,10 +1,10 @@
 // Sharded checkpoints of FSDP: each rank writes what it holds, and reads back only what it will hold.
 #include "extensions/07b_sharded_checkpoints/sharded_checkpoint.hpp"
 
-#include "common/checkpoint_file.hpp"
-#include "common/errors.hpp"
-#include "common/optim_state.hpp"
-#include "common/params.hpp"
+#include "common/state/checkpoint_file.hpp"
+#include "common/base/errors.hpp"
+#include "common/state/optim_state.hpp"
+#include "common/model/params.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -6,12 +6,12 @@
 // nothing) and one file.
 //
 // A checkpoint is a folder. Written by N ranks:
-//   u<u>.r<s>    unit u's chunk on rank s: the data part of its flat fp32 buffer (common/shard_comm.hpp's
+//   u<u>.r<s>    unit u's chunk on rank s: the data part of its flat fp32 buffer (common/comm/shard_comm.hpp's
 //                FlatLayout, padding left out) and each optimizer state tensor's same part
 //   replicated   rank 0: the tensors every rank holds whole (the RMSNorm gains) and their state
 //   metadata     rank 0, last, once every rank's files are on disk: the world size, the caller's step,
 //                the optimizer state's kind, per unit its tensors (names, shapes, flat length)
-// Each file is common/checkpoint_file.hpp's container (magic, version, lengths, checksum, atomic write).
+// Each file is common/state/checkpoint_file.hpp's container (magic, version, lengths, checksum, atomic write).
 // Every file carries the save's id, which the metadata names: a save interrupted over an older checkpoint
 // leaves files of two saves, and a load refuses them instead of mixing them. (To keep the last good
 // checkpoint through a crash, save each time to a new folder, as torchtitan's step-N folders do.)
@@ -21,11 +21,11 @@
 // the ranks whose chunks overlap that range, one unit at a time.
 #pragma once
 
-#include "common/dist.hpp"
-#include "common/full_state.hpp"
+#include "common/dist/dist.hpp"
+#include "common/state/full_state.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 
-#include "common/libtorch.hpp"
+#include "common/base/libtorch.hpp"
 #include <nlohmann/json.hpp>
 
 #include <cstdint>

@@ -12,19 +12,19 @@
 // one GPU; Gloo copies through host memory); timings then come from CUDA events.
 // Correct output: each rank prints its tensor before and after; after, all ranks print the same sums;
 // then "PASS ring all-reduce ..."; the last line is "PASS all-reduce ...". The benchmark then prints latency and bandwidth per size.
-// The whole grid (sizes x 2/4/6 processes, one table and plot) is scripts/bench_allreduce.sh.
+// The whole grid (sizes x 2/4/6 processes, one table and plot) is scripts/bench/bench_allreduce.sh.
 //
 // What it leaves for the next stage: nothing is trained yet. Stage 02 uses all_reduce to average
 // the gradients of a model that every rank trains on its own slice of the batch.
-#include "common/cli.hpp"
-#include "common/dist.hpp"
-#include "common/fault.hpp"
-#include "common/format.hpp"  // format_bytes
-#include "common/launch_env.hpp"
-#include "common/memory.hpp"  // check_fits_in_memory
-#include "common/results.hpp"
-#include "common/runtime.hpp"
-#include "common/timing.hpp"
+#include "common/measure/cli.hpp"
+#include "common/dist/dist.hpp"
+#include "common/dist/fault.hpp"
+#include "common/base/format.hpp"  // format_bytes
+#include "common/dist/launch_env.hpp"
+#include "common/measure/memory.hpp"  // check_fits_in_memory
+#include "common/measure/results.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/measure/timing.hpp"
 #include "stages/01_allreduce/ring_allreduce.hpp"
 
 #include <fmt/ranges.h>

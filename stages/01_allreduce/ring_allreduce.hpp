@@ -3,9 +3,9 @@
 // you have built, not only measured.
 #pragma once
 
-#include "common/dist.hpp"
+#include "common/dist/dist.hpp"
 
-#include "common/libtorch.hpp"
+#include "common/base/libtorch.hpp"
 
 namespace dp {
 

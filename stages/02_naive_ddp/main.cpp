@@ -15,12 +15,12 @@
 //
 // What it leaves for the next stage: one collective per parameter tensor. Each call pays a fixed
 // latency, and a Transformer has hundreds of tensors. Stage 03 sends them all in one call.
-#include "common/cli.hpp"
-#include "common/ddp_bench.hpp"
-#include "common/ddp_check.hpp"
-#include "common/format.hpp"
-#include "common/launch_env.hpp"
-#include "common/runtime.hpp"
+#include "common/measure/cli.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/base/format.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/dist/runtime.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
 
 using namespace dp;

@@ -1,7 +1,7 @@
 // Stage 02's gradient synchronization: one blocking all-reduce per parameter, after backward.
 #pragma once
 
-#include "common/grad_sync.hpp"
+#include "common/contract/grad_sync.hpp"
 
 namespace dp {
 

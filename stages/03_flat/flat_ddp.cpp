@@ -1,7 +1,7 @@
 #include "stages/03_flat/flat_ddp.hpp"
 
-#include "common/models.hpp"
-#include "common/params.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
 
 namespace dp {
 

@@ -1,7 +1,7 @@
 // Stage 03's gradient synchronization: all gradients packed into one buffer, one all-reduce.
 #pragma once
 
-#include "common/grad_sync.hpp"
+#include "common/contract/grad_sync.hpp"
 
 namespace dp {
 

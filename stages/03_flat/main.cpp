@@ -13,12 +13,12 @@
 // What it leaves for the next stage: the all-reduce still starts only after backward has finished,
 // so communication and computation never overlap. Stage 04 starts each gradient's all-reduce as
 // soon as backward has produced it.
-#include "common/cli.hpp"
-#include "common/ddp_bench.hpp"
-#include "common/ddp_check.hpp"
-#include "common/format.hpp"
-#include "common/launch_env.hpp"
-#include "common/runtime.hpp"
+#include "common/measure/cli.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/base/format.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/dist/runtime.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
 #include "stages/03_flat/flat_ddp.hpp"
 

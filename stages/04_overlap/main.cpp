@@ -14,15 +14,15 @@
 //
 // What it leaves for the next stage: one collective per parameter tensor again (the per-call cost of
 // stage 02, now spread over backward). Stage 05 groups gradients into buckets.
-#include "common/cli.hpp"
-#include "common/data.hpp"
-#include "common/ddp_bench.hpp"
-#include "common/ddp_check.hpp"
-#include "common/format.hpp"
-#include "common/launch_env.hpp"
-#include "common/models.hpp"
-#include "common/runtime.hpp"
-#include "common/transformer.hpp"
+#include "common/measure/cli.hpp"
+#include "common/model/data.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/base/format.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/model/models.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/model/transformer.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
 #include "stages/04_overlap/overlap_ddp.hpp"
 

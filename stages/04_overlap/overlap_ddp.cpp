@@ -1,8 +1,8 @@
 #include "stages/04_overlap/overlap_ddp.hpp"
 
-#include "common/models.hpp"
-#include "common/params.hpp"
-#include "common/trace.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
+#include "common/base/trace.hpp"
 
 #include <algorithm>
 #include <stdexcept>

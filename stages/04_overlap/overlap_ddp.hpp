@@ -1,18 +1,18 @@
 // Stage 04: start each gradient's all-reduce from inside backward, as soon as that gradient is final.
 //
 // Stage 03 waited for backward to finish and then communicated; the network sat idle during backward
-// and the CPU sat idle during communication. Here a hook on every parameter (common/grad_hooks.hpp)
+// and the CPU sat idle during communication. Here a hook on every parameter (common/comm/grad_hooks.hpp)
 // launches an asynchronous all-reduce the moment autograd has finished that parameter's gradient, so the
 // all-reduce of the last layer's gradient runs while autograd still computes the gradients of the earlier
 // layers.
 // finish_gradient_synchronization() (after_backward()) then only waits for what is still in flight.
 #pragma once
 
-#include "common/dist.hpp"
-#include "common/grad_sync.hpp"
-#include "common/grad_hooks.hpp"
+#include "common/dist/dist.hpp"
+#include "common/contract/grad_sync.hpp"
+#include "common/comm/grad_hooks.hpp"
 
-#include "common/libtorch.hpp"
+#include "common/base/libtorch.hpp"
 
 #include <cstdint>
 #include <memory>

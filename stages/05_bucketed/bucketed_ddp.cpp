@@ -1,7 +1,7 @@
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 
-#include "common/params.hpp"
-#include "common/trace.hpp"
+#include "common/model/params.hpp"
+#include "common/base/trace.hpp"
 
 #include <fmt/format.h>
 

@@ -3,14 +3,14 @@
 // collective's fixed cost is paid once per bucket, not once per tensor as in stage 04, and the overlap stays.
 #pragma once
 
-#include "common/comm_hook.hpp"
-#include "common/dist.hpp"
-#include "common/grad_sync.hpp"
-#include "common/grad_hooks.hpp"
-#include "common/strategy.hpp"
+#include "common/comm/comm_hook.hpp"
+#include "common/dist/dist.hpp"
+#include "common/contract/grad_sync.hpp"
+#include "common/comm/grad_hooks.hpp"
+#include "common/contract/strategy.hpp"
 #include "stages/05_bucketed/buckets.hpp"
 
-#include "common/libtorch.hpp"
+#include "common/base/libtorch.hpp"
 
 #include <cstdint>
 #include <functional>
@@ -65,7 +65,7 @@ class BucketedDdp : public GradSync {
   void set_requires_gradient_sync(bool sync) override;
   bool requires_gradient_sync() const override { std::lock_guard<std::mutex> lock(mu_); return !sync_off_; }
 
-  /// How a bucket is reduced (PyTorch's register_comm_hook; common/comm_hook.hpp): the same hook on every
+  /// How a bucket is reduced (PyTorch's register_comm_hook; common/comm/comm_hook.hpp): the same hook on every
   /// rank. The default is allreduce_hook(). Throws std::logic_error mid-step or for an empty hook.
   void register_comm_hook(CommHook hook);
   /// `f(b)` runs inside finish as soon as bucket b's average is back in its parameters' .grad(), while

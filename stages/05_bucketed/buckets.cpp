@@ -1,6 +1,6 @@
 #include "stages/05_bucketed/buckets.hpp"
 
-#include "common/runtime.hpp"
+#include "common/dist/runtime.hpp"
 
 #include <fmt/format.h>
 

@@ -11,7 +11,7 @@
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed                      # checks only
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed --bench --preset small
 //   ./build/bin/ddp_launch --nproc 2 --net 1gbit -- ./build/bin/stage05_bucketed --bench --preset tiny --trace t.json
-//     (--net: a simulated 1 Gbit/s link per rank, root only; --trace: a timeline, python3 scripts/timeline.py t.json)
+//     (--net: a simulated 1 Gbit/s link per rank, root only; --trace: a timeline, python3 scripts/trace/timeline.py t.json)
 // Correct output: bucket assignments and PASS lines for caps 0.0016, 0.0001 and 0.01 MB; with --bench the
 // overhead model's prediction and one table: no communication, stages 02-04 and stage 05 at each cap in --caps,
 // measured in one run, with overlap efficiency and the speed-up over one process. On a 1 Gbit/s link buckets
@@ -19,13 +19,13 @@
 //
 // What it leaves for the next stage: every rank still keeps a full copy of the optimizer state
 // (AdamW: two floats per parameter, twice the model). Stage 06 shards it across ranks.
-#include "common/cli.hpp"
-#include "common/ddp_bench.hpp"
-#include "common/ddp_check.hpp"
-#include "common/launch_env.hpp"
-#include "common/runtime.hpp"
-#include "common/timing.hpp"  // CommModel
-#include "common/transformer.hpp"
+#include "common/measure/cli.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/measure/timing.hpp"  // CommModel
+#include "common/model/transformer.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
 #include "stages/03_flat/flat_ddp.hpp"
 #include "stages/04_overlap/overlap_ddp.hpp"
@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
       const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
       const double s = 4.0 * mcfg.num_parameters();  // fp32 gradient bytes per step
       // [model]
-      // The overhead model (common/timing.hpp): with n_b buckets, t(n_b) = s / (n_b w) + n_b o after
+      // The overhead model (common/measure/timing.hpp): with n_b buckets, t(n_b) = s / (n_b w) + n_b o after
       // backward (the last bucket still to send, o paid per call), least at a cap of sqrt(s w o).
       const CommModel m = measure_comm_model(pg);
       const double best_cap_mb = m.best_bucket_cap_mb(s);

@@ -6,8 +6,8 @@
 // and gradients live in flat buffers cut into N equal chunks; gradients are reduce-scattered (all-to-all +
 // local sum on Gloo), each rank steps its chunk, parameters are all-gathered: 2 x (N-1)/N x 4P bytes per
 // rank and step, plain DDP's bytes. Extensions of this stage: 06a cuts the same traffic into stage 05's
-// buckets sent from backward's hooks; 06b saves the sharded state for any world size; 06c measures memory
-// around the first optimizer step; 06d is CS336's design (whole tensors, one owner each, broadcast).
+// buckets sent from backward's hooks; 06c saves the sharded state for any world size; 06d measures memory
+// around the first optimizer step; 06b is CS336's design (whole tensors, one owner each, broadcast).
 //
 // Run it:
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage06_sharded_opt                      # checks only
@@ -19,11 +19,11 @@
 //
 // What it leaves: parameters and gradients stay whole on every rank (4P + 4P). ZeRO-2 keeps only the
 // gradient chunk; FSDP (ZeRO-3) shards the parameters too and gathers each layer just in time.
-#include "common/cli.hpp"
-#include "common/ddp_bench.hpp"
-#include "common/launch_env.hpp"
-#include "common/optimizer_check.hpp"
-#include "common/runtime.hpp"
+#include "common/measure/cli.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/harness/optimizer_check.hpp"
+#include "common/dist/runtime.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "stages/06_sharded_opt/strategies.hpp"
 

@@ -1,9 +1,9 @@
 #include "stages/06_sharded_opt/strategies.hpp"
 
-#include "common/format.hpp"
-#include "common/full_state.hpp"
-#include "common/memory.hpp"
-#include "common/params.hpp"
+#include "common/base/format.hpp"
+#include "common/state/full_state.hpp"
+#include "common/measure/memory.hpp"
+#include "common/model/params.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
 #include <fmt/format.h>

@@ -1,11 +1,11 @@
-// Stage 06's ZeRO-1 as a dp::Strategy (common/strategy.hpp): what the common check, the benchmark harness
+// Stage 06's ZeRO-1 as a dp::Strategy (common/contract/strategy.hpp): what the common check, the benchmark harness
 // and the training-strategy contract suite run. It builds its optimizer with the MakeOptimizer it is given,
 // over the flat chunk this rank steps, and makes every rank start from rank 0's weights. And ZeRO-1 as the
-// two calls the check against AdamW drives (common/optimizer_check.hpp).
+// two calls the check against AdamW drives (common/harness/optimizer_check.hpp).
 #pragma once
 
-#include "common/optimizer_check.hpp"  // ShardedSteps
-#include "common/strategy.hpp"
+#include "common/harness/optimizer_check.hpp"  // ShardedSteps
+#include "common/contract/strategy.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"  // MakeLocalOptimizer
 
 namespace dp {

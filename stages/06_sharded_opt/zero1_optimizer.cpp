@@ -2,13 +2,13 @@
 // all-gather.
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
-#include "common/format.hpp"
-#include "common/memory.hpp"
-#include "common/models.hpp"
-#include "common/optim_state.hpp"
-#include "common/params.hpp"
-#include "common/runtime.hpp"
-#include "common/transformer.hpp"
+#include "common/base/format.hpp"
+#include "common/measure/memory.hpp"
+#include "common/model/models.hpp"
+#include "common/state/optim_state.hpp"
+#include "common/model/params.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/model/transformer.hpp"
 
 #include <fmt/format.h>
 

@@ -3,13 +3,13 @@
 // into equal chunks; so do their gradients. A step reduce-scatters the gradient buffer (each rank gets the
 // sum of its own chunk), steps the chunk with an ordinary torch::optim optimizer, and all-gathers the
 // parameter buffer. That is DDP's own traffic, 2 x (N-1)/N x 4P bytes per rank, where the CS336 design
-// (extension 06d: all-reduce every gradient, step the owned tensors, broadcast them) moves 3 x (N-1)/N x 4P.
+// (extension 06b: all-reduce every gradient, step the owned tensors, broadcast them) moves 3 x (N-1)/N x 4P.
 #pragma once
 
-#include "common/dist.hpp"
-#include "common/shard_comm.hpp"
+#include "common/dist/dist.hpp"
+#include "common/comm/shard_comm.hpp"
 
-#include "common/libtorch.hpp"
+#include "common/base/libtorch.hpp"
 
 #include <cstdint>
 #include <functional>

@@ -1,13 +1,13 @@
 // FSDP: shard each unit's weights, gather them just in time, reduce-scatter gradients as they are ready.
 #include "stages/07_fsdp/fsdp.hpp"
 
-#include "common/format.hpp"
-#include "common/grad_sync.hpp"  // broadcast_parameters
-#include "common/params.hpp"
-#include "common/runtime.hpp"
-#include "common/storage.hpp"
-#include "common/tolerance.hpp"  // dtype_name
-#include "common/trace.hpp"
+#include "common/base/format.hpp"
+#include "common/contract/grad_sync.hpp"  // broadcast_parameters
+#include "common/model/params.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/base/storage.hpp"
+#include "common/base/format.hpp"  // dtype_name
+#include "common/base/trace.hpp"
 
 #include <fmt/format.h>
 #include <torch/csrc/utils/tensor_flatten.h>  // flatten_dense_tensors

@@ -3,13 +3,13 @@
 // after; a unit's gradients are reduce-scattered as soon as its backward is done.
 #pragma once
 
-#include "common/dist.hpp"
-#include "common/full_state.hpp"  // ShardedParams
-#include "common/grad_hooks.hpp"  // AccumulateGradHooks
-#include "common/shard_comm.hpp"
-#include "common/units.hpp"  // UnitRunner, ModuleUnits
+#include "common/dist/dist.hpp"
+#include "common/state/full_state.hpp"  // ShardedParams
+#include "common/comm/grad_hooks.hpp"  // AccumulateGradHooks
+#include "common/comm/shard_comm.hpp"
+#include "common/model/units.hpp"  // UnitRunner, ModuleUnits
 
-#include "common/libtorch.hpp"
+#include "common/base/libtorch.hpp"
 
 #include <memory>
 #include <string>
@@ -68,7 +68,7 @@ class Fsdp {
   /// its own gathers and reduce-scatter, and no rank ever holds a full-size gradient between rounds.
   void finish_gradient_synchronization();
   /// How the model is held (per unit its layout, sharded tensors and shard; the replicated tensors): what
-  /// gathers it whole and cuts it back for checks and checkpoints at any world size (common/full_state.hpp).
+  /// gathers it whole and cuts it back for checks and checkpoints at any world size (common/state/full_state.hpp).
   ShardedParams sharding() const;
   /// Every parameter in full, fp32, named as in model->named_parameters() (a collective; rank order).
   std::vector<std::pair<std::string, torch::Tensor>> gather_full_parameters() { return sharding().gather_named(pg_); }

@@ -22,12 +22,12 @@
 //
 // What it leaves: every rank still runs the whole model on its own batch (data parallelism only); the
 // gathered unit must fit on one device. Tensor and pipeline parallelism split the model itself.
-#include "common/cli.hpp"
-#include "common/ddp_bench.hpp"
-#include "common/format.hpp"
-#include "common/launch_env.hpp"
-#include "common/memory.hpp"
-#include "common/runtime.hpp"
+#include "common/measure/cli.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/base/format.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/measure/memory.hpp"
+#include "common/dist/runtime.hpp"
 #include "stages/07_fsdp/strategies.hpp"  // and fsdp.hpp (FsdpOptions)
 
 using namespace dp;
@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
     configure_cpu_threads();
     check_blas();
     // Memory is this stage's subject: let a freed gathered unit or gradient go back to the OS at once, so
-    // that resident memory follows the live tensors (common/memory.hpp says what glibc does otherwise).
+    // that resident memory follows the live tensors (common/measure/memory.hpp says what glibc does otherwise).
     map_large_allocations();
     const std::vector<bool> modes = true_false_both(reshard);
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms

@@ -1,11 +1,11 @@
 #include "stages/07_fsdp/strategies.hpp"
 
-#include "common/cli.hpp"  // ComputeDtypeText
-#include "common/ddp_check.hpp"
-#include "common/format.hpp"
-#include "common/log.hpp"
-#include "common/memory.hpp"
-#include "common/runtime.hpp"
+#include "common/measure/cli.hpp"  // ComputeDtypeText
+#include "common/harness/ddp_check.hpp"
+#include "common/base/format.hpp"
+#include "common/base/log.hpp"
+#include "common/measure/memory.hpp"
+#include "common/dist/runtime.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -95,7 +95,7 @@ bool run_fsdp_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes, u
                                           fsdp_mode_name(f), count_of(pg.world_size(), "rank")));
       check_gradient_sync(pg, fsdp_strategy(f));  // CS336 2026's test_fsdp_gradient_sync; throws CheckFailed
       print0("PASS FSDP gradients ({}): fp32, shard-shaped, replicated ones equal on every rank", fsdp_mode_name(f));
-      // The check every Strategy passes (common/ddp_check.hpp), with a reference computing in f's dtype:
+      // The check every Strategy passes (common/harness/ddp_check.hpp), with a reference computing in f's dtype:
       // SGD with momentum (state to shard), every rank starting from its own weights, micro-batches.
       for (int k : {1, 2}) {
         StrategyCheck c;

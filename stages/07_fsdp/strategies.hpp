@@ -1,9 +1,9 @@
-// Stage 07's FSDP as a dp::Strategy (common/strategy.hpp): what the common check, the benchmark harness and
+// Stage 07's FSDP as a dp::Strategy (common/contract/strategy.hpp): what the common check, the benchmark harness and
 // the training-strategy contract suite run; and the checks it passes, run by the program before it times
 // anything and by ctest: CS336 2026's test_fsdp.py, ported, and the check every Strategy passes.
 #pragma once
 
-#include "common/strategy.hpp"
+#include "common/contract/strategy.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 
 #include <string>

@@ -1,7 +1,7 @@
 // Reading the corpus, the train/validation split, and the world-size-free distributed sampler.
 #include "stages/08_train_lm/corpus.hpp"
 
-#include "common/runtime.hpp"
+#include "common/dist/runtime.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -27,7 +27,7 @@ TextCorpus load_corpus(const std::string& path, int64_t batch, int64_t context) 
   std::error_code ec;
   if (!fs::exists(path, ec))
     throw UsageError(fmt::format("--corpus {}: no such file or directory; install Debian's text with `apt-get "
-                                 "install fortunes` (scripts/install_deps.sh does), or pass --corpus FILE|DIR", path));
+                                 "install fortunes` (scripts/setup/install_deps.sh does), or pass --corpus FILE|DIR", path));
   TextCorpus c;
   std::string text;
   if (fs::is_directory(path, ec)) {

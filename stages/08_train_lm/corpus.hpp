@@ -7,7 +7,7 @@
 // 4 ranks train on exactly the same data, and a run resumed at step s sees what it would have seen.
 #pragma once
 
-#include "common/libtorch.hpp"
+#include "common/base/libtorch.hpp"
 
 #include <cstdint>
 #include <string>

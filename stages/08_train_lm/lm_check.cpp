@@ -1,7 +1,7 @@
 // The capstone's self-check against single-process training.
 #include "stages/08_train_lm/lm_check.hpp"
 
-#include "common/tolerance.hpp"
+#include "common/measure/tolerance.hpp"
 #include "stages/08_train_lm/trainer.hpp"
 
 #include <algorithm>

@@ -2,7 +2,7 @@
 // Transformer exactly like one process trained on the whole global batch.
 #pragma once
 
-#include "common/dist.hpp"
+#include "common/dist/dist.hpp"
 #include "stages/08_train_lm/corpus.hpp"
 #include "stages/08_train_lm/train_loop.hpp"
 
@@ -19,7 +19,7 @@ struct LmCheck {
 /// Trains a 2-layer model (d_model 64, byte vocabulary) for 2 steps with `o`'s synchronization, batch,
 /// micro-batches, data and AdamW, and the same model in this process alone on each step's whole global
 /// batch; compares the parameters. A collective: every rank gets the same verdict. The bound is entry by
-/// entry (common/tolerance.hpp's AdamWeightBound): a gradient entry may differ by roundings x u(fp32) x
+/// entry (common/measure/tolerance.hpp's AdamWeightBound): a gradient entry may differ by roundings x u(fp32) x
 /// max|g|, the roundings being the batch's tokens summed in another grouping, the W rank partials and
 /// two per op between a weight and the loss; AdamW's m / (sqrt(v) + eps) turns that into a weight
 /// difference tiny where the gradient is large and up to lr where it is near zero.

@@ -1,8 +1,8 @@
-// Saving and loading the capstone's checkpoints: the contract's full state in common/full_state.hpp's
+// Saving and loading the capstone's checkpoints: the contract's full state in common/state/full_state.hpp's
 // file, with the run's step, configuration and loss curve as its metadata.
 #include "stages/08_train_lm/lm_checkpoint.hpp"
 
-#include "common/errors.hpp"
+#include "common/base/errors.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -1,14 +1,14 @@
 // The capstone's checkpoints: everything needed to continue a run exactly, in one file that is
-// replaced atomically (common/checkpoint_file.hpp: header, checksum, temporary file, fsync, rename).
+// replaced atomically (common/state/checkpoint_file.hpp: header, checksum, temporary file, fsync, rename).
 //
-// The state inside is the training contract's full state (common/full_state.hpp: every parameter and its
+// The state inside is the training contract's full state (common/state/full_state.hpp: every parameter and its
 // AdamW moments in full), world-size-free, so a run saved with 2 ranks resumes with 1 or 4, and with
 // another --sync. Its metadata (JSON, readable with `head -c 4000 FILE`) adds the step to continue from,
 // the run's configuration and the loss curve so far.
 #pragma once
 
-#include "common/dist.hpp"
-#include "common/full_state.hpp"
+#include "common/dist/dist.hpp"
+#include "common/state/full_state.hpp"
 
 #include <nlohmann/json.hpp>
 

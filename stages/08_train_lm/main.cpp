@@ -22,12 +22,12 @@
 // What it leaves: a dead rank still ends the run, and every step since the last checkpoint is done again;
 // stage 09 keeps the run alive through it. Beyond data parallelism (tensor, pipeline and sequence
 // parallelism) docs/08_train_lm.md lists the next steps.
-#include "common/cli.hpp"
-#include "common/dist.hpp"
-#include "common/format.hpp"
-#include "common/launch_env.hpp"
-#include "common/results.hpp"
-#include "common/runtime.hpp"
+#include "common/measure/cli.hpp"
+#include "common/dist/dist.hpp"
+#include "common/base/format.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/measure/results.hpp"
+#include "common/dist/runtime.hpp"
 #include "stages/08_train_lm/corpus.hpp"
 #include "stages/08_train_lm/train_loop.hpp"
 #include "stages/08_train_lm/lm_check.hpp"

@@ -1,15 +1,15 @@
 // The capstone's training loop.
 #include "stages/08_train_lm/train_loop.hpp"
 
-#include "common/cli.hpp"     // check_writable
-#include "common/models.hpp"
-#include "common/accounting.hpp"
-#include "common/format.hpp"
-#include "common/memory.hpp"  // check_fits_in_memory
-#include "common/params.hpp"
-#include "common/results.hpp"
-#include "common/runtime.hpp"
-#include "common/timing.hpp"
+#include "common/measure/cli.hpp"     // check_writable
+#include "common/model/models.hpp"
+#include "common/measure/accounting.hpp"
+#include "common/base/format.hpp"
+#include "common/measure/memory.hpp"  // check_fits_in_memory
+#include "common/model/params.hpp"
+#include "common/measure/results.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/measure/timing.hpp"
 #include "stages/08_train_lm/lm_checkpoint.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -138,7 +138,7 @@ static std::string sample_text(TransformerLM model, const RunOptions& o, int64_t
   return s;
 }
 
-static double median(const std::vector<double>& v) { return summarize(v).median; }  // common/timing.hpp
+static double median(const std::vector<double>& v) { return summarize(v).median; }  // common/measure/timing.hpp
 
 // [loop]
 json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, DistributedSampler& sampler) {

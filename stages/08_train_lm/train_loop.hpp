@@ -2,7 +2,7 @@
 // synchronization, losses averaged over ranks, validation, checkpoints, progress, and a sample of text.
 #pragma once
 
-#include "common/dist.hpp"
+#include "common/dist/dist.hpp"
 #include "stages/08_train_lm/corpus.hpp"
 #include "stages/08_train_lm/trainer.hpp"
 

@@ -1,8 +1,8 @@
-// One training step for every synchronization: the loop of common/strategy.hpp, timed phase by phase.
+// One training step for every synchronization: the loop of common/contract/strategy.hpp, timed phase by phase.
 #include "stages/08_train_lm/trainer.hpp"
 
-#include "common/runtime.hpp"
-#include "common/timing.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/measure/timing.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "stages/06_sharded_opt/strategies.hpp"
 #include "stages/07_fsdp/strategies.hpp"

@@ -1,15 +1,15 @@
 // The capstone's training step, with the synchronization picked on the command line: any dp::Strategy
-// (common/strategy.hpp) trains the model, so --sync is a lookup of a name into stage 05's bucketed DDP
+// (common/contract/strategy.hpp) trains the model, so --sync is a lookup of a name into stage 05's bucketed DDP
 // (accumulating K micro-batches under no_sync()), stage 06's true ZeRO-1 or stage 07's FSDP, and one
 // loop, one check and one checkpoint path serve all three.
 #pragma once
 
-#include "common/dist.hpp"
-#include "common/full_state.hpp"
-#include "common/strategy.hpp"
-#include "common/transformer.hpp"
+#include "common/dist/dist.hpp"
+#include "common/state/full_state.hpp"
+#include "common/contract/strategy.hpp"
+#include "common/model/transformer.hpp"
 
-#include "common/libtorch.hpp"
+#include "common/base/libtorch.hpp"
 
 #include <memory>
 #include <string>

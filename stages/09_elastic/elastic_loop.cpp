@@ -1,14 +1,14 @@
 // Stage 09's training loop: generations of ranks, each a process group of its own.
 #include "stages/09_elastic/elastic_loop.hpp"
 
-#include "common/checkpoint_file.hpp"  // broadcast_text
-#include "common/errors.hpp"
-#include "common/format.hpp"
-#include "common/log.hpp"
-#include "common/params.hpp"  // parameter_hash
-#include "common/strategy.hpp"
-#include "common/timeline.hpp"
-#include "common/transformer.hpp"
+#include "common/state/checkpoint_file.hpp"  // broadcast_text
+#include "common/base/errors.hpp"
+#include "common/base/format.hpp"
+#include "common/base/log.hpp"
+#include "common/model/params.hpp"  // parameter_hash
+#include "common/contract/strategy.hpp"
+#include "common/base/timeline.hpp"
+#include "common/model/transformer.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "stages/08_train_lm/lm_checkpoint.hpp"
 #include "stages/08_train_lm/trainer.hpp"

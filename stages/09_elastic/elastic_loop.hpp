@@ -3,8 +3,8 @@
 // live member. The global batch never changes, so neither does the loss curve.
 #pragma once
 
-#include "common/dist.hpp"
-#include "common/fault.hpp"  // Faults
+#include "common/dist/dist.hpp"
+#include "common/dist/fault.hpp"  // Faults
 #include "stages/08_train_lm/corpus.hpp"
 #include "stages/08_train_lm/train_loop.hpp"
 #include "stages/09_elastic/membership.hpp"
@@ -21,7 +21,7 @@ struct ElasticOptions {
   int min_ranks = 1;      ///< --min-ranks (ddp_launch's --min-nproc): fewer and the run stops, with a checkpoint
   int max_ranks = 1;      ///< the launcher's --nproc: a round with this many members closes at once
   double settle_s = 0.5;  ///< --settle: how long a round waits for more members after the first with state
-  std::string trace;      ///< --trace: every process's timeline, merged into this file (common/timeline.hpp)
+  std::string trace;      ///< --trace: every process's timeline, merged into this file (common/base/timeline.hpp)
 };
 
 /// Throws dp::UsageError (exit 2) before any work: --sync other than ddp (a dead rank's shard would be

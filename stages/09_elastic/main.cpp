@@ -25,11 +25,11 @@
 // What it leaves: one node (the store is a file; across machines it would be a TCP store in a process
 // that trains nothing, as torchrun's agent or torchft's lighthouse); replicated state only (HSDP would
 // heal a shard from its replica group); a failure costs a redone step, never the work since a checkpoint.
-#include "common/cli.hpp"
-#include "common/launch_env.hpp"
-#include "common/results.hpp"  // command_line
-#include "common/runtime.hpp"
-#include "common/timeline.hpp"
+#include "common/measure/cli.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/measure/results.hpp"  // command_line
+#include "common/dist/runtime.hpp"
+#include "common/base/timeline.hpp"
 #include "stages/08_train_lm/trainer.hpp"
 #include "stages/09_elastic/elastic_loop.hpp"
 

@@ -1,7 +1,7 @@
 #include "stages/09_elastic/membership.hpp"
 
-#include "common/store_values.hpp"
-#include "common/timeline.hpp"
+#include "common/base/store_values.hpp"
+#include "common/base/timeline.hpp"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>

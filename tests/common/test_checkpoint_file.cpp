@@ -1,7 +1,7 @@
 // Unit tests for common/checkpoint_file: the FNV-1a hash, the header checks (magic, version, length,
 // checksum), the atomic write through PATH.tmp, and broadcast_text between ranks (threads).
-#include "common/checkpoint_file.hpp"
-#include "common/runtime.hpp"
+#include "common/state/checkpoint_file.hpp"
+#include "common/dist/runtime.hpp"
 #include "tests/support/expect.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"

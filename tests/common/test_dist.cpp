@@ -1,10 +1,10 @@
 // Collectives against closed forms, for 1 to 4 ranks (threads as ranks over an in-process store).
-#include "common/dist.hpp"
-#include "common/ddp_check.hpp"
-#include "common/launch_env.hpp"
-#include "common/optimizer_check.hpp"
-#include "common/runtime.hpp"
-#include "common/timing.hpp"
+#include "common/dist/dist.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/harness/optimizer_check.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/measure/timing.hpp"
 #include "tests/support/ranks.hpp"
 
 #include <gtest/gtest.h>
@@ -86,7 +86,7 @@ TEST_P(Collectives, AsyncHandlesCompleteInAnyWaitOrder) {
   });
 }
 
-// What the DDP check relies on when a strategy leaves a collective running (common/ddp_check.cpp): while
+// What the DDP check relies on when a strategy leaves a collective running (common/harness/ddp_check.cpp): while
 // tracking, unfinished_async() names it, and wait_async() returns only once it has completed, its sum in place.
 // Rank 0 joins 500 ms late, so on the other ranks the all-reduce is still running when they ask; a wait_async()
 // that forgot to wait would leave their tensors unsummed.
@@ -176,7 +176,7 @@ TEST(Timeout, MissingPeerIsAnErrorNotAHang) {
   });
 }
 
-// The same for an all-to-all, which Gloo runs as point-to-point sends and receives (common/dist.cpp).
+// The same for an all-to-all, which Gloo runs as point-to-point sends and receives (common/dist/dist.cpp).
 TEST(Timeout, MissingPeerInAllToAllIsAnErrorNotAHang) {
   expect_missing_peer_error("all_to_all", [](ProcessGroup& pg) {
     auto in = torch::ones({8}), out = torch::zeros({8});
@@ -184,7 +184,7 @@ TEST(Timeout, MissingPeerInAllToAllIsAnErrorNotAHang) {
   });
 }
 
-// The check against AdamW (common/optimizer_check.hpp) with a design that issues a collective every step and is
+// The check against AdamW (common/harness/optimizer_check.hpp) with a design that issues a collective every step and is
 // wrong on rank 1 only: every rank must return FAIL, none stop stepping early and leave the other waiting in
 // that collective (which the 20 s collective timeout would turn into an exception here).
 TEST(OptimizerCheck, AMismatchOnOneRankFailsEveryRankWithoutAHang) {
@@ -307,7 +307,7 @@ TEST(Backends, DeviceMustSuitBackendBuildAndMachine) {
 // point moves host memory only) stage them through host copies. Every result lands on the GPU, equal to the
 // closed form.
 TEST(GlooOnCuda, CollectivesMoveCudaTensors) {
-  if (!dp::testing::gpu_visible()) GTEST_SKIP() << "needs a CUDA build and a GPU (scripts/gpu_check.sh runs it)";
+  if (!dp::testing::gpu_visible()) GTEST_SKIP() << "needs a CUDA build and a GPU (scripts/machines/gpu_check.sh runs it)";
   run_ranks(
       3,
       [](ProcessGroup& pg) {
@@ -368,7 +368,7 @@ TEST(WorstOverRanks, EveryRankGetsTheWorstRatio) {
 // handle completes only inside its wait(), so a handle forwarding it passes too: on the H200 the mutant did.
 // The staged handle answers from its own copy, so this holds whatever a backend's handle does.)
 TEST(GlooOnCuda, StagedReceiveCompletesOnlyWhenItsDataIsInPlace) {
-  if (!dp::testing::gpu_visible()) GTEST_SKIP() << "needs a CUDA build and a GPU (scripts/gpu_check.sh runs it)";
+  if (!dp::testing::gpu_visible()) GTEST_SKIP() << "needs a CUDA build and a GPU (scripts/machines/gpu_check.sh runs it)";
   run_ranks(
       2,
       [](ProcessGroup& pg) {
@@ -433,7 +433,7 @@ TEST(LaunchEnv, ReadsTorchrunVariablesAndRejectsBadOnes) {
   EXPECT_EQ(env.world_size, 1);
 }
 
-// Stage 05's overhead model (common/timing.hpp). The cap it predicts minimises t(n_b) = s / (n_b w) + n_b o:
+// Stage 05's overhead model (common/measure/timing.hpp). The cap it predicts minimises t(n_b) = s / (n_b w) + n_b o:
 // with o = 1 ms, w = 1 GB/s and s = 100 MB, sqrt(s w o) = 10 MB, i.e. 10 buckets, and 9 or 11 take longer.
 TEST(CommModel, BestCapMinimisesTheModelledTime) {
   const dp::CommModel m{1e-3, 1e9};

@@ -1,7 +1,7 @@
 // Unit tests for common/memory: tensor bytes, optimizer state bytes, training bytes and the RSS probes.
-#include "common/memory.hpp"
-#include "common/models.hpp"
-#include "common/params.hpp"
+#include "common/measure/memory.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,11 +1,11 @@
 // Unit tests for common/models, common/transformer, common/accounting and common/data (single process, CPU).
-#include "common/accounting.hpp"
-#include "common/data.hpp"
-#include "common/models.hpp"
-#include "common/params.hpp"
-#include "common/runtime.hpp"
-#include "common/tolerance.hpp"
-#include "common/transformer.hpp"
+#include "common/measure/accounting.hpp"
+#include "common/model/data.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/measure/tolerance.hpp"
+#include "common/model/transformer.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -138,12 +138,12 @@ TEST(TransformerConfig, ClosedFormCountMatchesBuiltModels) {
   EXPECT_EQ(dp::fp32_training_bytes(1000).total(), 16000);
 }
 
-// common/accounting.cpp and scripts/accounting.py (which docs/accounting.md quotes) are two writings of
+// common/measure/accounting.cpp and scripts/pages/accounting.py (which docs/accounting.md quotes) are two writings of
 // the same formulas: for every preset at 1, 2, 3, 4 and 8 ranks, both give the same parameter count,
 // memory per device and bytes sent per step. The values are sums of products of integers below 2^53 with
 // (N-1)/N, so they agree to a few ulps (relative 1e-12 leaves room for the order of operations).
 TEST(Accounting, MatchesScript) {
-  const std::string cmd = std::string("python3 ") + DP_SOURCE_DIR + "/scripts/accounting.py --json";
+  const std::string cmd = std::string("python3 ") + DP_SOURCE_DIR + "/scripts/pages/accounting.py --json";
   std::string out;
   if (FILE* f = popen(cmd.c_str(), "r")) {
     char buf[4096];

@@ -1,7 +1,7 @@
-// Flat-buffer collectives (common/shard_comm.hpp) against closed forms, 1 to 4 ranks, sizes that do not
+// Flat-buffer collectives (common/comm/shard_comm.hpp) against closed forms, 1 to 4 ranks, sizes that do not
 // divide by the world size (padding), threads as ranks.
-#include "common/runtime.hpp"
-#include "common/shard_comm.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/comm/shard_comm.hpp"
 #include "tests/support/expect.hpp"
 #include "tests/support/ranks.hpp"
 

@@ -1,8 +1,8 @@
-// Tolerances from first principles (common/tolerance.hpp): the unit roundoffs are what rounding does,
+// Tolerances from first principles (common/measure/tolerance.hpp): the unit roundoffs are what rounding does,
 // the bounds hold for perturbations of the size they promise, and they fail for larger ones.
-#include "common/tolerance.hpp"
+#include "common/measure/tolerance.hpp"
 
-#include "common/ddp_check.hpp"
+#include "common/harness/ddp_check.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -81,7 +81,7 @@ TEST(AdamWeightBound, HoldsForItsPerturbationAndNotForALargerOne) {
   EXPECT_GT(bound.worst_ratio({run(30, nullptr)}, {reference}), 1.0);
 }
 
-// The verdict line every check prints (dp::report_margin()): the one form scripts/margins.py reads, FAIL
+// The verdict line every check prints (dp::report_margin()): the one form scripts/checks/margins.py reads, FAIL
 // when the difference is over its bound, the derivation inside the parentheses when there is one.
 TEST(MarginReport, WritesTheVerdictLineMarginsPyReads) {
   ::testing::internal::CaptureStdout();

@@ -1,15 +1,15 @@
-// The communication hooks (common/comm_hook.hpp) and extension 05a's low-precision hooks: the default hook is bit-identical to stage 05 without
+// The communication hooks (common/comm/comm_hook.hpp) and extension 05a's low-precision hooks: the default hook is bit-identical to stage 05 without
 // hooks; the fp16 hook equals the fp16-rounded closed form and sends half the bytes; training with it stays
 // within a stated tolerance of fp32 training; which 16-bit types this backend sums; bad names. Ranks are
 // threads over a real Gloo group.
-#include "common/models.hpp"
-#include "common/params.hpp"
-#include "common/runtime.hpp"
-#include "common/tolerance.hpp"
-#include "common/transformer.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/measure/tolerance.hpp"
+#include "common/model/transformer.hpp"
 #include "extensions/05a_comm_hooks/low_precision_hooks.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
-#include "common/comm_hook.hpp"
+#include "common/comm/comm_hook.hpp"
 #include "tests/support/fixtures.hpp"
 #include "tests/support/ranks.hpp"
 
@@ -133,7 +133,7 @@ TEST(CommHooks, Fp16HookFourRanksExactOnFp16Grid) {
 }
 
 // Training with the fp16 hook stays close to fp32 training: the Transformer below, 2 ranks, AdamW (lr 1e-3),
-// 20 steps of 8 sequences of 8 tokens. The bound (common/tolerance.hpp): the hook rounds each rank's
+// 20 steps of 8 sequences of 8 tokens. The bound (common/measure/tolerance.hpp): the hook rounds each rank's
 // gradient to fp16 and their sum once more (3 roundings of u(fp16) = 2^-11 against the largest gradient
 // entry; below 2^-14 fp16 is subnormal and a cast errs by up to 2^-25 absolute, W of them); AdamW turns
 // that, entry by entry, into a weight difference (AdamWeightBound), and the final loss can differ by at

@@ -2,10 +2,10 @@
 // ready, rank 0's order for every rank, the first bucket capped at 1 MiB. The pure function first (no
 // ranks), then BucketedDdp on models whose readiness order differs from registration order. Training still
 // equals one process: GradSyncContract runs BucketedArrival too. Ranks are threads.
-#include "common/c10d_compat.hpp"
-#include "common/models.hpp"
-#include "common/params.hpp"
-#include "common/runtime.hpp"
+#include "common/base/c10d_compat.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
+#include "common/dist/runtime.hpp"
 #include "extensions/05b_arrival_order/arrival_order_ddp.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "tests/support/fixtures.hpp"

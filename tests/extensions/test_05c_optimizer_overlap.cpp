@@ -3,12 +3,12 @@
 // train bit for bit like one optimizer step after finish (SGD with momentum and AdamW, 2 and 4 ranks, CS336's
 // toy and tied models and a Transformer, fixed and arrival-order buckets, with and without no_sync()), step
 // bucket b before waiting for bucket b+1, and refuse misuse. Ranks are threads.
-#include "common/data.hpp"
-#include "common/ddp_check.hpp"
-#include "common/models.hpp"
-#include "common/params.hpp"
-#include "common/runtime.hpp"
-#include "common/transformer.hpp"
+#include "common/model/data.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/model/transformer.hpp"
 #include "extensions/05c_optimizer_overlap/overlapped_optimizer.hpp"
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/support/fixtures.hpp"

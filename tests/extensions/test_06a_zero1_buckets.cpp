@@ -1,8 +1,8 @@
 // Extension 06a, ZeRO-1 in buckets (BucketedZero1): reduce-scatters from backward, all-gathers behind the
 // next forward, misuse. Its training results run in stage 06's typed suite (tests/stages/test_zero1.cpp, the
 // design zero1_buckets) and in the training-strategy contract. Ranks are threads (run_ranks).
-#include "common/params.hpp"
-#include "common/transformer.hpp"
+#include "common/model/params.hpp"
+#include "common/model/transformer.hpp"
 #include "tests/stages/sharded_opt_support.hpp"
 #include "tests/support/expect.hpp"
 

@@ -6,9 +6,9 @@
 #include "tests/support/expect.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
-#include "common/data.hpp"
-#include "common/params.hpp"
-#include "common/transformer.hpp"
+#include "common/model/data.hpp"
+#include "common/model/params.hpp"
+#include "common/model/transformer.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# check_blas()'s warning (common/runtime.cpp), for runs that do not come through ddp_launch (torchrun, srun, a
+# check_blas()'s warning (common/dist/runtime.cpp), for runs that do not come through ddp_launch (torchrun, srun, a
 # program run alone): it must name the remedy exactly where OpenBLAS fell back to its Prescott (SSE3) kernels on a
 # CPU with AVX2 and FMA, and say nothing elsewhere or where the user chose the kernels.
 #

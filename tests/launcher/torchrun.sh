@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The launch contract, both ways, with the pip torch 2.x of scripts/install_torch2.sh:
+# The launch contract, both ways, with the pip torch 2.x of scripts/setup/install_torch2.sh:
 #   torchrun  -> our programs:  stage 01 and stage 05 (tiny, one step) under
 #                               torchrun --standalone --nproc_per_node 2 print their PASS lines;
 #   ddp_launch -> torch.distributed: a Python script joins its process group from ddp_launch's variables.
@@ -12,7 +12,7 @@ set -uo pipefail
 py=$1 launch=$2 stage01=$3 stage05=$4 peer=$5 major=$6
 torchrun="$(dirname "$py")/torchrun"
 if [ ! -x "$torchrun" ]; then
-  echo "SKIPPED: no pip torch 2.x at $(dirname "$py") (its torchrun is the one that works here; run: bash scripts/install_torch2.sh)"
+  echo "SKIPPED: no pip torch 2.x at $(dirname "$py") (its torchrun is the one that works here; run: bash scripts/setup/install_torch2.sh)"
   exit 77
 fi
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT

@@ -3,13 +3,13 @@
 set(S01 $<TARGET_FILE:stage01_allreduce>)
 set(S02 $<TARGET_FILE:stage02_naive_ddp>)
 set(TINY --bench --preset tiny --context 16 --warmup 0 --steps 2)
-# MEM stands in a 24 GB machine (common/memory.hpp), so that the memory refusals are the same on a machine with more.
+# MEM stands in a 24 GB machine (common/measure/memory.hpp), so that the memory refusals are the same on a machine with more.
 set(MEM env DP_AVAILABLE_MEMORY_BYTES=24000000000)
 
 # name | expected exit | output regex | command...
 # A case whose command is one of this project's programs (after `env K=V ...`, if any) becomes a case of that
 # program's ctest `bad_inputs_<program>`: the program starts once and forks per case after LibTorch has loaded
-# (common/fork_cases.hpp; ~250 starts of about 1 s each saved), with expect_exit.sh's three checks. Its output
+# (tests/support/fork_cases.hpp; ~250 starts of about 1 s each saved), with expect_exit.sh's three checks. Its output
 # names each case (`ok   bad_input_<name>`); one alone: DP_FORK_CASES_FILTER=<name> ctest -R bad_inputs_<program>.
 # Any other command (the launcher, a script) stays a test of its own, bad_input_<name>, under expect_exit.sh.
 function(dp_bad_input name code regex)
@@ -52,17 +52,26 @@ function(dp_bad_input_programs)
     file(GENERATE OUTPUT ${file} CONTENT "${text}")
     # One thread at start-up, so that the cases can be forked: OpenBLAS starts its pool as it loads (the presets
     # set the same; the programs set their own thread counts after start-up).
+    # The programs carry no fork server: the test preloads it (tests/support/fork_cases.hpp). The sanitizers want
+    # their runtime first among the libraries, and let a preloaded one come before it when told.
+    set(preload LD_PRELOAD=$<TARGET_FILE:dp_fork_cases>)
+    if(DP_SANITIZE)
+      list(APPEND preload ASAN_OPTIONS=verify_asan_link_order=0:detect_leaks=0:abort_on_error=1)
+    endif()
     dp_add_test(bad_inputs_${p} LABELS "hardening;cli" TIMEOUT 300
-      COMMAND env OPENBLAS_NUM_THREADS=1 DP_FORK_CASES=${file} $<TARGET_FILE:${p}>)
+      COMMAND env OPENBLAS_NUM_THREADS=1 ${preload} DP_FORK_CASES=${file} $<TARGET_FILE:${p}>)
+    # Passes on the runner's own verdict line only: a program that ran without the preloaded server (and so
+    # without its cases) and exited 0 would otherwise pass.
+    set_tests_properties(bad_inputs_${p} PROPERTIES PASS_REGULAR_EXPRESSION "bad-input cases passed \\(PASS\\)")
   endforeach()
 endfunction()
 
 # The runner's checks can fail: a wrong exit code, a wrong output and a case past its timeout are each caught.
 dp_add_test(bad_inputs_runner_can_fail LABELS "hardening;cli" TIMEOUT 60
-  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/../fork_cases_can_fail.sh ${S01})
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/../fork_cases_can_fail.sh ${S01} $<TARGET_FILE:dp_fork_cases>)
 
 foreach(prog stage01_allreduce stage02_naive_ddp stage03_flat stage04_overlap stage05_bucketed stage06_sharded_opt
-             stage07_fsdp stage08_train_lm ext05d_feature_bench ext06c_memory_bench ext07a_fsdp_bench)
+             stage07_fsdp stage08_train_lm ext05d_feature_bench ext06d_memory_bench ext07a_fsdp_bench)
   set(P $<TARGET_FILE:${prog}>)
   dp_bad_input(${prog}_unknown_option 2 "--no-such-option" ${P} --no-such-option)
   dp_bad_input(${prog}_missing_value 2 "--timeout" ${P} --timeout)

@@ -9,14 +9,14 @@
 // each one with its stage from that name.
 #pragma once
 
-#include "common/dist.hpp"
+#include "common/dist/dist.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
 #include "stages/03_flat/flat_ddp.hpp"
 #include "stages/04_overlap/overlap_ddp.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "extensions/05b_arrival_order/arrival_order_ddp.hpp"
 
-#include "common/libtorch.hpp"
+#include "common/base/libtorch.hpp"
 
 #include <cstdint>
 #include <memory>

@@ -2,6 +2,7 @@
 // keeping the gathered weights until backward (stage 07's suite and extension 07a's).
 #pragma once
 
+#include "common/base/format.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 
 #include <gtest/gtest.h>

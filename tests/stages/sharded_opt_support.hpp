@@ -1,14 +1,14 @@
-// What the ZeRO-1 suites (test_zero1.cpp; extension 06's test_06b_checkpoints.cpp, test_06d_cs336_design.cpp) share: the optimizers of
+// What the ZeRO-1 suites (test_zero1.cpp; extension 06's test_06c_checkpoints.cpp, test_06b_cs336_design.cpp) share: the optimizers of
 // the tests, the CS336 model pairs and batches, parameter groups and the bit-for-bit comparison.
 #pragma once
 
-#include "common/ddp_check.hpp"
-#include "common/models.hpp"
-#include "common/params.hpp"
-#include "common/runtime.hpp"
-#include "common/transformer.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/model/transformer.hpp"
 #include "extensions/06a_zero1_buckets/bucketed_zero1.hpp"
-#include "extensions/06d_cs336_design/sharded_optimizer.hpp"
+#include "extensions/06b_cs336_design/sharded_optimizer.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 #include "tests/support/ranks.hpp"
 

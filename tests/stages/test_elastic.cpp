@@ -2,8 +2,8 @@
 // each open the same store file: who is in a generation, in which order, whose state everyone takes, and
 // what happens to one who comes late or alone. The whole elastic run is tested end to end by
 // tests/elastic.py (a rank killed, stopped, replaced; two failures; a failure in a round and in a heal).
-#include "common/errors.hpp"
-#include "common/fault.hpp"
+#include "common/base/errors.hpp"
+#include "common/dist/fault.hpp"
 #include "stages/09_elastic/membership.hpp"
 
 #include <gtest/gtest.h>

@@ -5,12 +5,12 @@
 // Transformer: extension 07a's test.)
 // One typed suite runs every body in the four modes (fp32/bf16 x reshard after forward or not); ranks
 // are threads (run_ranks).
-#include "common/cli.hpp"  // parse_compute_dtype
-#include "common/ddp_check.hpp"
-#include "common/memory.hpp"  // tensor_bytes
-#include "common/models.hpp"
-#include "common/params.hpp"
-#include "common/grad_hooks.hpp"
+#include "common/measure/cli.hpp"  // parse_compute_dtype
+#include "common/harness/ddp_check.hpp"
+#include "common/measure/memory.hpp"  // tensor_bytes
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
+#include "common/comm/grad_hooks.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 #include "stages/07_fsdp/strategies.hpp"
 #include "tests/stages/fsdp_modes.hpp"

@@ -1,13 +1,13 @@
-// The GradSync contract (common/grad_sync.hpp), one test body for every DDP variant: with 2 and 4 ranks
+// The GradSync contract (common/contract/grad_sync.hpp), one test body for every DDP variant: with 2 and 4 ranks
 // (threads), training the toy MLP, CS336's ToyModel and its tied-weights model equals single-process
 // training on the whole batch after every step, frozen parameters never move, and all ranks end equal
 // (dp::check_toy_mlp_experiment and dp::check_cs336_scenario make the comparisons). Ranks that built
 // different models are refused at construction. Last, the checks themselves must be able to fail.
-#include "common/ddp_check.hpp"
-#include "common/grad_sync.hpp"
-#include "common/models.hpp"
-#include "common/params.hpp"
-#include "common/runtime.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/contract/grad_sync.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
+#include "common/dist/runtime.hpp"
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/support/ranks.hpp"
 

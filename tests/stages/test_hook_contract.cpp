@@ -2,9 +2,9 @@
 // each: launch its all-reduces while backward still runs, refuse a second backward before
 // finish_gradient_synchronization() with a std::logic_error that says so, and remove exactly its own
 // hooks when destroyed. Ranks are threads; the model is the toy MLP (fc1, fc2, fc3, weight and bias each).
-#include "common/c10d_compat.hpp"
-#include "common/models.hpp"
-#include "common/params.hpp"
+#include "common/base/c10d_compat.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/support/fixtures.hpp"
 #include "tests/support/ranks.hpp"

@@ -3,12 +3,12 @@
 // inside the guard, each mean loss divided by K, must train exactly like one process
 // stepping on all K * B * W rows at once: SGD and AdamW, 2 and 4 ranks, K = 1, 2, 4, on CS336's toy and
 // tied models and on a small Transformer. Then what the guard does and refuses. Ranks are threads.
-#include "common/ddp_check.hpp"
-#include "common/models.hpp"
-#include "common/params.hpp"
-#include "common/runtime.hpp"
-#include "common/tolerance.hpp"
-#include "common/transformer.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/measure/tolerance.hpp"
+#include "common/model/transformer.hpp"
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/support/fixtures.hpp"
 #include "tests/support/ranks.hpp"
@@ -54,7 +54,7 @@ struct Problem {
   int depth = 3;             // ops between a weight and the loss (layers, plus the loss)
 };
 
-// The bound (common/tolerance.hpp): a gradient entry sums N rows x terms_per_row products in another
+// The bound (common/measure/tolerance.hpp): a gradient entry sums N rows x terms_per_row products in another
 // grouping (micro-batches, ranks), then K W partials, and 2 roundings per op on the way to the loss when
 // the loss's scale differs by more than a power of two: roundings x u(fp32) x max|g| per entry. SGD with
 // momentum turns that into lr (1 + 0.9 + ...) per step; AdamW, entry by entry, into up to 2 lr dg /

@@ -2,7 +2,7 @@
 // every rank, and unused parameters reduced in finish. What every DDP variant must do is in
 // test_grad_sync_contract.cpp, what every hook-driven one must do in test_hook_contract.cpp. Ranks are
 // threads.
-#include "common/models.hpp"
+#include "common/model/models.hpp"
 #include "stages/04_overlap/overlap_ddp.hpp"
 #include "tests/support/fixtures.hpp"
 #include "tests/support/ranks.hpp"

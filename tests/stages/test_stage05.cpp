@@ -2,10 +2,10 @@
 // at CS336's caps, bad caps, and buckets launched strictly in index order. What every DDP variant must
 // do is in test_grad_sync_contract.cpp, what every hook-driven one must do in test_hook_contract.cpp.
 // Ranks are threads.
-#include "common/c10d_compat.hpp"
-#include "common/models.hpp"
-#include "common/params.hpp"
-#include "common/runtime.hpp"
+#include "common/base/c10d_compat.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
+#include "common/dist/runtime.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "stages/05_bucketed/buckets.hpp"
 #include "tests/support/fixtures.hpp"

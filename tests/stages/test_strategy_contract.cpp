@@ -1,4 +1,4 @@
-// The training-strategy contract (common/strategy.hpp), one test body for every way of training data
+// The training-strategy contract (common/contract/strategy.hpp), one test body for every way of training data
 // parallel: DDP in each stage's form (02-05), the optimizer overlapped with communication (05), each
 // ZeRO-1 design (06) and FSDP (07, in fp32 and bf16). On CS336 2026's ToyFSDPModel (dp::check_strategy):
 // after construction every rank holds rank 0's weights, after every step full_parameters() equals
@@ -6,18 +6,18 @@
 // rank, at 1 to 4 ranks; and what a strategy says of itself (calls, bytes held and sent, a description)
 // agrees with the accounting. Last, mutants (a skipped synchronisation, gradients summed and not
 // averaged, a wrong shard, weights not broadcast, bf16 compute not declared) must each be caught.
-#include "common/accounting.hpp"
-#include "common/ddp_check.hpp"
-#include "common/grad_sync.hpp"
-#include "common/models.hpp"
-#include "common/params.hpp"
-#include "common/runtime.hpp"
-#include "common/strategy.hpp"
+#include "common/measure/accounting.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/contract/grad_sync.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/contract/strategy.hpp"
 #include "stages/06_sharded_opt/strategies.hpp"
 #include "stages/07_fsdp/strategies.hpp"
 #include "extensions/05c_optimizer_overlap/overlapped_optimizer.hpp"
 #include "extensions/06a_zero1_buckets/bucketed_zero1.hpp"
-#include "extensions/06d_cs336_design/cs336_design.hpp"
+#include "extensions/06b_cs336_design/cs336_design.hpp"
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/stages/fsdp_modes.hpp"
 #include "tests/support/expect.hpp"
@@ -246,7 +246,7 @@ TYPED_TEST(StrategyContract, FullStateResumesAnywhere) {
   }
 }
 
-// The full state in a file (common/full_state.hpp: what stage 08's checkpoints are): saved by ZeRO-1 at
+// The full state in a file (common/state/full_state.hpp: what stage 08's checkpoints are): saved by ZeRO-1 at
 // 2 ranks, loaded by FSDP at 3, the same state bit for bit; a damaged file, another model and a failed
 // save are refused by name, and a failed save leaves the previous file intact.
 TEST(StateFile, AnySchemeAnyWorldSizeAndRefusals) {
@@ -448,7 +448,7 @@ void expect_caught(const MakeStrategy& mutant, const std::string& words) {
   }
 }
 
-// Each is caught, and named by the workbook's hint for that mistake (common/hints.hpp).
+// Each is caught, and named by the workbook's hint for that mistake (common/harness/hints.hpp).
 TEST(StrategyContractCanFail, SkippedSynchronisation) {
   expect_caught(skipped_sync(), "differs from single-process training");
   expect_caught(skipped_sync(), "hint [ranks-differ]");

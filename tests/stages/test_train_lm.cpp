@@ -1,6 +1,6 @@
 // Stage 08's parts on their own: the corpus split, the windows, the world-size-free sampler, and the
 // checkpoint's refusals. (The training itself is tested end to end by tests/train_lm.py.)
-#include "common/runtime.hpp"
+#include "common/dist/runtime.hpp"
 #include "stages/08_train_lm/corpus.hpp"
 #include "stages/08_train_lm/lm_checkpoint.hpp"
 #include "tests/support/ranks.hpp"

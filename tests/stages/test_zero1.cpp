@@ -2,8 +2,8 @@
 // (ShardedOptimizer: all-reduce, step the owned tensors, broadcast) and true ZeRO-1 (Zero1Optimizer:
 // reduce-scatter, step a flat chunk, all-gather). One typed suite runs the same bodies on both; ranks
 // are threads (run_ranks). What only Zero1Optimizer has (flat buffers, views) is tested at the end.
-#include "common/params.hpp"
-#include "common/transformer.hpp"
+#include "common/model/params.hpp"
+#include "common/model/transformer.hpp"
 #include "tests/stages/sharded_opt_support.hpp"
 #include "tests/support/expect.hpp"
 

@@ -1,4 +1,4 @@
-# Timelines (--bench ... --trace FILE) and what they must show, checked by scripts/trace_overlap.py:
+# Timelines (--bench ... --trace FILE) and what they must show, checked by scripts/trace/trace_overlap.py:
 #   trace_stage03_no_overlap  stage 03 all-reduces only after backward: no collective overlaps it
 #   trace_stage05_overlaps    stage 05 with 1 MB buckets hides at least half of what could hide behind
 #                             backward, min(communication, backward) (judged on each round's straggler, the
@@ -16,7 +16,7 @@
 # Each test runs `sh -c SCRIPT sh LAUNCHER STAGE TRACE CHECKER STAGE-ARGS...`; the old trace is
 # removed first so that a run that writes none cannot pass on a stale file.
 set(NET_OR_SKIP ${CMAKE_CURRENT_SOURCE_DIR}/../net_or_skip.sh)
-set(TRACE_CHECK ${CMAKE_CURRENT_SOURCE_DIR}/../../scripts/trace_overlap.py)
+set(TRACE_CHECK ${CMAKE_CURRENT_SOURCE_DIR}/../../scripts/trace/trace_overlap.py)
 # Stage 03's two tests ask what happens when (no collective during backward) and whether the trace is whole,
 # not how long: the "nano" model (a step of a few ms) shows both, in 3 s instead of 20-26 s with tiny. So
 # trace_stage03_no_overlap runs beside other tests (not RUN_SERIAL like stage 05's, which measures), one net test

@@ -2,7 +2,7 @@
 // every needle.
 #pragma once
 
-#include "common/runtime.hpp"
+#include "common/dist/runtime.hpp"
 
 #include <gtest/gtest.h>
 

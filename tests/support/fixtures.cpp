@@ -1,5 +1,5 @@
 #include "tests/support/fixtures.hpp"
-#include "common/params.hpp"
+#include "common/model/params.hpp"
 
 #include "tests/support/ranks.hpp"
 

@@ -1,11 +1,11 @@
 // Small models and batches the stage tests share.
 #pragma once
 
-#include "common/models.hpp"
-#include "common/transformer.hpp"
+#include "common/model/models.hpp"
+#include "common/model/transformer.hpp"
 #include "tests/support/ranks.hpp"
 
-#include "common/libtorch.hpp"
+#include "common/base/libtorch.hpp"
 
 #include <cstdint>
 #include <memory>

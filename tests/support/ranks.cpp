@@ -1,9 +1,9 @@
 #include "tests/support/ranks.hpp"
 
-#include "common/models.hpp"
+#include "common/model/models.hpp"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include "common/libtorch.hpp"
+#include "common/base/libtorch.hpp"
 
 #include <exception>
 #include <thread>

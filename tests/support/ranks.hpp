@@ -2,9 +2,9 @@
 // through an in-process store. Fast, no ports, and a failing rank fails the test.
 #pragma once
 
-#include "common/dist.hpp"
+#include "common/dist/dist.hpp"
 
-#include "common/libtorch.hpp"
+#include "common/base/libtorch.hpp"
 
 #include <chrono>
 #include <functional>
@@ -23,7 +23,7 @@ void run_ranks(int world, const std::function<void(ProcessGroup&)>& fn,
 bool gpu_visible();
 
 /// torch's global RNG is shared by the threads: hold this while seeding and building a model. It is
-/// dp::model_init_mutex() (common/models.hpp), the mutex the DDP checks hold for the same reason.
+/// dp::model_init_mutex() (common/model/models.hpp), the mutex the DDP checks hold for the same reason.
 std::mutex& rng_mutex();
 
 /// True when `t` is bit-identical on every rank (a collective: every rank must call it).

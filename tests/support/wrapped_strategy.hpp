@@ -2,7 +2,7 @@
 // overrides the one call it breaks.
 #pragma once
 
-#include "common/strategy.hpp"
+#include "common/contract/strategy.hpp"
 
 #include <memory>
 #include <string>

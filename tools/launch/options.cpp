@@ -342,7 +342,7 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
 // Prescott gemm was the suite's largest single CPU cost (14%, perf). OPENBLAS_CORETYPE names the kernels to use
 // instead. Returns that name when OpenBLAS fell back and the CPU can run better ones, else "". The library
 // itself says what it chose: it is loaded here once, with one thread (it would start one per core), and
-// unloaded. The same rule warns in common/runtime.cpp's check_blas() when a program runs without it.
+// unloaded. The same rule warns in common/dist/runtime.cpp's check_blas() when a program runs without it.
 std::string openblas_coretype_for_this_cpu() {
   static const std::string name = [] {
     const char* had = std::getenv("OPENBLAS_NUM_THREADS");

@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# Regenerates the benchmark results behind docs/ on this machine, then the plots, timelines and tables.
+# Every result file records the exact command (launcher included) and the machine, row by row.
+#
+#   bash scripts/bench/bench_docs.sh [PART...]      PART: allreduce ddp weak features torch small zero ext06a ext06d ext07a ext07b lm elastic (default:
+#                                             all), or ext07a-memory, lm-speed (one table of those parts alone)
+#
+# The DDP runs use the tiny Transformer with 10 timed steps: once over loopback (where Gloo's
+# communication is CPU work that competes with backward for the two cores) and on a simulated cluster
+# (ddp_launch --net: every rank in its own network namespace behind a 1 or 10 Gbit/s link), where
+# communication costs wall time as on a real one. --net needs root and iproute2; without them the net
+# runs are skipped with the reason. About 100 minutes on 2 cores (ext07a alone: about 15, torch about 35, elastic 6).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+parts=${*:-allreduce ddp weak features torch small zero ext06a ext06d ext07a ext07b lm elastic}
+R=docs/results
+mkdir -p $R
+PY=/usr/bin/python3; [ -x $PY ] || PY=python3
+L=./build/bin/ddp_launch
+B=./build/bin
+T="--bench --preset tiny --context 128 --warmup 2 --steps 10"
+
+net_ok=1
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+  net_ok=0
+  echo "bench_docs: no --net runs: they need root and iproute2 (ip, tc); running the loopback ones only"
+fi
+net() { [ $net_ok = 1 ] && "$@" || echo "(skipped: $*)"; }
+
+# Extension 06a's table of ZeRO-1 in buckets against stage 05's DDP and stage 06's flat ZeRO-1, tiny at 1 and
+# 10 Gbit/s (all variants in one run, round by round), and small at 1 Gbit/s (one variant per group: small's
+# replicas do not fit together here). About 10 minutes.
+zero1_vs_ddp() {
+  for rate in 1gbit 10gbit; do
+    net $L --nproc 2 --net $rate -- $B/ext06a_zero1_buckets $T --json $R/ext06a_tiny_$rate.json
+  done
+  net $L --nproc 2 --net 1gbit -- $B/ext06a_zero1_buckets --bench --preset small --context 128 --warmup 1 --steps 6 \
+      --json $R/ext06a_small_1gbit.json
+}
+
+for part in $parts; do
+  case $part in
+  allreduce)
+    echo "== stage 01: all-reduce over loopback (2 and 4 ranks) and over simulated 1 and 10 Gbit/s links"
+    files=()
+    for n in 2 4; do
+      $L --nproc $n -- $B/stage01_allreduce --bench --sizes 1MB,10MB,100MB --warmup 3 --iters 20 \
+          --json $R/ar_lo_$n.json
+      files+=($R/ar_lo_$n.json)
+      for rate in 1gbit 10gbit; do
+        if [ $net_ok = 1 ]; then
+          $L --nproc $n --net $rate -- $B/stage01_allreduce --bench --sizes 1MB,10MB,32MB --warmup 2 --iters 8 \
+              --json $R/ar_${rate}_$n.json
+          files+=($R/ar_${rate}_$n.json)
+        fi
+      done
+    done
+    $PY scripts/pages/merge_results.py $R/allreduce.json "${files[@]}"
+    rm -f "${files[@]}" ;;
+  ddp)
+    echo "== stages 02-05, tiny Transformer: every variant in one run, per link"
+    $L --nproc 2 -- $B/stage05_bucketed $T --caps 1,10,100 --json $R/stage05_tiny.json
+    net $L --nproc 2 --net 1gbit -- $B/stage05_bucketed $T --caps 1,10,100 \
+        --json $R/stage05_tiny_1gbit.json --trace $R/stage05_tiny_1gbit.trace.json
+    net $L --nproc 2 --net 10gbit -- $B/stage05_bucketed $T --caps 1,10,100 --json $R/stage05_tiny_10gbit.json
+    net $L --nproc 4 --net 1gbit -- $B/stage05_bucketed $T --caps 1,10,100 --json $R/stage05_tiny_1gbit_4r.json
+    if [ -f $R/stage05_tiny_1gbit.trace.json ]; then
+      # The pages' timelines: one step of stages 03, 04 and 05 on the same time axis.
+      $PY scripts/trace/timeline.py $R/stage05_tiny_1gbit.trace.json --variant "flat (stage 03)" \
+          --variant "overlap (stage 04)" --variant "bucketed 1 MB (stage 05)" -o $R/timeline_1gbit.png \
+          --title "one step of the tiny Transformer, 2 ranks, simulated 1 Gbit/s link"
+      gzip -9f $R/stage05_tiny_1gbit.trace.json  # Perfetto opens .json.gz as it is
+    fi ;;
+  features)
+    echo "== stage 05's extensions on simulated 1 and 10 Gbit/s links: hook x bucket order x optimizer placement in one run"
+    for rate in 1gbit 10gbit; do
+      tr=(); [ $rate = 1gbit ] && tr=(--trace $R/stage05_features_1gbit.trace.json)
+      net $L --nproc 2 --net $rate -- $B/ext05d_feature_bench $T --caps 1,25 \
+          --comm-hook allreduce,fp16 --bucket-order reverse,arrival --overlap-optimizer both --accumulate 4 \
+          --json $R/stage05_features_$rate.json "${tr[@]}"
+    done
+    if [ -f $R/stage05_features_1gbit.trace.json ]; then
+      $PY scripts/trace/timeline.py $R/stage05_features_1gbit.trace.json --variant "bucketed 1 MB, arrival order (stage 05)" \
+          --variant "bucketed 1 MB, arrival order, optimizer overlapped (stage 05)" -o $R/timeline_optimizer_overlap.png \
+          --title "tiny Transformer, 2 ranks, 1 Gbit/s: optimizer after the last bucket, and bucket by bucket"
+      $PY scripts/trace/timeline.py $R/stage05_features_1gbit.trace.json --variant "bucketed 25 MB (stage 05)" \
+          --variant "bucketed 25 MB, arrival order (stage 05)" -o $R/timeline_bucket_order.png \
+          --title "tiny Transformer, 2 ranks, 1 Gbit/s, 25 MB buckets: reverse registration order, and arrival order"
+      gzip -9f $R/stage05_features_1gbit.trace.json
+    fi ;;
+  torch)
+    echo "== stage 05 against PyTorch's own DDP (scripts/peers/torch_ddp.py), launch by launch on the same simulated link"
+    # Ours: 25 MiB buckets (PyTorch's default cap, in its unit) and 1 MB, each in reverse-registration and
+    # arrival order, optimizer after finish and overlapped; both sides again with fp16 hooks. About 35 minutes.
+    C=($PY scripts/bench/compare_torch_ddp.py --preset tiny --rounds 5 --steps 8)
+    X=(--more-caps 1 "--our-extra=--bucket-order reverse,arrival --overlap-optimizer both")
+    if [ $net_ok = 1 ]; then
+      "${C[@]}" --net 1gbit --fp16 "${X[@]}" --json $R/torch_ddp_tiny_1gbit.json
+      "${C[@]}" --net 1gbit --world 4 "${X[@]}" --json $R/torch_ddp_tiny_1gbit_4r.json
+      "${C[@]}" --net 10gbit "${X[@]}" --json $R/torch_ddp_tiny_10gbit.json
+      # small (128.6M parameters): one stage 05 row per launch (two would not fit in memory together, and
+      # each would get its own baseline): the defaults, then arrival order with the optimizer overlapped.
+      S=($PY scripts/bench/compare_torch_ddp.py --preset small --rounds 3 --warmup 1 --steps 3 --net 1gbit)
+      "${S[@]}" --json $R/torch_ddp_small_1gbit.json
+      "${S[@]}" "--our-extra=--bucket-order arrival --overlap-optimizer true" --json $R/torch_ddp_small_1gbit_best.json
+      # PyTorch 2.x on both sides: our build against the pip wheel (scripts/setup/install_torch2.sh, cmake --preset torch2).
+      if [ -x build-venv/torch2/bin/python ] && [ -x build-torch2/bin/ext05d_feature_bench ]; then
+        "${C[@]}" --net 1gbit --fp16 "${X[@]}" --python build-venv/torch2/bin/python --our-bin build-torch2/bin \
+            --json $R/torch_ddp_tiny_1gbit_torch2.json
+      else
+        echo "(skipped: PyTorch 2.x comparison: needs build-venv/torch2 and build-torch2/bin; see README)"
+      fi
+    else
+      echo "(skipped: the PyTorch comparison runs on simulated links: root and iproute2)"
+    fi ;;
+  small)
+    echo "== stage 05, small Transformer (128.6M parameters) on the simulated 1 Gbit/s link"
+    # A small step takes ~10 s here and every round runs 8 models: 5 timed steps keep this at ~15 minutes.
+    net $L --nproc 2 --net 1gbit -- $B/stage05_bucketed --bench --preset small --context 128 --warmup 1 \
+        --steps 5 --caps 25,100 --json $R/stage05_small_1gbit.json ;;
+  zero)
+    echo "== stage 06: the all-to-all that ZeRO-1 is built on, Gloo's own against sends and receives"
+    # Why common/ builds Gloo's all-to-all from sends and receives: Gloo's own, point to point and an
+    # all-reduce, in PyTorch 2.x over the same Gloo (needs scripts/setup/install_torch2.sh's environment).
+    if [ $net_ok = 1 ] && [ -x build-venv/torch2/bin/python ]; then
+      rm -f $R/alltoall.json
+      for rate in 1gbit 10gbit; do
+        $L --nproc 2 --net $rate -- build-venv/torch2/bin/python scripts/peers/torch_alltoall.py --json $R/alltoall.json
+      done
+      $L --nproc 2 -- build-venv/torch2/bin/python scripts/peers/torch_alltoall.py --json $R/alltoall.json
+    else
+      echo "(skipped: the all-to-all comparison needs --net and build-venv/torch2; run scripts/setup/install_torch2.sh)"
+    fi
+    ;;
+  ext06d)
+    echo "== extension 06d: memory around the first optimizer step, AdamW and the ZeRO-1 designs (stage 06, extension 06b) one at a time"
+    $L --nproc 2 -- $B/ext06d_memory_bench --preset small --context 128 --batch 4 --warmup 1 --steps 4 \
+        --design cs336 --json $R/ext06d_cs336.json
+    $L --nproc 2 -- $B/ext06d_memory_bench --preset small --context 128 --batch 4 --warmup 1 --steps 4 \
+        --json $R/ext06d_designs.json
+    net $L --nproc 2 --net 1gbit -- $B/ext06d_memory_bench --preset tiny --context 128 --batch 4 \
+        --warmup 2 --steps 10 --json $R/ext06d_tiny_1gbit.json ;;
+  ext07b)
+    echo "== extension 07b: FSDP's sharded checkpoints, saved by 2 ranks and loaded by 3 (tiny, small; about 4 minutes)"
+    files=()
+    for preset in tiny small; do
+      ck=$(mktemp -d /tmp/dp_ext07b.XXXXXX)
+      $L --nproc 2 -- $B/ext07b_sharded_checkpoints --preset $preset --checkpoint $ck/ckpt --json $R/s7b_save_$preset.json
+      $L --nproc 3 -- $B/ext07b_sharded_checkpoints --preset $preset --checkpoint $ck/ckpt --resume-only \
+          --json $R/s7b_load_$preset.json
+      rm -rf "$ck"
+      files+=($R/s7b_save_$preset.json $R/s7b_load_$preset.json)
+    done
+    $PY scripts/pages/merge_results.py $R/ext07b.json "${files[@]}"
+    rm -f "${files[@]}" ;;
+  ext07a|ext07a-memory)
+    echo "== extension 07a: FSDP's memory (one variant per process), speed against DDP on 1 Gbit/s, the large preset"
+    S7="$L --nproc 2 -- $B/ext07a_fsdp_bench --context 128 --batch 4 --warmup 0 --steps 2"
+    files=()
+    for preset in small medium; do
+      for v in "ddp" "zero1" "fsdp --reshard-after-forward true" "fsdp --reshard-after-forward false"; do
+        f=$R/s7_mem_${preset}_${#files[@]}.json
+        $S7 --preset $preset --variants $v --json $f
+        files+=($f)
+      done
+    done
+    $PY scripts/pages/merge_results.py $R/ext07a_memory.json "${files[@]}"
+    rm -f "${files[@]}"
+    if [ $part = ext07a-memory ]; then continue; fi  # the memory table alone (about 8 minutes)
+    net $L --nproc 2 --net 1gbit -- $B/ext07a_fsdp_bench --preset small --context 128 --warmup 1 --steps 6 \
+        --variants ddp,zero1,fsdp --json $R/ext07a_small_1gbit.json --trace $R/ext07a_small_1gbit.trace.json
+    net $L --nproc 2 --net 1gbit -- $B/ext07a_fsdp_bench --preset small --context 128 --warmup 1 --steps 6 \
+        --compute-dtype bf16 --json $R/ext07a_small_1gbit_bf16.json
+    net $L --nproc 2 --net 10gbit -- $B/ext07a_fsdp_bench --preset small --context 128 --warmup 1 --steps 6 \
+        --variants ddp,zero1,fsdp --json $R/ext07a_small_10gbit.json --trace $R/ext07a_small_10gbit.trace.json
+    # CS336 fsdp_accounting (b): did each gather finish before its unit's forward began? From the traces.
+    files=()
+    for rate in 1gbit 10gbit; do
+      if [ -f $R/ext07a_small_$rate.trace.json ]; then
+        $PY scripts/trace/gather_in_time.py $R/ext07a_small_$rate.trace.json $R/ext07a_small_$rate.json \
+            --json $R/git_$rate.json
+        files+=($R/git_$rate.json)
+        gzip -9f $R/ext07a_small_$rate.trace.json
+      fi
+    done
+    [ ${#files[@]} -gt 0 ] && $PY scripts/pages/merge_results.py $R/ext07a_gather_in_time.json "${files[@]}" && rm -f "${files[@]}"
+    # 970 M parameters: DDP would need ~31 GB for 2 ranks here, FSDP ~8 GB per rank.
+    $L --nproc 2 -- $B/ext07a_fsdp_bench --preset large --context 32 --batch 2 --warmup 0 --steps 2 \
+        --variants fsdp --reshard-after-forward true --json $R/ext07a_large.json ;;
+  ext06a) echo "== extension 06a: ZeRO-1 in buckets against DDP"; zero1_vs_ddp ;;
+  lm|lm-speed)
+    echo "== stage 08: loss curves on real text at 1, 2 and 4 ranks (loopback, 500 steps), then speed per --sync and link"
+    runs=build/lm_runs; mkdir -p $runs
+    if [ $part = lm ]; then  # lm-speed: the speed table alone (about 8 minutes)
+      # One rank is the reference. One rank with --accumulate 2 sums the same gradients as two half-batch
+      # means, the order 2 ranks use: what that order alone does to a curve, to compare with 2 and 4 ranks.
+      files=()
+      for n in 1 2 4; do
+        $L --nproc $n -- $B/stage08_train_lm --steps 500 --eval-every 50 --curve $runs/lo_$n.json
+        files+=($runs/lo_$n.json)
+      done
+      $L --nproc 1 -- $B/stage08_train_lm --steps 500 --eval-every 50 --sample 0 --accumulate 2 --curve $runs/lo_1_acc2.json
+      files+=($runs/lo_1_acc2.json)
+      $PY scripts/pages/lm_results.py $R/lm_curves.json "${files[@]}"
+    fi
+    files=()
+    for link in loopback 1gbit; do
+      [ $link = 1gbit ] && [ $net_ok = 0 ] && { echo "(skipped: the 1gbit speed runs)"; continue; }
+      for n in 2 4; do
+        for sync in ddp zero1 fsdp; do
+          f=$runs/${link}_${sync}_$n.json
+          if [ $link = loopback ]; then
+            $L --nproc $n -- $B/stage08_train_lm --steps 60 --eval-every 60 --sample 0 --sync $sync --curve $f
+          else
+            $L --nproc $n --net $link -- $B/stage08_train_lm --steps 60 --eval-every 60 --sample 0 --sync $sync --curve $f
+          fi
+          files+=($f)
+        done
+      done
+    done
+    # DDP with 2 MB buckets: tiny's 17.3 MB of gradients fit one 25 MB bucket, launched only when backward ends.
+    if [ $net_ok = 1 ]; then
+      $L --nproc 2 --net 1gbit -- $B/stage08_train_lm --steps 60 --eval-every 60 --sample 0 --bucket-mb 2 \
+          --curve $runs/1gbit_ddp_2_2mb.json
+      files+=($runs/1gbit_ddp_2_2mb.json)
+    fi
+    $PY scripts/pages/lm_results.py $R/lm_speed.json "${files[@]}" ;;
+  weak)
+    echo "== stage 05, weak scaling: the same sequences per rank at 1, 2 and 4 ranks, 1 Gbit/s (about 12 minutes)"
+    if [ $net_ok = 1 ]; then $PY scripts/bench/weak_scaling.py --out $R/weak_scaling.json --rounds 5 --per-rank 2; else
+      echo "(skipped: weak scaling runs on the simulated link: root and iproute2)"; fi ;;
+  elastic)
+    echo "== stage 09: a rank killed, survived in memory or restarted from a checkpoint (about 6 minutes)"
+    $PY scripts/bench/elastic_bench.py --out $R/elastic.json ;;
+  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, weak, features, torch, small, zero, ext06a, ext06d, ext07a, ext07a-memory, lm, lm-speed, elastic)" >&2; exit 2 ;;
+  esac
+done
+
+for f in $R/*.json; do
+  case $f in *.trace.json|*/gpu_*.json|*/alltoall.json|*/torch_compare.json|*/torch_ddp_*.json|*/ext07a_gather_in_time.json|*/lm_speed.json|*/margins.json|*/margins_*.json|*/weak_scaling.json|*/trace_summary.json) continue ;; esac
+  # No plot where it would repeat another picture: these runs measure speed, and their plot would draw only
+  # the tensor bytes that ext06d_cs336.png and ext07a_memory.png already show (ext07a_large: one bar).
+  case $f in */ext06d_designs.json|*/ext06d_tiny_1gbit.json|*/ext07a_large.json|*/ext07a_small_*.json) continue ;; esac
+  case $f in */ext07b.json) continue ;; esac  # a save and a load, not variants: its table says it
+  $PY scripts/pages/plot.py "$f"
+done
+$PY scripts/pages/figures.py  # the pictures of the ideas: two of them drawn from the traces just recorded
+$PY scripts/trace/trace_summary.py  # what the pages quote from the traces, as JSON for make_tables.py
+$PY scripts/pages/make_tables.py

@@ -1,0 +1,486 @@
+#!/usr/bin/env python3
+"""Regenerates every results table in README.md and docs/*.md from docs/results/*.json.
+
+A table lives between `<!-- table:NAME -->` and `<!-- /table:NAME -->`; NAME is a JSON file in
+docs/results/ (without .json). The block is replaced by a Markdown table, the exact command(s) that
+produced the numbers (read from each row, so files merged from several runs stay right) and the machine.
+Tables are never edited by hand.
+
+Statistics: the DDP programs keep every round's sample (each round ran one step of every variant back to
+back). A ratio's 95% confidence interval is a percentile bootstrap of the median over rounds
+(scipy.stats.bootstrap, 9999 resamples, fixed seed so the pages are reproducible); "min-max" is the
+range of the rounds. Two variants differ only when the interval of their per-round ratio excludes 1.
+
+    python3 scripts/pages/make_tables.py            # rewrite the pages
+    python3 scripts/pages/make_tables.py --check    # exit 1 if any page is not what the JSON gives (ctest)
+    python3 scripts/pages/make_tables.py [--check] docs/03_flat.md ...   # those pages only
+
+Numbers in prose are generated too (`<!-- n:FILE EXPR | FORMAT -->VALUE<!-- /n -->`, see NUMBER below), and
+--check fails on a measured-looking number in prose that no marker writes and no word in its sentence explains.
+"""
+import functools, pathlib, re, sys
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+import dplib  # noqa: E402
+
+ROOT = dplib.ROOT
+RESULTS = dplib.RESULTS
+load = dplib.results  # docs/results/NAME.json, parsed once per run
+
+
+def ci(samples):
+    """Median and 95% percentile-bootstrap interval of the median (dplib.median_ci), or None for fewer than 3
+    samples."""
+    c = dplib.median_ci(samples)
+    return None if c[1] is None else c
+
+
+def fmt_ci(samples, f="{:.2f}"):
+    c = ci(samples)
+    if c is None:
+        return "-" if not len(samples) else f.format(float(np.median(samples)))
+    return f"{f.format(c[0])} [{f.format(c[1])}, {f.format(c[2])}]"
+
+
+def compare(a, b):
+    """Per-round ratio a/b of two rows measured in the same rounds: (median, low, high) or None."""
+    if a.get("group") != b.get("group") or "step_samples_s" not in a or "step_samples_s" not in b:
+        return None
+    return ci([x / y for x, y in zip(a["step_samples_s"], b["step_samples_s"])])
+
+
+def speedup(doc, r):
+    """One process's median step over the row's median step, both measured in this run: a shorter step in the
+    step column is always a larger speed-up beside it (a per-round median of ratios need not be)."""
+    sp = doc.get("single_process_samples_s")
+    return float(np.median(sp)) / r["step_s"] if sp and r.get("step_s") else r.get("speedup_vs_1proc")
+
+
+def ceiling_note(doc):
+    """The speed-up column's ceiling on this machine, said beside it: the no-communication row (ranks only
+    computing) is as fast as N ranks on these cores can be, and why that is not N."""
+    base = [r for r in doc["rows"] if r["variant"].startswith("no communication")]
+    if not base or not doc.get("single_process_samples_s"):
+        return None
+    w, c = base[0]["world_size"], speedup(doc, base[0])
+    if w < 2:
+        return None
+    gpu = "device" in base[0]  # scripts/machines/gpu_check.sh: the ranks share one GPU
+    shared = "one GPU" if gpu else f"same {doc['machine'].split(', ')[1]}"
+    return (f"Speed-up = one process's median step / the row's median step. Its ceiling here is the "
+            f"no-communication row's {c:.2f}, not {w}: the {w} ranks share the {shared} that one process "
+            f"already keeps busy, so splitting the batch adds no compute" + ("." if gpu else
+            f"; with a GPU per rank it would be near {w}."))
+
+
+def ddp_table(doc):
+    rows = doc["rows"]
+    groups = len({r.get("group", 0) for r in rows}) > 1
+    head = ["variant"] + (["baseline"] if groups else []) + [
+        "collectives / step", "step (s), median [min-max]", "step / no-comm [95% CI]", "exposed comm (s)",
+        "overlap efficiency [95% CI]", "tokens/s", "speedup vs 1 process"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["variant"]] + ([r.get("baseline", "-")] if groups else [])
+        cells += [str(r.get("calls_per_step", "-")),
+                  f"{r['step_s']:.3f} [{r['step_min_s']:.3f}-{r['step_max_s']:.3f}]",
+                  fmt_ci(r.get("ratio_samples", [r.get("ratio_to_no_comm", 1)]), "{:.3f}"),
+                  f"{r['exposed_comm_s']:+.3f}",
+                  fmt_ci(r["overlap_samples"]) if "overlap_samples" in r else "-",
+                  f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else "-",
+                  f"{speedup(doc, r):.2f}" if speedup(doc, r) is not None else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = []
+    if "single_process_samples_s" in doc:
+        sp = doc["single_process_samples_s"]
+        notes.append(f"One process, whole global batch, all {doc['machine'].split(', ')[1]}: "
+                     f"{np.median(sp):.3f} s per step [{min(sp):.3f}-{max(sp):.3f}]. "
+                     f"One flat all-reduce of all gradients: {np.median(doc['flat_allreduce_samples_s']):.3f} s "
+                     f"[{min(doc['flat_allreduce_samples_s']):.3f}-{max(doc['flat_allreduce_samples_s']):.3f}] "
+                     f"(the communication time in the overlap efficiency).")
+        notes += [n for n in [ceiling_note(doc)] if n]
+    # Each stage against the one before it, round by round (only rows measured in the same rounds).
+    by = {r["variant"]: r for r in rows}
+    buck = [r for r in rows if "(stage 05)" in r["variant"]]
+    best = min(buck, key=lambda r: r["step_s"]) if buck else None
+    pairs = [("flat (stage 03)", "naive (stage 02)"), ("overlap (stage 04)", "flat (stage 03)")]
+    if best:
+        pairs += [(best["variant"], "overlap (stage 04)"), (best["variant"], "flat (stage 03)")]
+    said = []
+    for a, b in pairs:
+        c = compare(by[a], by[b]) if a in by and b in by else None
+        if c:
+            verdict = "faster" if c[2] < 1 else "slower" if c[1] > 1 else "no difference shown"
+            said.append(f"{a} / {b} x{c[0]:.3f} [{c[1]:.3f}, {c[2]:.3f}], {verdict}")
+    # Stage 05's features, each alone against the plain row of the same cap (--comm-hook, --bucket-order,
+    # --overlap-optimizer lists), and the best row against the plain one.
+    for r in buck:
+        m = re.fullmatch(r"bucketed ([\d.]+) MB \(stage 05\)", r["variant"])
+        if not m:
+            continue
+        for feature in (", fp16 hook", ", arrival order", ", optimizer overlapped"):
+            other = f"bucketed {m.group(1)} MB{feature} (stage 05)"
+            c = compare(by[other], r) if other in by else None
+            if c:
+                verdict = "faster" if c[2] < 1 else "slower" if c[1] > 1 else "no difference shown"
+                said.append(f"{other} / plain x{c[0]:.3f} [{c[1]:.3f}, {c[2]:.3f}], {verdict}")
+    # Extension 06a: each ZeRO-1 row against stage 05's DDP row of the same run.
+    ddp_row = next((r for r in rows if r["variant"].startswith("DDP, ")), None)
+    for r in rows:
+        if ddp_row and r["variant"].startswith("ZeRO-1"):
+            c = compare(r, ddp_row)
+            if c:
+                verdict = "faster" if c[2] < 1 else "slower" if c[1] > 1 else "no difference shown"
+                said.append(f"{r['variant']} / DDP x{c[0]:.3f} [{c[1]:.3f}, {c[2]:.3f}], {verdict}")
+    if said:
+        notes.append("Step against step, round by round (median and 95% CI): " + "; ".join(said) + ".")
+    for m in doc.get("memory", []):
+        notes.append(f"Bytes per rank, {m['variant']}: parameters {m['param_MB']:.1f} MB, gradients {m['grad_MB']:.1f}, "
+                     f"AdamW state {m['state_MB']:.1f}, total {m['total_MB']:.1f} (arithmetic {m['expected_MB']:.1f}).")
+    for a in doc.get("accumulation", []):
+        notes.append(f"Gradient accumulation, K = {a['accumulate']} (micro-batches per AdamW step) of {rows[0].get('global_batch', '?')} "
+                     f"sequences each: step {a['step_s']:.3f} s, {1e3 * a['per_sequence_s']:.1f} ms per "
+                     f"sequence, {a['collectives_per_step']} collectives per step.")
+    for r in rows:
+        c = ci(r.get("ratio_samples", []))
+        if c and c[2] < 1 and not r["variant"].startswith("no communication"):
+            notes.append(f"Note: {r['variant']} is faster than its no-communication baseline beyond the interval "
+                         f"(x{c[0]:.3f} [{c[1]:.3f}, {c[2]:.3f}]); read it as noise of this shared machine.")
+    if rows and rows[0].get("cut_by_budget"):
+        notes.append(f"--budget cut the run to {rows[0]['steps']} of {rows[0]['steps_requested']} timed steps.")
+    if groups:
+        notes.append("Variants that did not fit in memory together ran in groups, each with its own "
+                     "no-communication baseline (the baseline column).")
+    return lines, notes
+
+
+def torch_ddp_table(doc):
+    """scripts/bench/compare_torch_ddp.py: ours and PyTorch's DDP, alternated launch by launch (a round = one launch
+    of each); every ratio is taken round by round."""
+    head = ["variant", "step (s), median [95% CI]", "x PyTorch DDP [95% CI]", "x lower bound [95% CI]"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in doc["rows"]:
+        lines.append("| " + " | ".join([r["variant"], fmt_ci(r["round_medians_s"], "{:.3f}"),
+                                        fmt_ci(r["ratio_to_pytorch_ddp_samples"], "{:.3f}"),
+                                        fmt_ci(r["ratio_to_lower_bound_samples"], "{:.3f}")]) + " |")
+    lb, fw = doc["lower_bound"]["median"], doc["forward_ratio_ours_to_pytorch"]
+    c = doc["config"]
+    notes = [f"{c['preset']}, {c['world']} ranks, {'loopback' if c['net'] == 'none' else c['net'] + ' link per rank'}, "
+             f"{c['rounds']} rounds of {c['warmup']} + {c['steps']} steps per launch; bucket cap {c['cap']:g} MiB on both "
+             f"sides (ours given it in MB). Lower bound (medians): forward {lb['forward_s']:.3f} + max(backward "
+             f"{lb['backward_s']:.3f}, one flat all-reduce {lb['comm_s']:.3f}) + optimizer {lb['optimizer_s']:.3f} = "
+             f"{lb['bound_s']:.3f} s, from our no-communication row in the same launches.",
+             f"Same work on both sides: forward pass, ours / PyTorch's, x{fw['ratio']:.3f}.",
+             "Verdict: " + doc["verdict"]["text"] + (("; fp16 hooks: " + doc["verdict_fp16"]["text"])
+                                                      if doc.get("verdict_fp16") else "") + "."]
+    return lines, notes
+
+
+def plain_table(doc, cols):
+    present = [c for c in cols if any(c[0] in r for r in doc["rows"])]
+    lines = ["| " + " | ".join(h for _, h, _ in present) + " |", "|" + "---|" * len(present)]
+    for r in doc["rows"]:
+        lines.append("| " + " | ".join(cell(r, k, f) for k, _, f in present) + " |")
+    return lines, []
+
+
+COLUMNS = {
+    "allreduce": [("backend", "backend", "{}"), ("link", "link", "{}"), ("world_size", "ranks", "{}"),
+                  ("size", "size", "{}"), ("iters", "iterations", "{}"),
+                  ("latency_median_s", "median latency (ms)", "ms"), ("algbw_GBps", "algbw (GB/s)", "{:.3f}"),
+                  ("busbw_GBps", "busbw (GB/s)", "{:.3f}"), ("copy_GBps", "device copy (GB/s)", "{:.1f}")],
+    "alltoall": [("exchange", "exchange", "{}"), ("link", "link", "{}"), ("world_size", "ranks", "{}"),
+                 ("sent_MB", "MB sent per rank", "{:.1f}"), ("time_median_s", "median time (ms)", "ms0"),
+                 ("rate_MBps", "MB/s per rank", "{:.0f}")],
+    "sharded_optimizer": [("optimizer", "optimizer", "{}"), ("world_size", "ranks", "{}"),
+               ("param_MB", "params (MB)", "{:.1f}"), ("grad_MB", "grads (MB)", "{:.1f}"),
+               ("state_MB_max_rank", "optimizer state, max rank (MB)", "{:.1f}"),
+               ("expected_MB", "4P+4P+8P/N (MB)", "{:.1f}"), ("peak_rss_start_MB", "peak RSS at start (MB)", "{:.0f}"),
+               ("peak_rss_before_step_MB", "before step (MB)", "{:.0f}"),
+               ("peak_rss_after_step_MB", "after step (MB)", "{:.0f}"), ("buffer_MB", "ZeRO-1 buffers (MB)", "{:.1f}"),
+               ("sent_MB_per_step", "sent per rank per step (MB)", "{:.1f}"), ("step_median_s", "step (s)", "{:.3f}")],
+    "gather_in_time": [("variant", "variant", "{}"), ("link", "link", "{}"), ("preset", "preset", "{}"),
+                       ("world_size", "ranks", "{}"), ("units_checked", "unit forwards checked", "{}"),
+                       ("in_time", "weights already gathered", "{}"), ("median_wait_ms", "median wait (ms)", "{:.1f}"),
+                       ("wait_per_step_ms", "waiting per step (ms)", "{:.0f}"),
+                       ("forward_per_step_ms", "forward per step (ms)", "{:.0f}")],
+    "weak_scaling": [("world_size", "ranks", "{}"), ("per_rank", "sequences per rank", "{}"),
+                     ("global_batch", "global batch", "{}"), ("link", "link", "{}"),
+                     ("tokens_per_s_no_comm_samples", "tokens/s, no communication [95% CI]", "ci0"),
+                     ("efficiency_no_comm_samples", "its efficiency [95% CI]", "ci2"),
+                     ("tokens_per_s_bucketed_samples", "tokens/s, 1 MB buckets [95% CI]", "ci0"),
+                     ("efficiency_bucketed_samples", "its efficiency [95% CI]", "ci2")],
+    "train_lm": [("sync", "sync", "{}"), ("world_size", "ranks", "{}"), ("threads", "threads per rank", "{}"),
+                 ("accumulate", "micro-batches", "{}"),
+                 ("link", "link", "{}"), ("steps", "steps", "{}"), ("step_s", "step (s), median [95% CI]", "ci"),
+                 ("tokens_per_s", "tokens/s", "{:.0f}"), ("data_s", "data (s)", "{:.4f}"),
+                 ("forward_s", "forward (s)", "{:.3f}"), ("backward_s", "backward (s)", "{:.3f}"),
+                 ("sync_s", "exposed sync (s)", "{:.3f}"), ("optimizer_s", "optimizer (s)", "{:.3f}"),
+                 ("loss_last20", "train loss, last 20 steps", "{:.4f}"), ("val_last", "validation loss", "{:.4f}"),
+                 ("max_diff_vs_1", "max loss diff vs 1 rank", "{:.1e}")],
+    "margins": [("check", "check (stage, what)", "{}"), ("worst_ratio", "worst diff / bound", "{:.3f}"),
+                ("diff", "that diff", "{:.2g}"), ("bound", "its bound", "{:.2g}"), ("where", "where", "{}"),
+                ("runs", "runs", "{}")],
+    "elastic": [("scenario", "run", "{}"), ("link", "link", "{}"), ("ranks", "ranks", "{}"),
+                ("seen_s", "failure seen after (s)", "{:.2f}"), ("round_s", "round (s)", "{:.2f}"),
+                ("group_s", "new group (s)", "{:.2f}"), ("heal_s", "heal (s)", "{:.2f}"),
+                ("redone_step_s", "redone step (s)", "{:.2f}"), ("restart_s", "restart (s)", "{:.2f}"),
+                ("lost_steps", "steps lost", "{}"), ("recovery_s", "failure -> next new step done (s)", "{:.2f}"),
+                ("joined_at_step", "replacement joins at step", "{}"), ("join_s", "its join (s)", "{:.2f}"),
+                ("final_loss", "loss at step 60", "{:.4f}"), ("max_diff", "max loss difference to the uninterrupted run", "{:.1e}")],
+    "sharded_checkpoint": [("operation", "operation", "{}"), ("preset", "preset", "{}"), ("saved_by", "saved by (ranks)", "{}"),
+                           ("world_size", "ranks", "{}"), ("files_per_rank", "files per rank, most", "{:.0f}"),
+                           ("checkpoint_MB", "checkpoint (MB)", "{:.1f}"), ("largest_file_MB", "largest file (MB)", "{:.1f}"),
+                           ("rss_added_MB", "peak RSS it added, most of any rank (MB)", "{:.0f}"),
+                           ("gathered_rss_added_MB", "gathering the whole state instead (MB)", "{:.0f}"),
+                           ("full_state_MB", "12P, by formula (MB)", "{:.1f}"), ("seconds", "time (s), slowest rank", "{:.2f}")],
+    "fsdp": [("variant", "variant", "{}"), ("world_size", "ranks", "{}"), ("link", "link", "{}"), ("preset", "preset", "{}"),
+             ("compute_dtype", "compute", "{}"), ("param_MB", "params (MB)", "{:.1f}"), ("grad_MB", "grads (MB)", "{:.1f}"),
+             ("state_MB", "AdamW state (MB)", "{:.1f}"), ("total_MB", "total (MB)", "{:.1f}"),
+             ("expected_MB", "by formula: 16P, 8P+8P/N or 16P/N (MB)", "{:.1f}"), ("gathered_peak_MB", "gathered, peak (MB)", "{:.1f}"),
+             ("peak_rss_MB", "peak RSS (MB)", "rss"), ("sent_MB_per_step", "sent per rank per step (MB)", "{:.1f}"),
+             ("step_s", "step (s), median [95% CI]", "ci"), ("ratio", "step / first variant's [95% CI]", "ci"),
+             ("peak_cuda_MB", "peak CUDA allocated (MB)", "rss"),
+             ("step_peak_cuda_MB", "a step's CUDA peak above its start (MB)", "{:.0f}")],
+}
+
+
+# Files whose table shows fewer columns than their benchmark's: extension 07a's memory runs time 2 steps of one
+# variant per process, so their step times and ratios say nothing; the large run shows its step time.
+_MEM = COLUMNS["fsdp"][:12]
+COLUMNS_BY_FILE = {"ext07a_memory": _MEM, "ext07a_large": _MEM + [("step_median_s", "step (s), median of 2", "{:.1f}")]}
+# On the GPU (scripts/machines/gpu_check.sh): CUDA's own allocator figures beside the tensors counted.
+_GPU_FSDP = [c for c in COLUMNS["fsdp"] if c[0] not in ("link", "peak_rss_MB", "sent_MB_per_step", "ratio")]
+_GPU_FSDP = [c if c[0] != "step_s" else ("step_median_s", "step (s), median", "{:.3f}") for c in _GPU_FSDP]
+COLUMNS_BY_FILE.update({"gpu_ext07a_large_bf16": _GPU_FSDP, "gpu_ext07a_xl_bf16": _GPU_FSDP})
+# NCCL at 1 rank moves nothing (the all-reduce is in place): its latency is the call's own cost, and a bandwidth
+# computed from it would be meaningless.
+COLUMNS_BY_FILE["gpu_stage01_nccl_w1"] = [c for c in COLUMNS["allreduce"] if c[0] not in ("algbw_GBps", "busbw_GBps")]
+
+
+def gpu_check_table(doc):
+    """scripts/machines/gpu_check.sh: one row per step, its exit code, time and its last PASS (or error) line."""
+    lines = ["| step | result | time (s) | last line of its own checks |", "|---|---|---|---|"]
+    for st in doc["rows"]:
+        if st.get("rc") is None:
+            lines.append(f"| `{st['name']}` | skipped ({st.get('skipped')}) | - | - |")
+            continue
+        tail = [l for l in st.get("log_tail", []) if "tests passed" in l]  # ctest's verdict line
+        last = (st.get("pass_lines") or tail or st.get("log_tail") or ["-"])[-1]
+        last = re.sub(r"^\[rank \d+/\d+\] ", "", last).replace("|", "\\|")
+        last = last if len(last) <= 150 else last[:147] + "..."
+        result = "PASS" if st["rc"] == 0 else f"FAIL (exit {st['rc']})"
+        lines.append(f"| `{st['name']}` | {result} | {st['seconds']:.1f} | {last} |")
+    notes = [f"{doc['passed']} steps passed, {doc['failed']} failed, {doc['skipped']} skipped; the build took "
+             f"{doc['build_s']} s with {doc['cpu_cores']} cores. Device: {doc['device']} ({doc['device_memory_GiB']} GiB, "
+             f"driver {doc['driver']}), torch {doc['torch']} (CUDA {doc['torch_cuda']}, NCCL {doc['nccl']}), "
+             f"commit {doc['commit']}, {doc['date']}. Each step's command is below, its PASS lines in the JSON record."]
+    if doc["command"] != doc.get("script", doc["command"]):  # a chosen subset of the steps (GPU_CHECK_ONLY)
+        notes[0] += f" Run as `{doc['command']}`."
+    return lines, notes
+
+
+def cell(row, key, fmt):
+    v = row.get(key)
+    if v is None:
+        return "-"
+    if fmt == "ci":  # per-round samples
+        return fmt_ci(v, "{:.3f}")
+    if fmt in ("ci0", "ci2"):  # per-round samples, 0 or 2 decimals
+        return fmt_ci(v, "{:.0f}" if fmt == "ci0" else "{:.2f}")
+    if fmt == "rss":  # -1: several variants shared the process, so its peak is no one's
+        return "-" if v < 0 else f"{v:.0f}"
+    if fmt == "ms":
+        return f"{v * 1e3:.3f}"
+    if fmt == "ms0":
+        return f"{v * 1e3:.0f}"
+    return fmt.format(v)
+
+
+def samples(doc):
+    """Text sampled from each run's model (stage 08), as a code block per run."""
+    out = []
+    for r in doc["rows"]:
+        if "sample" in r:
+            out += [f"{r['sync']}, {r['world_size']} rank{'s' if r['world_size'] > 1 else ''}, after {r['steps']} steps "
+                    f"(the prompt \"The \" and what followed it, temperature 0.8; `{r['command']}`):", "",
+                    "```text", r["sample"], "```", ""]
+    return "\n".join(out).rstrip()
+
+
+def table(name):
+    if name.endswith(".sample"):  # <!-- table:FILE.sample -->: the text sampled by the runs of FILE
+        return samples(load(name[:-7]))
+    doc = load(name)
+    kind = doc["benchmark"].split(":")[0]
+    if name in COLUMNS_BY_FILE:
+        lines, notes = plain_table(doc, COLUMNS_BY_FILE[name])
+    else:
+        lines, notes = (torch_ddp_table(doc) if kind == "compare_torch_ddp" else gpu_check_table(doc) if kind == "gpu_check" else
+                        ddp_table(doc) if kind not in COLUMNS else plain_table(doc, COLUMNS[kind]))
+    # Each row carries the command and machine it came from (older files: the file's own).
+    cmds, machines = [], []
+    for r in doc["rows"]:
+        c, m = r.get("command", doc["command"]), r.get("machine", doc["machine"])
+        if kind == "compare_torch_ddp":  # ours' machine line, and which PyTorch ran the peer
+            m = f"{doc['ours']['machine']}; peer: PyTorch {doc['theirs']['torch_version']}"
+        if c not in cmds:
+            cmds.append(c)
+        if m not in machines:
+            machines.append(m)
+    out = lines + [""] + [n + "  " for n in notes]
+    out += [f"Measured on: {'; '.join(machines)}.  ", "Command" + ("s" if len(cmds) > 1 else "") + ":", ""]
+    out += ["```sh"] + cmds + ["```"]
+    return "\n".join(out)
+
+
+# A measured number in a sentence: `<!-- n:FILE EXPR | FORMAT -->VALUE<!-- /n -->`. EXPR is evaluated over
+# docs/results/FILE.json (names below), FORMAT is a str.format pattern ("{:.3f}", "x{0:.3f} [{1:.3f}, {2:.3f}]"
+# for a (median, low, high) tuple); VALUE is what the generator wrote, so a page reads the same on a Git host.
+NUMBER = re.compile(r"<!-- n:([\w.-]+) (.+?) -->(.*?)<!-- /n -->", re.S)
+
+
+@functools.lru_cache(maxsize=None)
+def number_env(name):
+    doc = load(name)
+    rows = doc.get("rows", []) if isinstance(doc, dict) else []
+
+    def find(**kw):
+        """The first row whose fields equal every keyword (a field named like a keyword: find(**{"a b": 1}))."""
+        for r in rows:
+            if all(r.get(k) == v for k, v in kw.items()):
+                return r
+        raise KeyError(f"no row of {name}.json with {kw}")
+
+    def row(variant):
+        return find(variant=variant)
+
+    return {"d": doc, "rows": rows, "find": find, "row": row, "med": lambda xs: float(np.median(xs)),
+            "ci": ci, "ratio": lambda a, b: compare(row(a), row(b)), "speedup": lambda v: speedup(doc, row(v)),
+            "J": load, "np": np,
+            "min": min, "max": max, "abs": abs, "len": len, "sum": sum, "round": round}
+
+
+def number(name, body):
+    expr, _, fmt = body.rpartition(" | ") if " | " in body else (body, "", "{}")
+    if not (RESULTS / f"{name}.json").exists():
+        raise ValueError(f"docs/results/{name}.json is missing")
+    v = eval(expr, {"__builtins__": {}}, number_env(name))  # the repository's own pages, never user input
+    return fmt.format(*v) if isinstance(v, (tuple, list)) else fmt.format(v)
+
+
+# What reads as a measured number in prose: a decimal (0.812, x1.43) or a percentage. Versions (LibTorch 1.13.1,
+# Python 3.11) are not; a number that is arithmetic, cited or a setting says so in its sentence (the words below).
+MEASURED = re.compile(r"(?<![\w.\-/])[x×~]?\d+\.\d+(?![\d.]*\d)(?:\s?%)?|(?<![\w.])\d+\s?%")
+VERSION = re.compile(r"(LibTorch|torch|PyTorch|Python|CUDA|NCCL|Gloo|Debian|version|C\+\+|CMake|cmake|Doxygen|"
+                     r"GCC|gcc|clang|Slurm|OpenBLAS|FSDP|v|scipy|numpy|matplotlib|fmt|CLI11|GoogleTest)\W{0,2}$")
+SAID = re.compile(r"arithmetic|cited|published|formula|closed form|by construction|threshold|tolerance|"
+                  r"set by|setting|estimate|nominal|for example|e\.g\.", re.I)
+
+
+def unsourced(md, text):
+    """Measured-looking numbers in the prose of one page that no `n:` marker writes and no word explains."""
+    text = re.sub(r"<!-- table:([\w.-]+) -->.*?<!-- /table:\1 -->", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    text = NUMBER.sub("N", text)
+    # A passage whose every number is arithmetic, cited or a setting says so once, visibly, and is fenced:
+    # <!-- arithmetic: what computes it -->...<!-- /arithmetic --> (also cited:, settings:, and printed: for the
+    # exact printout of a deterministic check, naming the test that prints it).
+    text = re.sub(r"<!-- (arithmetic|cited|settings|printed): [^>]*?-->.*?<!-- /\1 -->",
+                  lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    text = re.sub(r"<!--.*?-->|```.*?```|\\code.*?\\endcode", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
+    out = []
+    for para_start, para, header in paragraphs(text):
+        for sentence in [para] if header is not None else re.split(r"(?<=[.;:!?])\s+(?=[A-Z(*\[])", para):
+            plain = re.sub(r"`[^`]*`|\]\([^)]*\)|https?://\S+", " ", sentence)
+            for m in MEASURED.finditer(plain):
+                if VERSION.search(plain[:m.start()]) or SAID.search(plain) or (header and SAID.search(header)):
+                    continue
+                out.append(f"{md}:{para_start}: '{m.group(0)}' in \"{' '.join(sentence.split())[:140]}\"")
+    return out
+
+
+def paragraphs(text):
+    """(first line, text, None) per paragraph or list item; (line, row, header row) per row of a hand-written
+    table, whose header may say for a whole column that it is arithmetic or a setting."""
+    start, buf, header = 0, [], None
+    for i, line in enumerate(text.splitlines() + [""], 1):
+        if line.lstrip().startswith("|"):
+            if buf:
+                yield start, " ".join(buf), None
+                buf = []
+            if header is None:
+                header = line
+            elif not re.fullmatch(r"[\s|:-]+", line):
+                yield i, line, header
+            continue
+        header = None
+        if line.strip():
+            if buf and re.match(r"\s*([-*]|\d+\.) ", line):  # a list item starts a block of its own
+                yield start, " ".join(buf), None
+                buf = []
+            if not buf:
+                start = i
+            buf.append(line)
+        elif buf:
+            yield start, " ".join(buf), None
+            buf = []
+
+
+def main(check, only):
+    pattern = re.compile(r"(<!-- table:([\w.-]+) -->\n).*?(<!-- /table:\2 -->)", re.S)
+    stale, loose = [], []
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    if only:  # some pages only: make_tables.py [--check] docs/05_bucketed.md ...
+        unknown = [o for o in only if not any(pathlib.Path(o).resolve() == p for p in pages)]
+        if unknown:
+            print(f"make_tables: {', '.join(unknown)}: not a page (README.md or docs/*.md); give pages by path, "
+                  f"e.g. docs/03_flat.md", file=sys.stderr)
+            return 2
+        pages = [p for p in pages if any(pathlib.Path(o).resolve() == p for o in only)]
+    for md in pages:
+        text = md.read_text()
+        def repl(m):
+            name = m.group(2)
+            if not (RESULTS / f"{name.removesuffix('.sample')}.json").exists():
+                raise SystemExit(f"make_tables: {md.name} has a table '{name}' but docs/results/{name}.json is missing")
+            return m.group(1) + table(name) + "\n" + m.group(3)
+        new = pattern.sub(repl, text)
+        def num(m):
+            try:
+                return f"<!-- n:{m.group(1)} {m.group(2)} -->{number(m.group(1), m.group(2))}<!-- /n -->"
+            except Exception as e:  # a marker that cannot be evaluated is a broken source
+                raise SystemExit(f"make_tables: {md.name}: the number marker '{m.group(0)[:160]}' fails: {e!r}")
+        new = NUMBER.sub(num, new)
+        # A line that starts with `<!--` inside a paragraph starts an HTML block on a Git host (CommonMark), which
+        # shows the rest of the line raw: a marker that a line break left at a line's start joins the line above.
+        new = re.sub(r"(\S)[ \t]*\n[ \t]*(<!-- n:)", r"\1 \2", new)
+        if check:
+            loose += unsourced(md.relative_to(ROOT), new)
+            loose += [f"{md.relative_to(ROOT)}:{i}: a number marker starts the line (a Git host shows that line as raw "
+                      f"HTML): begin the sentence with a word" for i, line in enumerate(new.splitlines(), 1)
+                      if line.lstrip().startswith("<!-- n:")]
+        if new != text:
+            stale.append(str(md.relative_to(ROOT)))
+            if not check:
+                md.write_text(new)
+                print(f"updated {md.relative_to(ROOT)}")
+    if check and stale:
+        print("make_tables --check: these pages differ from docs/results/*.json: " + ", ".join(stale)
+              + "; run python3 scripts/pages/make_tables.py", file=sys.stderr)
+        return 1
+    if check and loose:
+        print("\n".join(loose), file=sys.stderr)
+        print(f"make_tables --check: {len(loose)} measured-looking numbers in prose have no source: write each with "
+              f"<!-- n:FILE EXPR | FORMAT -->VALUE<!-- /n --> (docs/results/FILE.json), or say in its sentence that "
+              f"it is arithmetic, cited or a setting", file=sys.stderr)
+        return 1
+    if check:
+        print("make_tables --check: every table and every number in prose matches its JSON")
+    return 0
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    sys.exit(main("--check" in args, [a for a in args if a != "--check"]))
