@@ -121,6 +121,9 @@ add_library(dp_torch INTERFACE)
 target_link_libraries(dp_torch INTERFACE ${TORCH_LIBRARIES} Threads::Threads)
 target_include_directories(dp_torch INTERFACE ${PROJECT_SOURCE_DIR})
 target_compile_options(dp_torch INTERFACE -Wall -Wextra -Wno-unused-parameter)
+# One statement per statement: the comma operator chains statements to save lines (`a = 1, b = 2;`), which the
+# tree does not do (a for loop's increment may still step two counters). Clang says where; GCC has no such check.
+target_compile_options(dp_torch INTERFACE $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:Clang>>:-Werror=comma>)
 if(NOT TORCH_INSTALL_PREFIX STREQUAL "/usr" AND EXISTS "${TORCH_INSTALL_PREFIX}/include/fmt/core.h")
   # A wheel's or zip's include folder carries its own {fmt} (newer than Debian's), and it comes first on
   # the include path; use it header-only so nothing links against Debian's libfmt built from other headers.

@@ -6,7 +6,7 @@
 #
 #   tests/slurm.sh BIN_DIR        (ctest: slurm_single_node, TIMEOUT 300)
 # Exit 0: both jobs passed; 1: a job failed (its output is printed), a wait ran out (the node's and the job's
-# state and the daemons' logs are printed), or Slurm/munge is missing although scripts/install_deps.sh
+# state and the daemons' logs are printed), or Slurm/munge is missing although scripts/setup/install_deps.sh
 # installs it (run it); 77: skipped, with the reason: not root.
 #
 # Every wait is bounded, and all of them together end well before ctest's 300 s, so that this script, not
@@ -20,10 +20,10 @@ skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*"; exit 1; }
 [ "$(id -u)" = 0 ] || skip "a private Slurm needs root (slurmd runs jobs as their user)"
 for t in munged mungekey munge unmunge slurmctld slurmd sbatch scontrol sinfo squeue scancel; do
-  command -v $t >/dev/null || fail "no $t: run bash scripts/install_deps.sh (it installs slurmd slurmctld slurm-client munge)"
+  command -v $t >/dev/null || fail "no $t: run bash scripts/setup/install_deps.sh (it installs slurmd slurmctld slurm-client munge)"
 done
 # The documented batch script, wherever under scripts/ it lives.
-sbatch_file=$root/scripts/slurm_ddp.sbatch
+sbatch_file=$root/scripts/machines/slurm_ddp.sbatch
 [ -f "$sbatch_file" ] || sbatch_file=$(find "$root/scripts" -name slurm_ddp.sbatch -type f 2>/dev/null | sort | head -n 1)
 [ -n "$sbatch_file" ] && [ -f "$sbatch_file" ] || fail "no slurm_ddp.sbatch under $root/scripts"
 

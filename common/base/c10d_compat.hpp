@@ -7,13 +7,13 @@
 #pragma once
 
 #include <torch/version.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #if TORCH_VERSION_MAJOR >= 2
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -92,7 +92,8 @@ inline CommPtr make_gloo(const StorePtr& store, int rank, int world, std::chrono
 /// a ProcessGroupGloo; 2.x wraps Backends.
 inline CommPtr wrap_with_checks(const CommPtr& comm, const StorePtr& store, int rank, int world,
                                 std::chrono::milliseconds timeout, const GlooInterface& where) {
-  auto checker = make_gloo(c10::make_intrusive<c10d::PrefixStore>("dp_debug_checks", store), rank, world, timeout, where);
+  auto checker =
+      make_gloo(c10::make_intrusive<c10d::PrefixStore>("dp_debug_checks", store), rank, world, timeout, where);
 #if TORCH_VERSION_MAJOR >= 2
   return c10::make_intrusive<c10d::ProcessGroupWrapper>(comm, checker);
 #else

@@ -20,8 +20,12 @@ std::string with_commas(int64_t n) {
 std::string format_bytes(double bytes) {
   const char* units[] = {"B", "kB", "MB", "GB", "TB"};
   int i = 0;
-  while (bytes >= 1000 && i < 4) bytes /= 1000, ++i;
-  return bytes == std::floor(bytes) ? fmt::format("{:.0f} {}", bytes, units[i]) : fmt::format("{:.3g} {}", bytes, units[i]);
+  while (bytes >= 1000 && i < 4) {
+    bytes /= 1000;
+    ++i;
+  }
+  return bytes == std::floor(bytes) ? fmt::format("{:.0f} {}", bytes, units[i])
+                                    : fmt::format("{:.3g} {}", bytes, units[i]);
 }
 
 std::string lowercase(std::string s) {

@@ -16,12 +16,12 @@
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <torch/nn/functional/linear.h>
+#include <torch/nn/functional/loss.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
-#include <torch/nn/functional/linear.h>
-#include <torch/nn/functional/loss.h>
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>

@@ -63,8 +63,12 @@ void merge(const std::string& path) {
     trace.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", p}, {"args", {{"name", "process " + id}}}});
   }
   for (const auto& e : events) {
-    nlohmann::json t = {{"name", e.at("name")}, {"ph", e.at("ph")}, {"pid", pid.at(e.at("id").get<std::string>())},
-                        {"tid", 0}, {"ts", (e.at("t").get<double>() - first) * 1e6}, {"args", e.at("args")}};
+    nlohmann::json t = {{"name", e.at("name")},
+                        {"ph", e.at("ph")},
+                        {"pid", pid.at(e.at("id").get<std::string>())},
+                        {"tid", 0},
+                        {"ts", (e.at("t").get<double>() - first) * 1e6},
+                        {"args", e.at("args")}};
     if (e.contains("dur")) t["dur"] = e.at("dur").get<double>() * 1e6;
     if (t.at("ph") == "i") t["s"] = "p";
     trace.push_back(t);

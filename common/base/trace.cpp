@@ -15,10 +15,10 @@ using Clock = std::chrono::steady_clock;
 
 struct Event {
   std::string name;
-  char ph = 'X';          // 'X' span, 'i' instant
-  bool comm = false;      // communication lane (else compute)
-  int64_t ts_us = 0;      // since the origin
-  int64_t dur_us = -1;    // -1: a collective that has not completed yet
+  char ph = 'X';        // 'X' span, 'i' instant
+  bool comm = false;    // communication lane (else compute)
+  int64_t ts_us = 0;    // since the origin
+  int64_t dur_us = -1;  // -1: a collective that has not completed yet
   nlohmann::json args;
 };
 
@@ -69,7 +69,7 @@ void instant(std::string name, nlohmann::json args) {
 
 int64_t collective_launched(const std::string& what, const std::string& label, int64_t bytes) {
   if (!recording()) return -1;
-  Event e{label.empty() ? what : what + " " + label, 'X', true, us_since_origin(Clock::now()), -1,
+  Event e{label.empty() ? what : what + " " + label,           'X', true, us_since_origin(Clock::now()), -1,
           {{"op", what}, {"carries", label}, {"bytes", bytes}}};
   std::lock_guard<std::mutex> lock(g_mu);
   g_events.push_back(std::move(e));
@@ -94,8 +94,12 @@ nlohmann::json take_events() {
     for (const auto& e : g_events) {
       // A collective still in flight now (none should be, after a finished step) ends at "now".
       const int64_t dur = e.dur_us < 0 ? now - e.ts_us : e.dur_us;
-      evs.push_back({{"name", e.name}, {"ph", std::string(1, e.ph)}, {"comm", e.comm}, {"ts", e.ts_us},
-                     {"dur", dur}, {"args", e.args}});
+      evs.push_back({{"name", e.name},
+                     {"ph", std::string(1, e.ph)},
+                     {"comm", e.comm},
+                     {"ts", e.ts_us},
+                     {"dur", dur},
+                     {"args", e.args}});
     }
     g_events.clear();
   }

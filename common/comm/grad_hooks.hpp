@@ -35,8 +35,7 @@ class AccumulateGradHooks {
  public:
   using Callback = std::function<void(size_t index)>;
   /// `params` must be leaves with requires_grad (trainable parameters), each listed once.
-  AccumulateGradHooks(const std::vector<torch::Tensor>& params, Callback before_accumulate,
-                      Callback after_accumulate);
+  AccumulateGradHooks(const std::vector<torch::Tensor>& params, Callback before_accumulate, Callback after_accumulate);
   /// Removes exactly the hooks this object added (other hooks on the same nodes stay).
   ~AccumulateGradHooks();
   AccumulateGradHooks(const AccumulateGradHooks&) = delete;
@@ -44,9 +43,9 @@ class AccumulateGradHooks {
 
  private:
   struct Entry {
-    compat::NodePtr node;  ///< the parameter's AccumulateGrad (kept alive)
+    compat::NodePtr node;                             ///< the parameter's AccumulateGrad (kept alive)
     torch::autograd::FunctionPreHook* pre = nullptr;  ///< our pre-hook, found again by address
-    uintptr_t post = 0;  ///< key returned by Node::add_post_hook, for del_post_hook
+    uintptr_t post = 0;                               ///< key returned by Node::add_post_hook, for del_post_hook
   };
   std::vector<Entry> entries_;
 };

@@ -25,8 +25,7 @@ FlatLayout FlatLayout::of(int64_t numel, int world) {
 int64_t FlatLayout::data_in(int r) const { return std::clamp<int64_t>(numel - offset(r), 0, chunk); }
 
 static bool use_native(const ProcessGroup& pg, ReduceScatterAlgo algo) {
-  return algo == ReduceScatterAlgo::native ||
-         (algo == ReduceScatterAlgo::automatic && pg.has_native_reduce_scatter());
+  return algo == ReduceScatterAlgo::native || (algo == ReduceScatterAlgo::automatic && pg.has_native_reduce_scatter());
 }
 
 std::string reduce_scatter_name(const ProcessGroup& pg, ReduceScatterAlgo algo) {
@@ -38,8 +37,10 @@ ReduceScatterWork reduce_scatter_async(ProcessGroup& pg, torch::Tensor& flat, to
                                        ReduceScatterAlgo algo, const std::string& label, torch::Tensor scratch) {
   const int W = pg.world_size();
   if (flat.numel() != out.numel() * W || !flat.is_contiguous() || !out.is_contiguous())
-    throw std::invalid_argument(fmt::format("reduce_scatter: a contiguous buffer of {} x {} elements is needed, "
-                                            "got {}", W, out.numel(), flat.numel()));
+    throw std::invalid_argument(
+        fmt::format("reduce_scatter: a contiguous buffer of {} x {} elements is needed, "
+                    "got {}",
+                    W, out.numel(), flat.numel()));
   if (W == 1) {  // nothing to exchange
     if (!out.is_same(flat)) out.copy_(flat.view_as(out));
     return {};
@@ -52,9 +53,15 @@ ReduceScatterWork reduce_scatter_async(ProcessGroup& pg, torch::Tensor& flat, to
 }
 
 void ReduceScatterWork::wait() {
-  if (work_.valid()) work_.wait(), work_ = Work();
+  if (work_.valid()) {
+    work_.wait();
+    work_ = Work();
+  }
   // The local sum, in rank order: piece 0 + piece 1 + ... + piece W-1.
-  if (pieces_.defined()) torch::sum_out(out_, pieces_, /*dim=*/0), pieces_ = torch::Tensor();
+  if (pieces_.defined()) {
+    torch::sum_out(out_, pieces_, /*dim=*/0);
+    pieces_ = torch::Tensor();
+  }
 }
 // [reduce_scatter]
 
@@ -77,8 +84,10 @@ Work all_gather_flat_async(ProcessGroup& pg, torch::Tensor& chunk, torch::Tensor
   const int W = pg.world_size();
   const int64_t n = chunk.numel();
   if (flat.numel() != n * W || !flat.is_contiguous())
-    throw std::invalid_argument(fmt::format("all_gather_flat: a contiguous buffer of {} x {} elements is needed, "
-                                            "got {}", W, n, flat.numel()));
+    throw std::invalid_argument(
+        fmt::format("all_gather_flat: a contiguous buffer of {} x {} elements is needed, "
+                    "got {}",
+                    W, n, flat.numel()));
   if (W == 1) {
     if (chunk.data_ptr() != flat.data_ptr()) flat.copy_(chunk.view_as(flat));
     return Work();
@@ -106,12 +115,14 @@ torch::Tensor flat_chunk(const std::vector<torch::Tensor>& tensors, const FlatLa
                          const torch::TensorOptions& options) {
   int64_t n = 0;
   for (const auto& t : tensors) n += t.numel();
-  if (n != L.numel)
-    throw std::invalid_argument(fmt::format("flat_chunk: {} elements for a layout of {}", n, L.numel));
+  if (n != L.numel) throw std::invalid_argument(fmt::format("flat_chunk: {} elements for a layout of {}", n, L.numel));
   torch::NoGradGuard no_grad;
   auto flat = torch::zeros({L.padded}, options.requires_grad(false));
   int64_t off = 0;
-  for (const auto& t : tensors) flat.narrow(0, off, t.numel()).copy_(t.reshape(-1)), off += t.numel();
+  for (const auto& t : tensors) {
+    flat.narrow(0, off, t.numel()).copy_(t.reshape(-1));
+    off += t.numel();
+  }
   return flat.narrow(0, L.offset(rank), L.chunk).clone();
 }
 
@@ -120,13 +131,16 @@ std::vector<torch::Tensor> gather_flat_chunks(ProcessGroup& pg, const torch::Ten
   torch::NoGradGuard no_grad;
   torch::Tensor mine = chunk.detach().reshape(-1).contiguous();
   if (mine.numel() != L.chunk)
-    throw std::invalid_argument(fmt::format("gather_flat_chunks: a chunk of {} elements for a layout's {}",
-                                            mine.numel(), L.chunk));
+    throw std::invalid_argument(
+        fmt::format("gather_flat_chunks: a chunk of {} elements for a layout's {}", mine.numel(), L.chunk));
   torch::Tensor flat = torch::empty({L.padded}, mine.options());
   all_gather_flat(pg, mine, flat, "gather chunks");
   std::vector<torch::Tensor> out;
   int64_t off = 0;
-  for (const auto& t : like) out.push_back(flat.narrow(0, off, t.numel()).view(t.sizes()).clone()), off += t.numel();
+  for (const auto& t : like) {
+    out.push_back(flat.narrow(0, off, t.numel()).view(t.sizes()).clone());
+    off += t.numel();
+  }
   return out;
 }
 

@@ -1,8 +1,8 @@
 // Every DDP variant starts by making all ranks hold rank 0's weights: broadcast_parameters().
 #include "common/contract/grad_sync.hpp"
 
-#include "common/model/params.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/model/params.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -21,8 +21,8 @@ void verify_same_model(ProcessGroup& pg, torch::nn::Module& module) {
   auto counts = pg.all_gather(static_cast<double>(params.size()));
   for (int r = 0; r < pg.world_size(); ++r)
     if (counts[r] != counts[0])
-      throw UsageError(fmt::format("ranks built different models: rank {} has {} parameter tensors, rank 0 has {}",
-                                   r, counts[r], counts[0]));
+      throw UsageError(fmt::format("ranks built different models: rank {} has {} parameter tensors, rank 0 has {}", r,
+                                   counts[r], counts[0]));
   constexpr int64_t kMaxDims = 8;  // [ndim, d0, ..., d7] per parameter
   auto shapes = torch::zeros({static_cast<int64_t>(params.size()), kMaxDims + 1}, torch::kInt64);
   for (size_t i = 0; i < params.size(); ++i) {
@@ -42,12 +42,11 @@ void verify_same_model(ProcessGroup& pg, torch::nn::Module& module) {
       for (int64_t d = 0; d < row[0].item<int64_t>(); ++d) v.push_back(row[d + 1].item<int64_t>());
       return v;
     };
-    problem = fmt::format("ranks built different models: parameter {} ({}) has shape {} on rank {} but {} on rank 0",
-                          i, params[i].first, shape_text(dims(mine[i])), pg.rank(), shape_text(dims(shapes[i])));
+    problem = fmt::format("ranks built different models: parameter {} ({}) has shape {} on rank {} but {} on rank 0", i,
+                          params[i].first, shape_text(dims(mine[i])), pg.rank(), shape_text(dims(shapes[i])));
   }
   if (const int r = pg.first_rank_with(!problem.empty()); r >= 0)
-    throw UsageError(problem.empty() ? fmt::format("ranks built different models: see rank {}'s message", r)
-                                     : problem);
+    throw UsageError(problem.empty() ? fmt::format("ranks built different models: see rank {}'s message", r) : problem);
 }
 
 }  // namespace

@@ -40,6 +40,10 @@ class GradSync {
   virtual void after_backward() = 0;
   /// Collectives this variant issues per training step (for benchmark tables).
   virtual int64_t calls_per_step() const = 0;
+  /// Bytes of the buffers it keeps between steps for its communication, beside the gradients themselves
+  /// (stage 05's buckets, a copy of every gradient); 0 for a variant that keeps none (stage 03's flat
+  /// buffer lives for one step only).
+  virtual int64_t buffer_bytes() const { return 0; }
   /// false: the backward passes that follow only accumulate into .grad(), with no communication, and
   /// after_backward() leaves them so; true (the default): the next backward synchronizes everything
   /// accumulated (PyTorch's no_sync(), FSDP2's set_requires_gradient_sync). A variant that ignores it

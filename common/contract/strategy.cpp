@@ -87,8 +87,9 @@ std::vector<torch::Tensor> load_parameters(torch::nn::Module& model, const FullS
 
 MakeStrategy ddp_strategy(MakeGradSync make, std::string name) {
   if (!make) throw std::invalid_argument("ddp_strategy: no GradSync factory");
-  return [make = std::move(make), name = std::move(name)](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
-                                                          const MakeOptimizer& make_optimizer) -> std::unique_ptr<Strategy> {
+  return [make = std::move(make), name = std::move(name)](
+             ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
+             const MakeOptimizer& make_optimizer) -> std::unique_ptr<Strategy> {
     auto sync = make(pg, model);  // broadcasts rank 0's weights before the optimizer sees them
     auto opt = make_optimizer(unique_parameters(*model));
     return std::make_unique<DdpStrategy>(pg, model, std::move(sync), std::move(opt), name);

@@ -4,11 +4,11 @@
 // optimizer, is another, and the same check and benchmark serve them all.
 #pragma once
 
-#include "common/measure/accounting.hpp"
-#include "common/dist/dist.hpp"
-#include "common/state/full_state.hpp"
 #include "common/contract/grad_sync.hpp"
+#include "common/dist/dist.hpp"
+#include "common/measure/accounting.hpp"
 #include "common/model/units.hpp"
+#include "common/state/full_state.hpp"
 
 #include "common/base/libtorch.hpp"
 
@@ -65,6 +65,12 @@ class Strategy {
   /// Bytes this rank holds between steps, measured from its tensors: parameters (what the model or the
   /// scheme keeps resident), gradients, optimizer state (0 before the optimizer's first step).
   virtual TrainingBytes bytes() const = 0;
+  /// Bytes of the buffers it keeps between steps for communication, on top of bytes(): stage 05's buckets,
+  /// ZeRO-1's chunk gradient and all-to-all buffer; 0 for a scheme that keeps none.
+  virtual double buffer_bytes() const { return 0; }
+  /// Bytes of parameters gathered whole for compute, at their peak so far, on top of bytes(): FSDP's units
+  /// in flight; 0 for a scheme that keeps whole parameters resident.
+  virtual double gathered_peak_bytes() const { return 0; }
   /// Bytes this rank sends per step over the network (common/measure/accounting.hpp's formula of the scheme,
   /// or what it counted in the last step).
   virtual double sent_bytes_per_step() const = 0;
@@ -106,8 +112,8 @@ std::vector<torch::Tensor> load_parameters(torch::nn::Module& model, const FullS
 
 /// Builds a Strategy around `model` (already the same architecture on every rank) that trains with the
 /// optimizer `make_optimizer` builds. It must make every rank start from rank 0's parameters.
-using MakeStrategy = std::function<std::unique_ptr<Strategy>(ProcessGroup&, std::shared_ptr<torch::nn::Module>,
-                                                             const MakeOptimizer&)>;
+using MakeStrategy =
+    std::function<std::unique_ptr<Strategy>(ProcessGroup&, std::shared_ptr<torch::nn::Module>, const MakeOptimizer&)>;
 
 /// DDP as a Strategy: the GradSync around backward, then one optimizer over every unique parameter.
 class DdpStrategy : public Strategy {
@@ -128,6 +134,8 @@ class DdpStrategy : public Strategy {
   TrainingBytes bytes() const override;
   /// ddp_bytes_per_step(P, N): one all-reduce of every gradient, however it is cut; 0 without a sync.
   double sent_bytes_per_step() const override;
+  /// The GradSync's buffers (stage 05's buckets).
+  double buffer_bytes() const override { return sync_ ? static_cast<double>(sync_->buffer_bytes()) : 0.0; }
   std::string describe() const override;
   std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override;
   FullState full_state() override { return whole_state(*model_, *opt_); }

@@ -3,11 +3,11 @@
 #include "common/dist/dist.hpp"
 
 #include "common/base/c10d_compat.hpp"
-#include "common/dist/exchange.hpp"
 #include "common/base/format.hpp"
+#include "common/base/trace.hpp"
+#include "common/dist/exchange.hpp"
 #include "common/dist/launch_env.hpp"
 #include "common/dist/runtime.hpp"
-#include "common/base/trace.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -38,9 +38,10 @@ void check_interface(const std::string& name) {
     for (auto* i = all; i->if_index != 0 && i->if_name; ++i) names.emplace_back(i->if_name);
     if_freenameindex(all);
   }
-  throw UsageError(fmt::format("GLOO_SOCKET_IFNAME={}: no such network interface here (this machine has: {}). "
-                               "Name one of them, or unset GLOO_SOCKET_IFNAME",
-                               name, fmt::join(names, ", ")));
+  throw UsageError(
+      fmt::format("GLOO_SOCKET_IFNAME={}: no such network interface here (this machine has: {}). "
+                  "Name one of them, or unset GLOO_SOCKET_IFNAME",
+                  name, fmt::join(names, ", ")));
 }
 
 compat::GlooInterface gloo_interface(const LaunchEnv& env) {
@@ -76,16 +77,14 @@ void Work::wait() {
   trace::collective_done(trace_id_);  // no-op when the completion callback already recorded it
 }
 
-bool Work::completed() const {
-  return !impl_ || (*static_cast<compat::WorkPtr*>(impl_.get()))->isCompleted();
-}
+bool Work::completed() const { return !impl_ || (*static_cast<compat::WorkPtr*>(impl_.get()))->isCompleted(); }
 
 // ----- ProcessGroup ----------------------------------------------------------------------------
 
 struct ProcessGroup::Impl {
   compat::StorePtr store;
   compat::CommPtr comm;
-  std::string where;  // "gloo rank 1/4" for messages
+  std::string where;                                 // "gloo rank 1/4" for messages
   std::unique_ptr<detail::ExchangeQueue> exchanges;  // Gloo's all-to-alls, one at a time (made on first use)
   // The correctness checks' record of asynchronous collectives (track_async); hooks launch from
   // autograd's threads, hence the lock.
@@ -128,34 +127,41 @@ void check_backend(const std::string& backend, int gpus, const std::string& devi
   if (backend != "gloo" && backend != "nccl")
     throw UsageError(fmt::format("unknown backend '{}'; use --backend gloo (CPU) or nccl (CUDA)", backend));
   if (!backend_available(backend))
-    throw UsageError(fmt::format(
-        "backend '{}': this build has no NCCL (LibTorch {}.{}, built without CUDA/NCCL). "
-        "Use --backend gloo, or build the cuda preset (README: 'LibTorch 2.x, CUDA and NCCL')",
-        backend, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR));
+    throw UsageError(
+        fmt::format("backend '{}': this build has no NCCL (LibTorch {}.{}, built without CUDA/NCCL). "
+                    "Use --backend gloo, or build the cuda preset (README: 'LibTorch 2.x, CUDA and NCCL')",
+                    backend, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR));
   if (!device.empty() && device != "cpu" && device != "cuda")
     throw UsageError(fmt::format("--device {}: unknown; use cpu or cuda", device));
   if (backend == "nccl" && device == "cpu")
-    throw UsageError("--backend nccl --device cpu: NCCL moves CUDA tensors only; use --backend gloo for CPU "
-                     "tensors, or leave --device out");
+    throw UsageError(
+        "--backend nccl --device cpu: NCCL moves CUDA tensors only; use --backend gloo for CPU "
+        "tensors, or leave --device out");
   if (!DistOptions{backend, {}, device}.on_gpu()) return;
   if (!cuda_build())
-    throw UsageError(fmt::format("--device cuda: this build has no CUDA (LibTorch {}.{} without it). Build with "
-                                 "CUDA (bash scripts/machines/gpu_check.sh on a GPU machine, or the cuda preset), or use "
-                                 "--device cpu", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR));
+    throw UsageError(
+        fmt::format("--device cuda: this build has no CUDA (LibTorch {}.{} without it). Build with "
+                    "CUDA (bash scripts/machines/gpu_check.sh on a GPU machine, or the cuda preset), or use "
+                    "--device cpu",
+                    TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR));
   if (gpus < 0) gpus = visible_gpus();
   if (gpus <= 0)
-    throw UsageError(fmt::format("--backend {} --device {}: no GPU is visible here (CUDA device count 0; check "
-                                 "CUDA_VISIBLE_DEVICES and the driver). Use --backend gloo --device cpu on a "
-                                 "machine without a GPU", backend, device.empty() ? "cuda" : device));
+    throw UsageError(
+        fmt::format("--backend {} --device {}: no GPU is visible here (CUDA device count 0; check "
+                    "CUDA_VISIBLE_DEVICES and the driver). Use --backend gloo --device cpu on a "
+                    "machine without a GPU",
+                    backend, device.empty() ? "cuda" : device));
   if (backend != "nccl") return;  // Gloo ranks may share a GPU: their tensors cross through host memory
   // NCCL wants one GPU per rank: each rank binds the GPU of its LOCAL_RANK.
   const LaunchEnv env = LaunchEnv::from_environment();
   const int local_world = env.launched ? env.local_world_size : 1;
   if (local_world > gpus)
-    throw UsageError(fmt::format("--backend nccl: {} ranks on this node but {} GPU(s); NCCL needs one GPU per "
-                                 "rank. Start at most {} ranks per node (ddp_launch --nproc {} or torchrun "
-                                 "--nproc_per_node {}), or use --backend gloo --device cuda, whose ranks can "
-                                 "share a GPU", local_world, gpus, gpus, gpus, gpus));
+    throw UsageError(
+        fmt::format("--backend nccl: {} ranks on this node but {} GPU(s); NCCL needs one GPU per "
+                    "rank. Start at most {} ranks per node (ddp_launch --nproc {} or torchrun "
+                    "--nproc_per_node {}), or use --backend gloo --device cuda, whose ranks can "
+                    "share a GPU",
+                    local_world, gpus, gpus, gpus, gpus));
 }
 
 // TORCH_DISTRIBUTED_DEBUG, read by c10d's own parser; a value it does not know is bad input.
@@ -179,7 +185,7 @@ ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store
   pg.timeout_ = opts.timeout;
   pg.impl_->store = store;
   pg.impl_->where = fmt::format("{} rank {}/{}", opts.backend, rank, world);
-  set_log_rank(rank, world);  // so that an error while the group forms is tagged with the right rank
+  set_log_rank(rank, world);                     // so that an error while the group forms is tagged with the right rank
   const bool detail = debug_detail_requested();  // before c10d reads it (and throws on a bad value)
   try {
 #ifdef DP_WITH_CUDA
@@ -202,7 +208,8 @@ ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store
 #endif
     } else {
 #ifdef USE_C10D_GLOO
-      pg.impl_->comm = compat::make_gloo(store, rank, world, opts.timeout, gloo_interface(LaunchEnv::from_environment()));
+      pg.impl_->comm =
+          compat::make_gloo(store, rank, world, opts.timeout, gloo_interface(LaunchEnv::from_environment()));
 #endif
     }
 #ifdef USE_C10D_GLOO
@@ -210,8 +217,9 @@ ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store
       pg.impl_->comm = compat::wrap_with_checks(pg.impl_->comm, store, rank, world, opts.timeout,
                                                 gloo_interface(LaunchEnv::from_environment()));
       if (rank == 0)
-        fmt::print("TORCH_DISTRIBUTED_DEBUG=DETAIL: each collective is first compared across ranks (kind, shapes, "
-                   "dtypes) by c10d's ProcessGroupWrapper\n");
+        fmt::print(
+            "TORCH_DISTRIBUTED_DEBUG=DETAIL: each collective is first compared across ranks (kind, shapes, "
+            "dtypes) by c10d's ProcessGroupWrapper\n");
     }
 #endif
   } catch (const UsageError&) {
@@ -219,8 +227,8 @@ ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store
   } catch (const std::exception& e) {
     const std::string why = first_line(e.what());
     if (why.find("imeout") == std::string::npos && why.find("imed out") == std::string::npos)
-      throw std::runtime_error(fmt::format("rank {}: the {} process group of {} ranks could not form: {}", rank,
-                                           opts.backend, world, why));
+      throw std::runtime_error(
+          fmt::format("rank {}: the {} process group of {} ranks could not form: {}", rank, opts.backend, world, why));
     throw std::runtime_error(fmt::format(
         "rank {}: the {} process group of {} ranks did not form within {:.0f} s ({}). "
         "Are all {} ranks started, with the same MASTER_ADDR/MASTER_PORT? Raise --timeout if they start slowly",
@@ -257,8 +265,10 @@ ProcessGroup ProcessGroup::init_from_env(const DistOptions& opts) {
   } catch (const std::exception& e) {
     std::string msg = first_line(e.what());
     if (env.rank == 0 && (msg.find("in use") != std::string::npos || msg.find("bind") != std::string::npos))
-      throw UsageError(fmt::format("rank 0 cannot listen on {}:{} ({}); pick a free --master-port "
-                                   "or let ddp_launch choose one", env.master_addr, env.master_port, msg));
+      throw UsageError(
+          fmt::format("rank 0 cannot listen on {}:{} ({}); pick a free --master-port "
+                      "or let ddp_launch choose one",
+                      env.master_addr, env.master_port, msg));
     throw UsageError(fmt::format(
         "rank {}: rendezvous at {}:{} failed within {:.0f} s ({}). Is rank 0 running and MASTER_ADDR reachable? "
         "All {} ranks must start; raise --timeout if they start slowly",
@@ -399,8 +409,7 @@ Work ProcessGroup::recv_async(torch::Tensor& t, int peer, int tag, const std::st
   std::vector<at::Tensor> v{staged ? at::empty(t.sizes(), t.options().device(at::kCPU)) : t};
   const int64_t id = trace_launch("recv", t, label);
   const std::string what = describe("recv", t) + " from rank " + std::to_string(peer);
-  auto w = c10::make_intrusive<PointToPointWork>(impl_->comm->recv(v, peer, tag), v[0],
-                                                 staged ? t : at::Tensor());
+  auto w = c10::make_intrusive<PointToPointWork>(impl_->comm->recv(v, peer, tag), v[0], staged ? t : at::Tensor());
   return tracked(wrap(std::move(w), what, id), label);
 }
 
@@ -429,8 +438,10 @@ Work ProcessGroup::all_gather_async(std::vector<torch::Tensor>& outs, torch::Ten
 // [all_to_all]
 Work ProcessGroup::all_to_all_async(torch::Tensor& out, torch::Tensor& in, const std::string& label) {
   if (in.size(0) % world_ != 0 || !out.sizes().equals(in.sizes()) || !in.is_contiguous() || !out.is_contiguous())
-    throw std::invalid_argument(fmt::format("all_to_all_async: {} and {} elements do not split evenly over {} ranks "
-                                            "(or are not contiguous)", in.numel(), out.numel(), world_));
+    throw std::invalid_argument(
+        fmt::format("all_to_all_async: {} and {} elements do not split evenly over {} ranks "
+                    "(or are not contiguous)",
+                    in.numel(), out.numel(), world_));
   const int64_t id = trace_launch("all_to_all", in, label);
   if (backend_ != "gloo") {
     std::vector<int64_t> equal_splits;  // empty: world_size equal chunks
@@ -452,12 +463,13 @@ bool ProcessGroup::has_native_reduce_scatter() const { return compat::has_native
 
 Work ProcessGroup::reduce_scatter_native_async(torch::Tensor& out, torch::Tensor& in, const std::string& label) {
   if (!has_native_reduce_scatter())
-    throw UsageError(fmt::format("the {} backend of LibTorch {}.{} has no reduce_scatter; use dp::reduce_scatter "
-                                 "(common/comm/shard_comm.hpp), which falls back to all-to-all + local sum",
-                                 backend_, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR));
+    throw UsageError(
+        fmt::format("the {} backend of LibTorch {}.{} has no reduce_scatter; use dp::reduce_scatter "
+                    "(common/comm/shard_comm.hpp), which falls back to all-to-all + local sum",
+                    backend_, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR));
   if (in.numel() != out.numel() * world_)
-    throw std::invalid_argument(fmt::format("reduce_scatter: input of {} elements is not {} x {}", in.numel(),
-                                            world_, out.numel()));
+    throw std::invalid_argument(
+        fmt::format("reduce_scatter: input of {} elements is not {} x {}", in.numel(), world_, out.numel()));
   const int64_t id = trace_launch("reduce_scatter", in, label);
   return tracked(wrap(compat::reduce_scatter_flat(impl_->comm, out, in), describe("reduce_scatter", in), id), label);
 }

@@ -128,7 +128,7 @@ void ExchangeQueue::run() {
         std::vector<at::Tensor> v{item->in.narrow(0, peer * c, c)};
         parts.push_back(comm_->send(v, peer, item->tag));
       }
-      for (auto& p : parts) p->wait();  // Gloo's own timeout applies to each
+      for (auto& p : parts) p->wait();   // Gloo's own timeout applies to each
       if (item->device_out.defined()) {  // a CUDA tensor's pieces: host buffer -> device (synchronous copy)
         c10::DeviceGuard on(item->device_out.device());
         for (int i = 1; i < world_; ++i) {

@@ -22,8 +22,8 @@
 namespace dp::detail {
 
 /// Receives are posted when an exchange is queued; a worker thread posts its sends, waits for all of
-/// its messages, then posts the next exchange's sends. An exchange that fails fails every one queued behind it with the same error (they
-/// would each wait out the timeout otherwise).
+/// its messages, then posts the next exchange's sends. An exchange that fails fails every one queued behind it with the
+/// same error (they would each wait out the timeout otherwise).
 class ExchangeQueue {
  public:
   ExchangeQueue(compat::CommPtr comm, int rank, int world_size);
@@ -38,7 +38,7 @@ class ExchangeQueue {
   /// the exchange's error.
   compat::WorkPtr post(at::Tensor out, at::Tensor in, std::function<void()> on_done);
 
- struct Item;  ///< one exchange: its tensors and the state its handle waits on (exchange.cpp)
+  struct Item;  ///< one exchange: its tensors and the state its handle waits on (exchange.cpp)
 
  private:
   void run();

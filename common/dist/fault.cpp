@@ -2,12 +2,12 @@
 // ACTION@SLOT:POINT, the faults of an elastic run (stage 09), each fired once in the run through its store.
 #include "common/dist/fault.hpp"
 
-#include "common/dist/dist.hpp"
 #include "common/base/errors.hpp"
 #include "common/base/log.hpp"
-#include "common/dist/runtime.hpp"
 #include "common/base/store_values.hpp"
 #include "common/base/timeline.hpp"
+#include "common/dist/dist.hpp"
+#include "common/dist/runtime.hpp"
 
 #include <fmt/format.h>
 
@@ -76,8 +76,10 @@ Faults::Faults(c10::intrusive_ptr<c10d::Store> store, std::string id, int slot, 
     if (at != std::string::npos && colon != std::string::npos && colon > at)
       e = {item.substr(0, at), item.substr(at + 1, colon - at - 1), item.substr(colon + 1)};
     if (e.action != "die" && e.action != "stop" && e.action != "hang" && e.action != "pause")
-      throw UsageError(fmt::format("DP_FAULT entry '{}' is not ACTION@SLOT:POINT with ACTION die, stop, hang or "
-                                   "pause (e.g. die@1:step10, stop@2:step8, die@*:heal)", item));
+      throw UsageError(
+          fmt::format("DP_FAULT entry '{}' is not ACTION@SLOT:POINT with ACTION die, stop, hang or "
+                      "pause (e.g. die@1:step10, stop@2:step8, die@*:heal)",
+                      item));
     entries_.push_back(e);
   }
 }
@@ -87,7 +89,8 @@ void Faults::at(const std::string& point) {
     const Entry& e = entries_[i];
     if (e.point != point) continue;
     if (e.slot != "*" && (restart_ != 0 || e.slot != std::to_string(slot_))) continue;
-    if (store_text(store_->compareSet(fmt::format("fault/{}", i), {}, store_bytes(id_))) != id_) continue;  // fired already
+    if (store_text(store_->compareSet(fmt::format("fault/{}", i), {}, store_bytes(id_))) != id_)
+      continue;  // fired already
     const double now = wall_seconds();
     if (e.action != "pause") store_->set("fault/time", store_bytes(fmt::format("{:.6f}", now)));  // a failure
     timeline::instant(fmt::format("DP_FAULT: {} at {}", e.action, point), now);

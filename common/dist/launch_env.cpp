@@ -19,8 +19,10 @@ int env_int(const char* name, int fallback, int min_value) {
   char* end = nullptr;
   long v = std::strtol(s, &end, 10);
   if (*end != '\0' || v < min_value || v > 1 << 30)
-    throw UsageError(fmt::format("environment variable {}='{}' is not an integer >= {}; "
-                                 "unset it or let the launcher set it", name, s, min_value));
+    throw UsageError(
+        fmt::format("environment variable {}='{}' is not an integer >= {}; "
+                    "unset it or let the launcher set it",
+                    name, s, min_value));
   return static_cast<int>(v);
 }
 
@@ -44,8 +46,8 @@ LaunchEnv LaunchEnv::from_environment() {
   if (const char* a = std::getenv("MASTER_ADDR"); a && *a) env.master_addr = a;
   if (const char* u = std::getenv("TORCHELASTIC_USE_AGENT_STORE"); u) env.agent_store = std::string(u) == "True";
   if (env.rank >= env.world_size)
-    throw UsageError(fmt::format("RANK={} is not below WORLD_SIZE={}; check the launcher's settings",
-                                 env.rank, env.world_size));
+    throw UsageError(
+        fmt::format("RANK={} is not below WORLD_SIZE={}; check the launcher's settings", env.rank, env.world_size));
   if (env.master_port > 65535)
     throw UsageError(fmt::format("MASTER_PORT={} is not a TCP port (1..65535)", env.master_port));
   // Stages check their input against the world size before the group forms: their errors carry this tag.

@@ -10,21 +10,21 @@ namespace dp {
 /// What a launcher (ours, torchrun, a Slurm wrapper) tells a rank through its environment.
 /// Without RANK/WORLD_SIZE a program runs as a single rank (rank 0 of 1).
 struct LaunchEnv {
-  int rank = 0;              ///< RANK: global rank, 0..world_size-1
-  int world_size = 1;        ///< WORLD_SIZE: number of ranks in the job
-  int local_rank = 0;        ///< LOCAL_RANK: rank on this node (picks the GPU)
-  int local_world_size = 1;  ///< LOCAL_WORLD_SIZE: ranks on this node
+  int rank = 0;                           ///< RANK: global rank, 0..world_size-1
+  int world_size = 1;                     ///< WORLD_SIZE: number of ranks in the job
+  int local_rank = 0;                     ///< LOCAL_RANK: rank on this node (picks the GPU)
+  int local_world_size = 1;               ///< LOCAL_WORLD_SIZE: ranks on this node
   std::string master_addr = "127.0.0.1";  ///< MASTER_ADDR: host of rank 0's rendezvous store
-  int master_port = 29500;   ///< MASTER_PORT: its TCP port
-  bool launched = false;     ///< true when RANK and WORLD_SIZE were set
-  bool agent_store = false;  ///< TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent already hosts the
-                             ///< store at MASTER_ADDR:MASTER_PORT, so rank 0 connects instead of hosting
-  std::string gloo_ifname;   ///< GLOO_SOCKET_IFNAME: the interface Gloo binds (PyTorch's variable), or empty
-  std::string net;           ///< DP_NET: the rate of ddp_launch --net's simulated links ("1gbit"), or empty
+  int master_port = 29500;                ///< MASTER_PORT: its TCP port
+  bool launched = false;                  ///< true when RANK and WORLD_SIZE were set
+  bool agent_store = false;               ///< TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent already hosts the
+                                          ///< store at MASTER_ADDR:MASTER_PORT, so rank 0 connects instead of hosting
+  std::string gloo_ifname;     ///< GLOO_SOCKET_IFNAME: the interface Gloo binds (PyTorch's variable), or empty
+  std::string net;             ///< DP_NET: the rate of ddp_launch --net's simulated links ("1gbit"), or empty
   std::string launch_command;  ///< DP_LAUNCH_COMMAND: ddp_launch's own command line, or empty
-  std::string elastic_store;  ///< DP_ELASTIC_STORE: ddp_launch --elastic's store file, or empty
-  int elastic_min = 1;        ///< DP_ELASTIC_MIN: ddp_launch --min-nproc (elastic runs), else 1
-  int restart = 0;            ///< DP_RESTART: processes this rank's slot had before this one (0: the first)
+  std::string elastic_store;   ///< DP_ELASTIC_STORE: ddp_launch --elastic's store file, or empty
+  int elastic_min = 1;         ///< DP_ELASTIC_MIN: ddp_launch --min-nproc (elastic runs), else 1
+  int restart = 0;             ///< DP_RESTART: processes this rank's slot had before this one (0: the first)
 
   /// True when every rank runs on this machine (LOCAL_WORLD_SIZE == WORLD_SIZE).
   bool single_node() const { return local_world_size == world_size; }

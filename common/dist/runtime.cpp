@@ -49,7 +49,9 @@ int exit_code_of(const std::function<int()>& body) {
 // its thousands of kernels) cost 0.2-0.3 s of CPU per rank process, measured with `perf stat` on stage 05's
 // checks: 3.9 s of CPU for 4 ranks, 2.8 s with _exit(); the default suite went from 477 s to 405 s.
 void flush_and_exit(int code) {
-  std::cout.flush(), std::cerr.flush(), std::fflush(nullptr);
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
   _exit(code);
 }
 
@@ -140,7 +142,8 @@ double check_blas(double warn_below, bool quiet) {
     fmt::print(stderr,
                "warning: OpenBLAS does not know this CPU and runs its Prescott (SSE3) kernels: matmuls about 4x "
                "slower ({:.1f} GFLOP/s here). Start the program through ddp_launch, which sets OPENBLAS_CORETYPE, or "
-               "export OPENBLAS_CORETYPE={}\n", gflops, core);
+               "export OPENBLAS_CORETYPE={}\n",
+               gflops, core);
   return gflops;
 }
 

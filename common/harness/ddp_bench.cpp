@@ -6,24 +6,24 @@
 // JSON (scripts/pages/make_tables.py); the program keeps every sample.
 #include "common/harness/ddp_bench.hpp"
 
+#include "common/base/format.hpp"
+#include "common/base/trace.hpp"
+#include "common/dist/fault.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/dist/runtime.hpp"
 #include "common/measure/accounting.hpp"
 #include "common/measure/cli.hpp"
-#include "common/model/data.hpp"
-#include "common/dist/fault.hpp"
-#include "common/base/format.hpp"
-#include "common/dist/launch_env.hpp"
 #include "common/measure/memory.hpp"
+#include "common/measure/trace_write.hpp"
+#include "common/model/data.hpp"
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
-#include "common/dist/runtime.hpp"
-#include "common/base/trace.hpp"
-#include "common/measure/trace_write.hpp"
 #include "common/model/transformer.hpp"
 
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <thread>
-#include <unistd.h>
 
 namespace dp {
 
@@ -38,15 +38,16 @@ void validate_bench_config(BenchConfig& cfg, int world) {
   // name what it already does.
   const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
   if (cfg.bytes_per_param > 0)
-    check_fits_in_memory(cfg.bytes_per_param * static_cast<double>(mcfg.num_parameters()) +
-                             activation_bytes(mcfg, cfg.global_batch / world, cfg.context),
-                         LaunchEnv::from_environment().local_world_size,
-                         fmt::format("--preset {} ({} parameters, {:.0f} bytes each on every rank) with --context {} "
-                                     "and --batch {}", cfg.preset, with_commas(mcfg.num_parameters()),
-                                     cfg.bytes_per_param, cfg.context, cfg.global_batch),
-                         "use a smaller --preset, --context or --batch, fewer ranks on this machine, or shard the "
-                         "parameters too (FSDP, stage 07; its extension 07a, ext07a_fsdp_bench, trains it with no "
-                         "whole replica beside it)");
+    check_fits_in_memory(
+        cfg.bytes_per_param * static_cast<double>(mcfg.num_parameters()) +
+            activation_bytes(mcfg, cfg.global_batch / world, cfg.context),
+        LaunchEnv::from_environment().local_world_size,
+        fmt::format("--preset {} ({} parameters, {:.0f} bytes each on every rank) with --context {} "
+                    "and --batch {}",
+                    cfg.preset, with_commas(mcfg.num_parameters()), cfg.bytes_per_param, cfg.context, cfg.global_batch),
+        "use a smaller --preset, --context or --batch, fewer ranks on this machine, or shard the "
+        "parameters too (FSDP, stage 07; its extension 07a, ext07a_fsdp_bench, trains it with no "
+        "whole replica beside it)");
   if (!cfg.trace.empty()) check_writable("--trace", cfg.trace);  // fails now, not after the whole benchmark
 }
 
@@ -61,7 +62,8 @@ struct Trainee {
   std::vector<double> step_s, sync_s, fwd_s, bwd_s, opt_s;
   TrainingBytes bytes;  // after the first step, when the optimizer's state exists
 
-  Trainee(ProcessGroup& pg, const TransformerConfig& mcfg, const Variant& v) : name(v.name), communicates(v.make != nullptr) {
+  Trainee(ProcessGroup& pg, const TransformerConfig& mcfg, const Variant& v)
+      : name(v.name), communicates(v.make != nullptr) {
     torch::manual_seed(0);  // every variant trains the same model
     model = TransformerLM(mcfg);
     model->to(pg.device());
@@ -85,16 +87,30 @@ struct Trainee {
     }
     const double f = phase.seconds();
     phase.start();
-    { trace::Span s("backward"); loss.backward(); }  // gradient hooks launch their all-reduces from in here
+    {
+      trace::Span s("backward");
+      loss.backward();
+    }  // gradient hooks launch their all-reduces from in here
     const double b = phase.seconds();
     phase.start();
-    if (communicates) { trace::Span s("sync"); strategy->after_backward(); }  // 02/03 communicate; 04/05 wait
+    if (communicates) {
+      trace::Span s("sync");
+      strategy->after_backward();
+    }  // 02/03 communicate; 04/05 wait
     const double c = phase.seconds();
     phase.start();
-    { trace::Span s("optimizer"); strategy->step(); }  // nothing left to do where after_backward() stepped
+    {
+      trace::Span s("optimizer");
+      strategy->step();
+    }  // nothing left to do where after_backward() stepped
     const double o = phase.seconds();
-    if (timed) step_s.push_back(step.seconds()), sync_s.push_back(c), fwd_s.push_back(f), bwd_s.push_back(b),
-               opt_s.push_back(o);
+    if (timed) {
+      step_s.push_back(step.seconds());
+      sync_s.push_back(c);
+      fwd_s.push_back(f);
+      bwd_s.push_back(b);
+      opt_s.push_back(o);
+    }
   }
   // [step]
 };
@@ -146,7 +162,8 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
   for (size_t first = 0, group = 0; first < variants.size(); first += per_group, ++group) {
     // The baseline and the next few variants, all in memory at once.
     std::vector<std::unique_ptr<Trainee>> ts;
-    const std::string base_name = group == 0 ? "no communication" : fmt::format("no communication (group {})", group + 1);
+    const std::string base_name =
+        group == 0 ? "no communication" : fmt::format("no communication (group {})", group + 1);
     ts.push_back(std::make_unique<Trainee>(pg, mcfg, Variant{base_name, nullptr}));
     for (size_t v = first; v < std::min(variants.size(), first + per_group); ++v)
       ts.push_back(std::make_unique<Trainee>(pg, mcfg, variants[v]));
@@ -180,13 +197,16 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
         set_cpu_threads(mine);
       }
       const double s = solo_t.seconds();
-      if (timed) flat.push_back(f), single.push_back(s);
+      if (timed) {
+        flat.push_back(f);
+        single.push_back(s);
+      }
       // Agree on stopping: every rank must run the same number of steps or the collectives mismatch.
       const bool over = cfg.budget_s > 0 && budget.seconds() > cfg.budget_s && timed && i + 1 < cfg.warmup + cfg.steps;
       if (pg.first_rank_with(over) >= 0) {
         run.cut_by_budget = true;
-        print0("  note: --budget {} reached after {} of {} timed steps; every figure below uses {} rounds",
-               cfg.budget, i + 1 - cfg.warmup, cfg.steps, i + 1 - cfg.warmup);
+        print0("  note: --budget {} reached after {} of {} timed steps; every figure below uses {} rounds", cfg.budget,
+               i + 1 - cfg.warmup, cfg.steps, i + 1 - cfg.warmup);
         break;
       }
     }
@@ -194,7 +214,10 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
     auto single_all = pg.all_gather(single);  // only rank 0's entries mean anything
     single = single_all[0];
     std::vector<std::vector<double>> slowest, bwd;
-    for (auto& t : ts) slowest.push_back(max_over_ranks(pg, t->step_s)), bwd.push_back(max_over_ranks(pg, t->bwd_s));
+    for (auto& t : ts) {
+      slowest.push_back(max_over_ranks(pg, t->step_s));
+      bwd.push_back(max_over_ranks(pg, t->bwd_s));
+    }
     for (size_t k = 0; k < ts.size(); ++k) {
       BenchRow row;
       row.variant = ts[k]->name;
@@ -204,7 +227,9 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
       row.sent_bytes = ts[k]->strategy->sent_bytes_per_step();
       const TrainingBytes& b = ts[k]->bytes;  // the largest over ranks (shards differ by their padding)
       const auto most = max_over_ranks(pg, {double(b.params), double(b.grads), double(b.state)});  // one collective
-      row.bytes.params = int64_t(most[0]), row.bytes.grads = int64_t(most[1]), row.bytes.state = int64_t(most[2]);
+      row.bytes.params = int64_t(most[0]);
+      row.bytes.grads = int64_t(most[1]);
+      row.bytes.state = int64_t(most[2]);
       row.step_s = slowest[k];
       row.baseline_s = slowest[0];
       row.step = summarize(slowest[k]);
@@ -227,15 +252,18 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
   }
   if (!cfg.trace.empty()) {
     trace::write(pg, cfg.trace);
-    print0("  trace of the timed steps written to {} (open it in ui.perfetto.dev, or: python3 scripts/trace/timeline.py {})",
-           cfg.trace, cfg.trace);
+    print0(
+        "  trace of the timed steps written to {} (open it in ui.perfetto.dev, or: python3 scripts/trace/timeline.py "
+        "{})",
+        cfg.trace, cfg.trace);
   }
   return run;
 }
 
 void add_bench_options(CLI::App& app, BenchConfig& cfg) {
   app.add_option("--preset", cfg.preset, "Transformer size: nano, tiny, small, medium, large, xl, 2.7b");
-  app.add_option("--batch", cfg.global_batch, "Global batch (sequences per step, split over ranks)")->check(PositiveInt);
+  app.add_option("--batch", cfg.global_batch, "Global batch (sequences per step, split over ranks)")
+      ->check(PositiveInt);
   app.add_option("--context", cfg.context, "Context length (tokens per sequence)")->check(PositiveInt);
   app.add_option("--warmup", cfg.warmup, "Untimed steps per variant")->check(NonNegativeFinite);
   app.add_option("--steps", cfg.steps, "Timed steps per variant")->check(PositiveInt);
@@ -264,21 +292,43 @@ void record(Results& results, const BenchRun& run, const BenchConfig& cfg, int w
     const Stats ratio = summarize(row.ratio), base = summarize(row.baseline_s), speed = summarize(row.speedup);
     // Exposed communication from the same statistic as the ratio, so their signs always agree.
     const double exposed = (ratio.median - 1) * base.median;
-    nlohmann::json j = {
-        {"variant", row.variant}, {"baseline", row.baseline}, {"group", row.group}, {"preset", cfg.preset},
-        {"world_size", world}, {"link", link_description()}, {"global_batch", cfg.global_batch},
-        {"context", cfg.context}, {"steps_requested", run.steps_requested}, {"steps", row.step.n},
-        {"cut_by_budget", run.cut_by_budget}, {"calls_per_step", row.calls},
-        {"step_s", row.step.median}, {"step_min_s", row.step.min}, {"step_max_s", row.step.max},
-        {"sync_s", row.sync.median}, {"forward_s", row.forward.median}, {"backward_s", row.backward.median},
-        {"optimizer_s", row.optimizer.median}, {"ratio_to_no_comm", ratio.median}, {"ratio_min", ratio.min},
-        {"ratio_max", ratio.max}, {"exposed_comm_s", exposed}, {"flat_allreduce_s", flat.median},
-        {"single_process_step_s", single.median}, {"tokens_per_s", tokens / row.step.median},
-        {"speedup_vs_1proc", speed.median}, {"scaling_efficiency", speed.median / world},
-        {"step_samples_s", row.step_s}, {"baseline_samples_s", row.baseline_s}, {"ratio_samples", row.ratio},
-        {"speedup_samples", row.speedup}, {"param_MB", row.bytes.params / 1e6}, {"grad_MB", row.bytes.grads / 1e6},
-        {"state_MB", row.bytes.state / 1e6}, {"total_MB", row.bytes.total() / 1e6},
-        {"sent_MB_per_step", row.sent_bytes / 1e6}};
+    nlohmann::json j = {{"variant", row.variant},
+                        {"baseline", row.baseline},
+                        {"group", row.group},
+                        {"preset", cfg.preset},
+                        {"world_size", world},
+                        {"link", link_description()},
+                        {"global_batch", cfg.global_batch},
+                        {"context", cfg.context},
+                        {"steps_requested", run.steps_requested},
+                        {"steps", row.step.n},
+                        {"cut_by_budget", run.cut_by_budget},
+                        {"calls_per_step", row.calls},
+                        {"step_s", row.step.median},
+                        {"step_min_s", row.step.min},
+                        {"step_max_s", row.step.max},
+                        {"sync_s", row.sync.median},
+                        {"forward_s", row.forward.median},
+                        {"backward_s", row.backward.median},
+                        {"optimizer_s", row.optimizer.median},
+                        {"ratio_to_no_comm", ratio.median},
+                        {"ratio_min", ratio.min},
+                        {"ratio_max", ratio.max},
+                        {"exposed_comm_s", exposed},
+                        {"flat_allreduce_s", flat.median},
+                        {"single_process_step_s", single.median},
+                        {"tokens_per_s", tokens / row.step.median},
+                        {"speedup_vs_1proc", speed.median},
+                        {"scaling_efficiency", speed.median / world},
+                        {"step_samples_s", row.step_s},
+                        {"baseline_samples_s", row.baseline_s},
+                        {"ratio_samples", row.ratio},
+                        {"speedup_samples", row.speedup},
+                        {"param_MB", row.bytes.params / 1e6},
+                        {"grad_MB", row.bytes.grads / 1e6},
+                        {"state_MB", row.bytes.state / 1e6},
+                        {"total_MB", row.bytes.total() / 1e6},
+                        {"sent_MB_per_step", row.sent_bytes / 1e6}};
     if (run.device != "cpu") j["device"] = run.device;  // the GPU's figures (CPU rows stay as they were)
     if (!row.overlap.empty()) {
       j["overlap_efficiency"] = summarize(row.overlap).median;
@@ -289,8 +339,10 @@ void record(Results& results, const BenchRun& run, const BenchConfig& cfg, int w
            row.variant, row.step.median, row.step.min, row.step.max, ratio.median, ratio.min, ratio.max, exposed,
            row.overlap.empty() ? "" : fmt::format("  overlap {:.2f}", summarize(row.overlap).median));
   }
-  print0("  one flat all-reduce of all gradients: {:.3f} s [{:.3f}-{:.3f}]; one process, whole batch, all cores: "
-         "{:.3f} s [{:.3f}-{:.3f}]", flat.median, flat.min, flat.max, single.median, single.min, single.max);
+  print0(
+      "  one flat all-reduce of all gradients: {:.3f} s [{:.3f}-{:.3f}]; one process, whole batch, all cores: "
+      "{:.3f} s [{:.3f}-{:.3f}]",
+      flat.median, flat.min, flat.max, single.median, single.min, single.max);
 }
 
 std::string ddp_table(const Results& results) {
@@ -301,9 +353,9 @@ std::string ddp_table(const Results& results) {
 }
 
 std::string memory_table(const Results& results) {
-  return results.markdown({"variant", "param_MB", "grad_MB", "state_MB", "total_MB", "sent_MB_per_step"},
-                          {"variant", "params (MB)", "grads (MB)", "AdamW state (MB)", "total (MB)",
-                           "sent per step (MB)"});
+  return results.markdown(
+      {"variant", "param_MB", "grad_MB", "state_MB", "total_MB", "sent_MB_per_step"},
+      {"variant", "params (MB)", "grads (MB)", "AdamW state (MB)", "total (MB)", "sent per step (MB)"});
 }
 
 }  // namespace dp

@@ -2,10 +2,10 @@
 // same way, so stages differ only in how they synchronize gradients.
 #pragma once
 
-#include "common/measure/accounting.hpp"
 #include "common/contract/grad_sync.hpp"
-#include "common/measure/results.hpp"
 #include "common/contract/strategy.hpp"
+#include "common/measure/accounting.hpp"
+#include "common/measure/results.hpp"
 #include "common/measure/timing.hpp"
 
 #include <string>
@@ -50,27 +50,27 @@ struct Variant {
 /// before it is done); round i of every variant ran back to back, so ratios are taken round by round.
 struct BenchRow {
   std::string variant;
-  std::string baseline;                ///< the no-communication row its ratios use
-  int group = 0;                       ///< which group of interleaved variants it was measured in
-  int64_t calls = 0;                   ///< collectives per step, from Strategy::calls_per_step()
-  double sent_bytes = 0;               ///< bytes this rank sent per step, from Strategy::sent_bytes_per_step()
-  TrainingBytes bytes;                 ///< Strategy::bytes() after the first step, the largest over ranks
-  std::vector<double> step_s;          ///< whole step per round: forward, backward, sync, optimizer
-  std::vector<double> baseline_s;      ///< the baseline's step in the same rounds
+  std::string baseline;            ///< the no-communication row its ratios use
+  int group = 0;                   ///< which group of interleaved variants it was measured in
+  int64_t calls = 0;               ///< collectives per step, from Strategy::calls_per_step()
+  double sent_bytes = 0;           ///< bytes this rank sent per step, from Strategy::sent_bytes_per_step()
+  TrainingBytes bytes;             ///< Strategy::bytes() after the first step, the largest over ranks
+  std::vector<double> step_s;      ///< whole step per round: forward, backward, sync, optimizer
+  std::vector<double> baseline_s;  ///< the baseline's step in the same rounds
   Stats step, sync, forward, backward, optimizer;  ///< medians etc. ("sync": inside after_backward)
-  std::vector<double> ratio;           ///< per round: step / baseline step
-  std::vector<double> overlap;         ///< per round: overlap efficiency (empty for the baseline)
-  std::vector<double> speedup;         ///< per round: single-process step / this step (same global batch)
+  std::vector<double> ratio;                       ///< per round: step / baseline step
+  std::vector<double> overlap;                     ///< per round: overlap efficiency (empty for the baseline)
+  std::vector<double> speedup;                     ///< per round: single-process step / this step (same global batch)
 };
 
 /// What bench_variants() measured besides the rows.
 struct BenchRun {
-  std::vector<BenchRow> rows;         ///< each group's baseline first, then its variants
-  std::vector<double> flat_allreduce; ///< per round: one all-reduce of all gradients (the communication time)
-  std::vector<double> single_process; ///< per round: rank 0 alone, whole global batch, all of its cores
+  std::vector<BenchRow> rows;          ///< each group's baseline first, then its variants
+  std::vector<double> flat_allreduce;  ///< per round: one all-reduce of all gradients (the communication time)
+  std::vector<double> single_process;  ///< per round: rank 0 alone, whole global batch, all of its cores
   int steps_requested = 0;
   bool cut_by_budget = false;
-  std::string device = "cpu";         ///< where the ranks computed (pg.device(): "cpu", "cuda:0", ...)
+  std::string device = "cpu";  ///< where the ranks computed (pg.device(): "cpu", "cuda:0", ...)
 };
 
 /// Benchmarks every variant on the same Transformer, batch and AdamW, with the no-communication
@@ -85,7 +85,8 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
 
 /// Throws dp::UsageError when `cfg` names an unknown preset, a batch that W ranks cannot split, a bad
 /// budget, an unwritable trace path, or a model whose replicas (cfg.bytes_per_param per parameter, plus
-/// activations) the ranks on this machine cannot hold in its available memory. Programs call it before their checks, so bad input fails at once.
+/// activations) the ranks on this machine cannot hold in its available memory. Programs call it before their checks, so
+/// bad input fails at once.
 void validate_bench_config(BenchConfig& cfg, int world);
 
 /// Adds the standard CLI options (--preset, --batch, --context, --warmup, --steps, --budget, --trace) to

@@ -2,13 +2,13 @@
 // batch. These checks run that comparison step by step; every DDP stage runs them on itself.
 #include "common/harness/ddp_check.hpp"
 
-#include "common/model/data.hpp"
 #include "common/base/format.hpp"
+#include "common/dist/runtime.hpp"
 #include "common/harness/hints.hpp"
+#include "common/measure/tolerance.hpp"
+#include "common/model/data.hpp"
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
-#include "common/dist/runtime.hpp"
-#include "common/measure/tolerance.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -54,7 +54,10 @@ Margin worst_over_ranks(ProcessGroup& pg, const Margin& mine) {
   Margin worst = mine;
   const auto diffs = pg.all_gather(mine.diff), bounds = pg.all_gather(mine.bound);
   for (size_t i = 0; i < diffs.size(); ++i)
-    if (Margin m{diffs[i], bounds[i]}; m.ratio() > worst.ratio()) worst.diff = m.diff, worst.bound = m.bound;
+    if (Margin m{diffs[i], bounds[i]}; m.ratio() > worst.ratio()) {
+      worst.diff = m.diff;
+      worst.bound = m.bound;
+    }
   return worst;
 }
 
@@ -121,11 +124,11 @@ bool parameters_identical_across_ranks(ProcessGroup& pg, torch::nn::Module& modu
 namespace {
 
 struct Setup {
-  torch::Tensor x, y;     // the whole batch, identical on every rank
+  torch::Tensor x, y;  // the whole batch, identical on every rank
   double lr = 0.1;
   int steps = 5;
-  bool shuffle = true;    // CS336 reshuffles with seed 42 + step
-  uint64_t seed = 0;      // 0: CS336's seeds; others shift the weights, data and shuffles (margin test)
+  bool shuffle = true;  // CS336 reshuffles with seed 42 + step
+  uint64_t seed = 0;    // 0: CS336's seeds; others shift the weights, data and shuffles (margin test)
 };
 
 // The bound on |DDP - single process| after `steps` steps (common/measure/tolerance.hpp's model, fp32): a
@@ -140,10 +143,10 @@ double ddp_bound(const Setup& s, int W, int layers, int steps, double G, double 
 }
 
 // Trains `baseline` on the whole batch and `ddp_model` (trained by `strategy`, built with SGD at s.lr) on
-// this rank's rows, with the same SGD, and compares every parameter after every step against ddp_bound() of that step. Returns
-// the largest difference of any step with the bound after the last step (the worst over ranks): after
-// one step two runs may already sit one ulp apart, exactly what the bound's first ulp allows, so a
-// ratio taken step by step would say only that rounding is discrete.
+// this rank's rows, with the same SGD, and compares every parameter after every step against ddp_bound() of that step.
+// Returns the largest difference of any step with the bound after the last step (the worst over ranks): after one step
+// two runs may already sit one ulp apart, exactly what the bound's first ulp allows, so a ratio taken step by step
+// would say only that rounding is discrete.
 Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_ptr<ToyBase>& ddp_model,
                          Strategy& strategy, Setup s, bool verbose) {
   auto base_params = unique_named_parameters(baseline);
@@ -184,10 +187,12 @@ Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_
     // found is waited for here, so that the step does not race with it, and every rank fails at this step's
     // vote below, with this message first.
     const auto running = pg.unfinished_async();
-    std::string problem = running.empty() ? "" : fmt::format("step {}: after_backward() returned while {} "
-                                                             "collective(s) it launched were still running, the "
-                                                             "first: {}{}", step, running.size(), running.front(),
-                                                             not_waited_hint());
+    std::string problem = running.empty() ? ""
+                                          : fmt::format(
+                                                "step {}: after_backward() returned while {} "
+                                                "collective(s) it launched were still running, the "
+                                                "first: {}{}",
+                                                step, running.size(), running.front(), not_waited_hint());
     if (!running.empty()) pg.wait_async();
     strategy.step();
 
@@ -195,17 +200,18 @@ Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_
     for (size_t i = 0; i < ddp_params.size() && problem.empty(); ++i) {
       auto& [name, p] = ddp_params[i];
       if (!p.requires_grad()) {  // frozen: never touched by either run, so bit for bit where it started
-        if (!torch::equal(p, frozen_before[i]))
-          problem = fmt::format("step {}: frozen parameter {} moved", step, name);
+        if (!torch::equal(p, frozen_before[i])) problem = fmt::format("step {}: frozen parameter {} moved", step, name);
         continue;
       }
       const Margin m{(p - base_params[i].second).abs().max().item<double>(), bound};
       worst.diff = std::max(worst.diff, m.diff);
       if (!m.ok())
-        problem = fmt::format("step {}: parameter {} differs from single-process training by {:.3g}, over the rounding "
-                              "bound {:.3g} (lr {} x {} steps x {:.0f} roundings x u(fp32) x max|g| {:.3g}, plus {} ulps "
-                              "of max|w| {:.3g})", step, name, m.diff, bound, s.lr, step + 1,
-                              double(s.x.size(0)) + pg.world_size() + 2.0 * (layers + 1), G, step + 1, max_weight) +
+        problem = fmt::format(
+                      "step {}: parameter {} differs from single-process training by {:.3g}, over the rounding "
+                      "bound {:.3g} (lr {} x {} steps x {:.0f} roundings x u(fp32) x max|g| {:.3g}, plus {} ulps "
+                      "of max|w| {:.3g})",
+                      step, name, m.diff, bound, s.lr, step + 1,
+                      double(s.x.size(0)) + pg.world_size() + 2.0 * (layers + 1), G, step + 1, max_weight) +
                   update_hint(ddp_before[i], p, base_before[i], base_params[i].second, pg.world_size());
     }
     // Every step, whatever was found (collectives): ranks that disagree name the cause of a mismatch. One
@@ -224,8 +230,7 @@ Margin train_and_compare(ProcessGroup& pg, ToyBase& baseline, const std::shared_
     for (size_t i = 0; i < ddp_params.size(); ++i)
       print0("  {:<22} max |ddp - single| = {:.3g}", ddp_params[i].first,
              (ddp_params[i].second - base_params[i].second).abs().max().item<double>());
-  if (!parameters_identical_across_ranks(pg, *ddp_model))
-    throw CheckFailed("ranks ended with different parameters");
+  if (!parameters_identical_across_ranks(pg, *ddp_model)) throw CheckFailed("ranks ended with different parameters");
   worst.bound = ddp_bound(s, pg.world_size(), layers, s.steps, G, max_weight);
   return worst_over_ranks(pg, worst);  // one verdict for every rank: the worst ratio anywhere
 }
@@ -241,8 +246,10 @@ MakeOptimizer sgd(double lr) {
 
 void check_cs336_world_size(int world_size) {
   if (world_size < 1 || 20 % world_size != 0)
-    throw UsageError(fmt::format("the CS336 check splits 20 rows over the ranks; world size {} does not divide 20. "
-                                 "Use 1, 2, 4, 5, 10 or 20 ranks", world_size));
+    throw UsageError(
+        fmt::format("the CS336 check splits 20 rows over the ranks; world size {} does not divide 20. "
+                    "Use 1, 2, 4, 5, 10 or 20 ranks",
+                    world_size));
 }
 
 Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const MakeStrategy& make, int steps,
@@ -263,7 +270,9 @@ Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, con
     for (size_t i = 0; i < first.size(); ++i) seed_independent.push_back(torch::equal(first[i], second[i]));
     copy_parameters(*ddp_model, *baseline);
   }
-  baseline->to(pg.device()), ddp_model->to(pg.device());  // before the optimizers: they key their state by the tensors
+  // before the optimizers: they key their state by the tensors
+  baseline->to(pg.device());
+  ddp_model->to(pg.device());
   constexpr double lr = 0.1;
   auto strategy = make(pg, ddp_model, sgd(lr));
   // The wrapper must have replaced this rank's weights with rank 0's (frozen ones included).
@@ -325,7 +334,11 @@ torch::ScalarType lowest_compute_dtype(const torch::nn::Module& model, const Com
 
 StrategyCheck StrategyCheck::cs336_fsdp(uint64_t seed) {
   StrategyCheck c;
-  c.seed = seed, c.rows = 10, c.momentum = 0.0, c.model_seed = 42, c.data_seed = 123;
+  c.seed = seed;
+  c.rows = 10;
+  c.momentum = 0.0;
+  c.model_seed = 42;
+  c.data_seed = 123;
   return c;
 }
 
@@ -346,7 +359,9 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
     model = ToyFSDPModel();
     copy = ToyFSDPModel();  // the reference's mixed-precision copy (reference_backward); weights set per step
   }
-  ref->to(pg.device()), model->to(pg.device()), copy->to(pg.device());
+  ref->to(pg.device());
+  model->to(pg.device());
+  copy->to(pg.device());
   const auto sgd_momentum = [=](std::vector<torch::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
     return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(lr).momentum(momentum));
   };
@@ -374,7 +389,7 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
         problem = fmt::format("{}: full_parameters()[{}] is {} {}, expected {} {}", when, i, full[i].first,
                               shape_text(full[i].second.sizes()), ref_params[i].first,
                               shape_text(ref_params[i].second.sizes()));
-    fail_together(pg, problem);  // the same structure everywhere before any collective over it
+    fail_together(pg, problem);       // the same structure everywhere before any collective over it
     std::vector<torch::Tensor> flat;  // every tensor in fp32 (exact from bf16), back to back
     for (size_t i = 0; i < full.size(); ++i) {
       const auto& [name, p] = full[i];
@@ -382,12 +397,17 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
       const Margin m{(flat.back() - ref_params[i].second.detach().reshape({-1})).abs().max().item<double>(), bound};
       if (bound > 0 && m.ratio() >= worst.ratio()) worst = {m.diff, m.bound, derivation};
       if (!m.ok() && problem.empty())
-        problem = bound == 0 ? fmt::format("{}: parameter {} is not rank 0's (max |diff| {:.3g}): rank 0's weights "
-                                           "were not broadcast{}", when, name, m.diff, not_broadcast_hint())
-                             : fmt::format("{}: parameter {} differs from single-process training by {:.3g}, over the "
-                                           "rounding bound {:.3g} ({}){}", when, name, m.diff, bound, derivation,
-                                           ours_before.empty() ? "" : update_hint(ours_before[i].second, p, ref_before[i],
-                                                                                  ref_params[i].second, W));
+        problem = bound == 0 ? fmt::format(
+                                   "{}: parameter {} is not rank 0's (max |diff| {:.3g}): rank 0's weights "
+                                   "were not broadcast{}",
+                                   when, name, m.diff, not_broadcast_hint())
+                             : fmt::format(
+                                   "{}: parameter {} differs from single-process training by {:.3g}, over the "
+                                   "rounding bound {:.3g} ({}){}",
+                                   when, name, m.diff, bound, derivation,
+                                   ours_before.empty()
+                                       ? ""
+                                       : update_hint(ours_before[i].second, p, ref_before[i], ref_params[i].second, W));
     }
     // Every rank's copy of all of them and its verdict so far (1: no problem), in one all_gather (every rank,
     // whatever was found): does any rank differ from rank 0 (the cause of a mismatch), did any find a problem.
@@ -448,8 +468,8 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
     // The PASS line shows the derivation of the step with the largest ratio: it says which step that was.
     compare(fmt::format("step {}", step), bound,
             fmt::format("lr {}{} x {} x ({} sums x u(fp32) + {:.0f} roundings x u({})) x max|g| {:.3g}, plus {} "
-                        "of max|w| {:.3g}, after step {} of {}", lr,
-                        momentum > 0 ? fmt::format(" with momentum {}", momentum) : "", count_of(step, "step"),
+                        "of max|w| {:.3g}, after step {} of {}",
+                        lr, momentum > 0 ? fmt::format(" with momentum {}", momentum) : "", count_of(step, "step"),
                         rows * W + W + accumulate, low_roundings, dtype_name(low), G, count_of(step, "ulp"), w, step,
                         c.steps));
   }
@@ -460,8 +480,10 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
 Margin check_toy_mlp_experiment(ProcessGroup& pg, const MakeGradSync& make, bool verbose, uint64_t seed) {
   const int W = pg.world_size();
   if (100 % W != 0)
-    throw UsageError(fmt::format("the toy-MLP check splits a batch of 100 over the ranks; world size {} does not "
-                                 "divide 100", W));
+    throw UsageError(
+        fmt::format("the toy-MLP check splits a batch of 100 over the ranks; world size {} does not "
+                    "divide 100",
+                    W));
   std::shared_ptr<ToyBase> baseline, ddp_model;
   {
     std::lock_guard<std::mutex> lock(model_init_mutex());
@@ -469,7 +491,8 @@ Margin check_toy_mlp_experiment(ProcessGroup& pg, const MakeGradSync& make, bool
     baseline = make_toy_model("mlp");
     ddp_model = make_toy_model("mlp");
   }
-  baseline->to(pg.device()), ddp_model->to(pg.device());
+  baseline->to(pg.device());
+  ddp_model->to(pg.device());
   constexpr double lr = 0.01;
   auto strategy = ddp_strategy(make)(pg, ddp_model, sgd(lr));
   copy_parameters(*baseline, *ddp_model);

@@ -3,9 +3,9 @@
 // contract they check (GradSync, broadcast_parameters) is in common/contract/grad_sync.hpp.
 #pragma once
 
-#include "common/dist/dist.hpp"
 #include "common/contract/grad_sync.hpp"
 #include "common/contract/strategy.hpp"
+#include "common/dist/dist.hpp"
 #include "common/measure/tolerance.hpp"
 
 #include "common/base/libtorch.hpp"
@@ -55,11 +55,11 @@ void check_cs336_world_size(int world_size);
 /// and parameter; returns the largest difference of any step with the bound after the last step (the
 /// worst ratio over ranks).
 /// `seed` 0 keeps CS336's weights, data and shuffles; others shift them all (for the margin test).
-Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const MakeStrategy& make,
-                            int steps = 5, bool verbose = false, uint64_t seed = 0);
+Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const MakeStrategy& make, int steps = 5,
+                            bool verbose = false, uint64_t seed = 0);
 /// The same for a DDP stage: its GradSync, then one SGD over all parameters (dp::ddp_strategy()).
-Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const MakeGradSync& make,
-                            int steps = 5, bool verbose = false, uint64_t seed = 0);
+Margin check_cs336_scenario(ProcessGroup& pg, const std::string& model_name, const MakeGradSync& make, int steps = 5,
+                            bool verbose = false, uint64_t seed = 0);
 
 /// The dtype each module's own parameters compute in, forward and backward (Strategy::compute_dtype()):
 /// a rule by the module's kind, asked of the reference's modules too.
@@ -81,10 +81,10 @@ torch::ScalarType lowest_compute_dtype(const torch::nn::Module& model, const Com
 /// to shard); cs336_fsdp() is CS336 2026's test_fsdp_correctness.
 struct StrategyCheck {
   int steps = 3;
-  uint64_t seed = 0;      ///< 0: the seeds below; others shift them (for the margin test)
-  int accumulate = 1;     ///< K micro-batches per step (Strategy::set_requires_gradient_sync()): a divisor of rows
-  int64_t rows = 4;       ///< per rank, each of 8 tokens
-  double momentum = 0.9;  ///< of SGD with lr 0.01
+  uint64_t seed = 0;           ///< 0: the seeds below; others shift them (for the margin test)
+  int accumulate = 1;          ///< K micro-batches per step (Strategy::set_requires_gradient_sync()): a divisor of rows
+  int64_t rows = 4;            ///< per rank, each of 8 tokens
+  double momentum = 0.9;       ///< of SGD with lr 0.01
   uint64_t model_seed = 1000;  ///< rank 0's weights (+ 100 x seed); rank r seeds model_seed + 100 x seed + r
   uint64_t data_seed = 7001;   ///< step k (0, 1, ...) draws its data from data_seed + 1000 x seed + k
   /// CS336 2026's test_fsdp_correctness: 10 rows per rank, plain SGD, weights from seed 42, data from
@@ -119,7 +119,6 @@ void check_gradient_sync(ProcessGroup& pg, const MakeStrategy& make);
 /// each). DDP weights must equal single-process full-batch weights within the same rounding bound (and
 /// under 1e-5, the experiment's own criterion), printed per tensor when `verbose`. Throws
 /// dp::CheckFailed; returns the worst difference with its bound.
-Margin check_toy_mlp_experiment(ProcessGroup& pg, const MakeGradSync& make, bool verbose = false,
-                                uint64_t seed = 0);
+Margin check_toy_mlp_experiment(ProcessGroup& pg, const MakeGradSync& make, bool verbose = false, uint64_t seed = 0);
 
 }  // namespace dp

@@ -24,12 +24,16 @@ std::string update_hint(const torch::Tensor& ours_before, const torch::Tensor& o
            "gradient never reached .grad() (the result not copied back, or sent before the gradient was ready)";
   if (residual > 0.02 || W < 2) return "";
   if (std::abs(k - W) <= 0.02 * W)
-    return fmt::format("; hint [summed-not-averaged]: this step moved the parameter {:.3g} times as far as one "
-                       "process did, the world size: the gradients were summed over the ranks but not divided "
-                       "by the world size", k);
+    return fmt::format(
+        "; hint [summed-not-averaged]: this step moved the parameter {:.3g} times as far as one "
+        "process did, the world size: the gradients were summed over the ranks but not divided "
+        "by the world size",
+        k);
   if (std::abs(k - 1 / W) <= 0.02 / W)
-    return fmt::format("; hint [averaged-twice]: this step moved the parameter {:.3g} times as far as one process "
-                       "did, 1 / world size: the gradients were divided by the world size twice", k);
+    return fmt::format(
+        "; hint [averaged-twice]: this step moved the parameter {:.3g} times as far as one process "
+        "did, 1 / world size: the gradients were divided by the world size twice",
+        k);
   return "";
 }
 

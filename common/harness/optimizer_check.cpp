@@ -1,8 +1,8 @@
 #include "common/harness/optimizer_check.hpp"
 
-#include "common/harness/ddp_check.hpp"
 #include "common/base/format.hpp"
 #include "common/base/log.hpp"
+#include "common/harness/ddp_check.hpp"
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
 
@@ -54,8 +54,8 @@ bool check_against_adamw(ProcessGroup& pg, const std::string& what, const MakeSh
   bool all_ok = true;
   for (const std::string name : {"toy", "tied"}) {
     const bool everyone = pg.first_rank_with(!matches_adamw(pg, name, make)) < 0;
-    print0("{} {} == AdamW on {} (10 steps, {}, bit-identical after every step)", everyone ? "PASS" : "FAIL",
-           what, name, count_of(pg.world_size(), "rank"));
+    print0("{} {} == AdamW on {} (10 steps, {}, bit-identical after every step)", everyone ? "PASS" : "FAIL", what,
+           name, count_of(pg.world_size(), "rank"));
     all_ok = all_ok && everyone;
   }
   return all_ok;

@@ -55,11 +55,12 @@ double peak_training_bytes(const TransformerConfig& m, const std::string& design
                            int compute_bytes) {
   const double P = static_cast<double>(m.num_parameters()), N = world_size, e = compute_bytes;
   const double act = activation_bytes(m, batch, m.context_length, compute_bytes);
-  if (design == "ddp") return 20 * P + act;  // weights, grads, AdamW 16P, + 4P of buckets
+  if (design == "ddp") return 20 * P + act;                 // weights, grads, AdamW 16P, + 4P of buckets
   if (design == "zero1") return 12 * P + 12 * P / N + act;  // + the all-to-all's 4P buffers
   if (design != "fsdp" && design != "fsdp-keep")
     throw std::invalid_argument("peak_training_bytes: design '" + design + "' is not ddp, zero1, fsdp or fsdp-keep");
-  const double unit = std::max(4.0 * m.d_model * m.d_model + 3.0 * m.d_model * m.d_ff, double(m.vocab_size) * m.d_model);
+  const double unit =
+      std::max(4.0 * m.d_model * m.d_model + 3.0 * m.d_model * m.d_ff, double(m.vocab_size) * m.d_model);
   // 16P/N of shards, shard grads and AdamW state; gathered units: the one computing, the one prefetched,
   // the all-to-all's send copy; two units' fp32 gradients in flight. fsdp-keep holds every unit from
   // forward to backward.
@@ -75,8 +76,7 @@ std::string describe(const TransformerConfig& cfg) {
       "{}: d_model {}, d_ff {}, {} layers, {} heads, ctx {}, vocab {}; {} params; "
       "fp32 params {}, grads {}, AdamW state {}",
       cfg.name, cfg.d_model, cfg.d_ff, cfg.num_layers, cfg.num_heads, cfg.context_length, cfg.vocab_size,
-      with_commas(p), format_bytes(double(m.params)), format_bytes(double(m.grads)),
-      format_bytes(double(m.state)));
+      with_commas(p), format_bytes(double(m.params)), format_bytes(double(m.grads)), format_bytes(double(m.state)));
 }
 
 }  // namespace dp

@@ -1,8 +1,8 @@
 // Command-line parsing: CLI11 does the work; we add units and map every bad input to exit code 2.
 #include "common/measure/cli.hpp"
 
-#include "common/dist/dist.hpp"
 #include "common/base/format.hpp"
+#include "common/dist/dist.hpp"
 #include "common/dist/runtime.hpp"
 
 #include <fmt/format.h>
@@ -43,16 +43,17 @@ std::pair<double, std::string> split_number(const std::string& text, const std::
 
 uint64_t parse_size(const std::string& text, const std::string& what) {
   static const std::map<std::string, double> units = {
-      {"", 1},       {"b", 1},       {"kb", 1e3},          {"mb", 1e6},          {"gb", 1e9},
-      {"tb", 1e12},  {"kib", 1024.}, {"mib", 1048576.},    {"gib", 1073741824.}, {"tib", 1099511627776.}};
+      {"", 1},      {"b", 1},       {"kb", 1e3},       {"mb", 1e6},          {"gb", 1e9},
+      {"tb", 1e12}, {"kib", 1024.}, {"mib", 1048576.}, {"gib", 1073741824.}, {"tib", 1099511627776.}};
   auto [v, unit] = split_number(text, what, "1MB (10^6 bytes) or 1MiB (2^20 bytes)");
   auto it = units.find(unit);
   if (it == units.end())
-    throw UsageError(fmt::format("{} '{}' has unknown unit '{}'; use B, kB, MB, GB, TB (powers of 1000) "
-                                 "or KiB, MiB, GiB, TiB (powers of 1024)", what, text, unit));
+    throw UsageError(
+        fmt::format("{} '{}' has unknown unit '{}'; use B, kB, MB, GB, TB (powers of 1000) "
+                    "or KiB, MiB, GiB, TiB (powers of 1024)",
+                    what, text, unit));
   double bytes = v * it->second;
-  if (bytes < 1 || bytes > 1e15)
-    throw UsageError(fmt::format("{} '{}' is out of range (1 byte .. 1 PB)", what, text));
+  if (bytes < 1 || bytes > 1e15) throw UsageError(fmt::format("{} '{}' is out of range (1 byte .. 1 PB)", what, text));
   return static_cast<uint64_t>(std::llround(bytes));
 }
 
@@ -68,8 +69,10 @@ double parse_seconds(const std::string& text, const std::string& what) {
 torch::ScalarType parse_compute_dtype(const std::string& name) {
   if (name == "float32" || name == "fp32") return torch::kFloat32;
   if (name == "bfloat16" || name == "bf16") return torch::kBFloat16;
-  throw UsageError(fmt::format("unknown compute dtype '{}': use float32 (fp32) or bfloat16 (bf16); float16 "
-                               "is not offered because LibTorch 1.13 has no fp16 matmul on the CPU", name));
+  throw UsageError(
+      fmt::format("unknown compute dtype '{}': use float32 (fp32) or bfloat16 (bf16); float16 "
+                  "is not offered because LibTorch 1.13 has no fp16 matmul on the CPU",
+                  name));
 }
 
 std::vector<bool> true_false_both(const std::string& value) {
@@ -145,27 +148,33 @@ void check_writable(const std::string& option, const std::string& path) {
   const fs::path p(path);
   const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
   if (path.empty() || p.filename().empty() || fs::is_directory(p, ec))
-    throw UsageError(fmt::format("{} '{}': cannot write there: it names a folder, not a file; give a file name, "
-                                 "e.g. {}/out", option, path, path.empty() ? "." : path));
+    throw UsageError(
+        fmt::format("{} '{}': cannot write there: it names a folder, not a file; give a file name, "
+                    "e.g. {}/out",
+                    option, path, path.empty() ? "." : path));
   if (!fs::is_directory(dir, ec))
-    throw UsageError(fmt::format("{} {}: cannot write there: the folder {} does not exist; create it (mkdir -p {}) "
-                                 "or give a path in an existing, writable folder", option, path, dir.string(),
-                                 dir.string()));
+    throw UsageError(
+        fmt::format("{} {}: cannot write there: the folder {} does not exist; create it (mkdir -p {}) "
+                    "or give a path in an existing, writable folder",
+                    option, path, dir.string(), dir.string()));
   // Outputs are written to a new file beside PATH and renamed over it: a device, pipe or socket there
   // (/dev/null) would be replaced by a plain file, not written to, and so would a symbolic link (/dev/stdout).
   const fs::file_status st = fs::symlink_status(p, ec);  // the path itself, a link not followed
   if (fs::is_symlink(st))
-    throw UsageError(fmt::format("{} {}: cannot write there: it is a symbolic link, which the output would replace "
-                                 "(it is written beside it and renamed over it); give the path it points to",
-                                 option, path));
+    throw UsageError(
+        fmt::format("{} {}: cannot write there: it is a symbolic link, which the output would replace "
+                    "(it is written beside it and renamed over it); give the path it points to",
+                    option, path));
   if (fs::exists(st) && !fs::is_regular_file(st))
-    throw UsageError(fmt::format("{} {}: cannot write there: it exists and is not a regular file (the output is "
-                                 "written beside it and renamed over it); give a file name", option, path));
+    throw UsageError(
+        fmt::format("{} {}: cannot write there: it exists and is not a regular file (the output is "
+                    "written beside it and renamed over it); give a file name",
+                    option, path));
   // Try it rather than ask access(2), which says yes to root almost everywhere (/proc, a read-only mount):
   // open an existing file for writing without truncating it, and create and remove a file beside it.
   const auto refuse = [&](int err, const std::string& what) {
-    throw UsageError(fmt::format("{} {}: cannot write there: {} failed ({}); give a path in a writable folder",
-                                 option, path, what, std::strerror(err)));
+    throw UsageError(fmt::format("{} {}: cannot write there: {} failed ({}); give a path in a writable folder", option,
+                                 path, what, std::strerror(err)));
   };
   if (fs::exists(st)) {
     const int fd = ::open(p.c_str(), O_WRONLY | O_CLOEXEC);
@@ -211,8 +220,7 @@ int Cli::parse(int argc, char** argv) {
     fmt::print("{}", app_.help("", CLI::AppFormatMode::All));
     return 0;
   } catch (const CLI::ParseError& e) {
-    fmt::print(stderr, "{}: error: {}\nRun '{} --help' for the options.\n", app_.get_name(), e.what(),
-               app_.get_name());
+    fmt::print(stderr, "{}: error: {}\nRun '{} --help' for the options.\n", app_.get_name(), e.what(), app_.get_name());
     return 2;
   } catch (const UsageError& e) {
     fmt::print(stderr, "{}: error: {}\n", app_.get_name(), e.what());

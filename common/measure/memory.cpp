@@ -31,8 +31,10 @@ int64_t available_memory_bytes() {
     errno = 0;
     const long long bytes = std::strtoll(text, &end, 10);
     if (end == text || *end != '\0' || errno == ERANGE || bytes <= 0)
-      throw UsageError(fmt::format("DP_AVAILABLE_MEMORY_BYTES={}: not a whole number of bytes above 0; unset it to "
-                                   "read this machine's /proc/meminfo", text));
+      throw UsageError(
+          fmt::format("DP_AVAILABLE_MEMORY_BYTES={}: not a whole number of bytes above 0; unset it to "
+                      "read this machine's /proc/meminfo",
+                      text));
     return bytes;
   }
   std::ifstream f("/proc/meminfo");
@@ -49,9 +51,10 @@ void check_fits_in_memory(double bytes_per_rank, int ranks_here, const std::stri
   const double avail = available >= 0 ? available : static_cast<double>(available_memory_bytes());
   const double need = bytes_per_rank * ranks_here;
   if (avail <= 0 || need <= avail) return;
-  throw UsageError(fmt::format("{} needs about {:.1f} GB per rank, {:.1f} GB for the {} rank(s) on {}, "
-                               "which has {:.1f} GB available: {}", what, bytes_per_rank / 1e9, need / 1e9, ranks_here,
-                               where, avail / 1e9, remedy));
+  throw UsageError(
+      fmt::format("{} needs about {:.1f} GB per rank, {:.1f} GB for the {} rank(s) on {}, "
+                  "which has {:.1f} GB available: {}",
+                  what, bytes_per_rank / 1e9, need / 1e9, ranks_here, where, avail / 1e9, remedy));
 }
 
 namespace optim = torch::optim;

@@ -12,13 +12,13 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <thread>
-#include <unistd.h>
 
 namespace dp {
 
@@ -34,8 +34,8 @@ void Results::write_json(const std::string& path, const std::string& command) co
     if (!r.contains("command")) r["command"] = command;
     if (!r.contains("machine")) r["machine"] = machine_description();
   }
-  nlohmann::json doc = {{"benchmark", benchmark_}, {"machine", machine_description()}, {"command", command},
-                        {"rows", rows}};
+  nlohmann::json doc = {
+      {"benchmark", benchmark_}, {"machine", machine_description()}, {"command", command}, {"rows", rows}};
   doc.update(meta);
   // Write next to the target and rename: readers never see a half-written file.
   std::string tmp = path + ".tmp";
@@ -60,13 +60,18 @@ std::string Results::markdown(const std::vector<std::string>& keys, const std::v
     for (auto& k : keys) {
       const auto it = row.find(k);
       std::string cell;
-      if (it == row.end() || it->is_null()) cell = "-";
+      if (it == row.end() || it->is_null())
+        cell = "-";
       else if (it->is_number_float() && std::abs(it->get<double>()) >= std::pow(10.0, precision))
         cell = fmt::format("{:.0f}", it->get<double>());  // 2250, not 2.25e+03
-      else if (it->is_number_float()) cell = fmt::format("{:.{}g}", it->get<double>(), precision);
-      else if (it->is_string()) cell = it->get<std::string>();
-      else if (it->is_boolean()) cell = it->get<bool>() ? "yes" : "no";
-      else cell = it->dump();
+      else if (it->is_number_float())
+        cell = fmt::format("{:.{}g}", it->get<double>(), precision);
+      else if (it->is_string())
+        cell = it->get<std::string>();
+      else if (it->is_boolean())
+        cell = it->get<bool>() ? "yes" : "no";
+      else
+        cell = it->dump();
       out << " " << cell << " |";
     }
     out << "\n";

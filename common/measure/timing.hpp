@@ -43,8 +43,8 @@ std::vector<double> max_over_ranks(ProcessGroup& pg, const std::vector<double>& 
 /// of measurement, at least 1 iteration); returns the per-iteration seconds on this rank.
 /// On a CUDA device each iteration is timed by CUDA events recorded on the current stream, which a
 /// blocking collective orders after its communication stream; on the CPU, by the wall clock.
-std::vector<double> time_iterations(const std::function<void()>& fn, int warmup, int iters,
-                                    double budget_s = 1e9, torch::Device device = torch::kCPU);
+std::vector<double> time_iterations(const std::function<void()>& fn, int warmup, int iters, double budget_s = 1e9,
+                                    torch::Device device = torch::kCPU);
 
 /// The overhead model of one all-reduce of b bytes: about o + b / w seconds, o the fixed cost of a call
 /// and w the bandwidth. Stage 05 uses it to predict the best bucket size.

@@ -12,10 +12,10 @@ double unit_roundoff(torch::ScalarType dtype) {
   switch (dtype) {
     case torch::kFloat64: return std::ldexp(1.0, -53);
     case torch::kFloat32: return std::ldexp(1.0, -24);
-    case torch::kFloat16: return std::ldexp(1.0, -11);   // 10 stored mantissa bits
-    case torch::kBFloat16: return std::ldexp(1.0, -8);   // 7 stored mantissa bits
-    default: throw std::invalid_argument(fmt::format("unit_roundoff: {} is not a floating-point dtype",
-                                                     c10::toString(dtype)));
+    case torch::kFloat16: return std::ldexp(1.0, -11);  // 10 stored mantissa bits
+    case torch::kBFloat16: return std::ldexp(1.0, -8);  // 7 stored mantissa bits
+    default:
+      throw std::invalid_argument(fmt::format("unit_roundoff: {} is not a floating-point dtype", c10::toString(dtype)));
   }
 }
 
@@ -78,7 +78,8 @@ double AdamWeightBound::first_order_change(const std::vector<torch::Tensor>& par
   torch::NoGradGuard no_grad;
   double total = 0;
   for (size_t i = 0; i < params.size() && i < bound_.size(); ++i)
-    if (params[i].grad().defined()) total += (params[i].grad().to(torch::kFloat64).abs() * bound_[i]).sum().item<double>();
+    if (params[i].grad().defined())
+      total += (params[i].grad().to(torch::kFloat64).abs() * bound_[i]).sum().item<double>();
   return total;
 }
 

@@ -89,8 +89,8 @@ class AdamWeightBound {
 
 /// A bound with the words that say how it was derived, for a check's output line.
 struct Bound {
-  double value = 0;       ///< the bound itself
-  std::string derivation; ///< e.g. "lr 0.05 x 2.71 (momentum) x 30 roundings x u(bf16) 3.9e-03 x max|g| 0.12"
+  double value = 0;        ///< the bound itself
+  std::string derivation;  ///< e.g. "lr 0.05 x 2.71 (momentum) x 30 roundings x u(bf16) 3.9e-03 x max|g| 0.12"
 };
 
 /// How a check compares: the measured difference, its bound and their ratio (the margin; <= 1 passes).

@@ -1,8 +1,8 @@
 // Gathers every rank's trace events to rank 0 and writes one Chrome trace-event file.
 #include "common/measure/trace_write.hpp"
 
-#include "common/dist/dist.hpp"
 #include "common/base/trace.hpp"
+#include "common/dist/dist.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -19,7 +19,8 @@ nlohmann::json to_chrome(const std::vector<nlohmann::json>& per_rank) {
   nlohmann::json out = nlohmann::json::array();
   for (size_t r = 0; r < per_rank.size(); ++r) {
     const int pid = static_cast<int>(r);
-    out.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", "rank " + std::to_string(r)}}}});
+    out.push_back(
+        {{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", "rank " + std::to_string(r)}}}});
     out.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
     out.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", 0}, {"args", {{"name", "compute"}}}});
     std::vector<nlohmann::json> comm;
@@ -28,8 +29,10 @@ nlohmann::json to_chrome(const std::vector<nlohmann::json>& per_rank) {
       if (!e["args"].is_null()) ev["args"] = e["args"];
       if (e["ph"] == "i") ev["s"] = "t";  // an instant on its thread
       if (e["ph"] == "X") ev["dur"] = e["dur"];
-      if (e["comm"].get<bool>()) comm.push_back(ev);
-      else out.push_back(ev);
+      if (e["comm"].get<bool>())
+        comm.push_back(ev);
+      else
+        out.push_back(ev);
     }
     std::sort(comm.begin(), comm.end(), [](const auto& a, const auto& b) { return a["ts"] < b["ts"]; });
     std::vector<int64_t> lane_free_at;  // per lane: end of its last span
@@ -39,7 +42,10 @@ nlohmann::json to_chrome(const std::vector<nlohmann::json>& per_rank) {
       while (lane < lane_free_at.size() && lane_free_at[lane] > ts) ++lane;
       if (lane == lane_free_at.size()) {
         lane_free_at.push_back(0);
-        out.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", lane + 1},
+        out.push_back({{"ph", "M"},
+                       {"name", "thread_name"},
+                       {"pid", pid},
+                       {"tid", lane + 1},
                        {"args", {{"name", "communication " + std::to_string(lane + 1)}}}});
       }
       lane_free_at[lane] = end;
@@ -64,8 +70,8 @@ void write(ProcessGroup& pg, const std::string& path) {
   std::vector<nlohmann::json> per_rank;
   for (size_t r = 0; r < all.size(); ++r) {
     auto cpu = all[r].cpu();
-    per_rank.push_back(nlohmann::json::parse(std::string(reinterpret_cast<const char*>(cpu.data_ptr<uint8_t>()),
-                                                         static_cast<size_t>(lengths[r]))));
+    per_rank.push_back(nlohmann::json::parse(
+        std::string(reinterpret_cast<const char*>(cpu.data_ptr<uint8_t>()), static_cast<size_t>(lengths[r]))));
   }
   nlohmann::json doc = {{"traceEvents", to_chrome(per_rank)}, {"displayTimeUnit", "ms"}};
   const std::string tmp = path + ".tmp";

@@ -26,8 +26,8 @@ void require_positive(int64_t v, const char* what) {
 
 }  // namespace
 
-std::pair<torch::Tensor, torch::Tensor> token_batch(int64_t batch, int64_t context_length, int64_t vocab,
-                                                    uint64_t seed, int64_t step) {
+std::pair<torch::Tensor, torch::Tensor> token_batch(int64_t batch, int64_t context_length, int64_t vocab, uint64_t seed,
+                                                    int64_t step) {
   require_positive(batch, "batch size");
   require_positive(context_length, "context length");
   require_positive(vocab, "vocabulary size");
@@ -35,8 +35,8 @@ std::pair<torch::Tensor, torch::Tensor> token_batch(int64_t batch, int64_t conte
   auto gen = at::detail::createCPUGenerator(seed ^ mix(static_cast<uint64_t>(step)));
   // One extra column so that every input position has a next token to predict.
   auto tokens = torch::randint(0, vocab, {batch, context_length + 1}, gen, torch::kLong);  // [B, T+1]
-  auto inputs = tokens.narrow(1, 0, context_length).contiguous();                         // [B, T]
-  auto targets = tokens.narrow(1, 1, context_length).contiguous();                        // [B, T]
+  auto inputs = tokens.narrow(1, 0, context_length).contiguous();                          // [B, T]
+  auto targets = tokens.narrow(1, 1, context_length).contiguous();                         // [B, T]
   return {inputs, targets};
 }
 
@@ -45,9 +45,9 @@ torch::Tensor shard_rows(const torch::Tensor& global, int rank, int world_size) 
     throw UsageError(fmt::format("rank {} is not in [0, world size {})", rank, world_size));
   const int64_t rows = global.size(0);
   if (rows % world_size != 0)
-    throw UsageError(fmt::format(
-        "cannot split {} rows evenly over {} ranks; use a global batch size that is a multiple of {}",
-        rows, world_size, world_size));
+    throw UsageError(
+        fmt::format("cannot split {} rows evenly over {} ranks; use a global batch size that is a multiple of {}", rows,
+                    world_size, world_size));
   // Contiguous blocks: rank r owns rows [r * per_rank, (r + 1) * per_rank). narrow() makes a view,
   // so sharding costs no copy.
   const int64_t per_rank = rows / world_size;

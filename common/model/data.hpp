@@ -18,8 +18,8 @@ namespace dp {
 /// targets [batch, context_length] int64), where targets are the inputs shifted left by one token.
 /// The same arguments give the same batch on every call and every rank; different steps differ.
 /// Throws dp::UsageError if a size is not positive.
-std::pair<torch::Tensor, torch::Tensor> token_batch(int64_t batch, int64_t context_length, int64_t vocab,
-                                                    uint64_t seed, int64_t step);
+std::pair<torch::Tensor, torch::Tensor> token_batch(int64_t batch, int64_t context_length, int64_t vocab, uint64_t seed,
+                                                    int64_t step);
 
 /// Rows [rank * n / W, (rank + 1) * n / W) of `global` ([n, ...]): this rank's contiguous shard, a view
 /// that shares memory with `global`. Shards of ranks 0..W-1 are disjoint and together cover all rows.

@@ -11,7 +11,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-
 namespace dp {
 
 namespace F = torch::nn::functional;
@@ -94,8 +93,7 @@ std::shared_ptr<ToyBase> make_toy_model(const std::string& name) {
   if (name == "mlp") return std::make_shared<ToyMLPImpl>();
   if (name == "toy") return std::make_shared<ToyModelImpl>();
   if (name == "tied") return std::make_shared<ToyModelWithTiedWeightsImpl>();
-  throw UsageError(fmt::format("unknown toy model '{}'; valid names: {}", name,
-                               fmt::join(toy_model_names(), ", ")));
+  throw UsageError(fmt::format("unknown toy model '{}'; valid names: {}", name, fmt::join(toy_model_names(), ", ")));
 }
 
 // --- CS336 2026's ToyFSDPModel: the Transformer's pieces, four units --------------------------------
@@ -111,10 +109,10 @@ ToyFSDPModelImpl::ToyFSDPModelImpl() {
 }
 
 torch::Tensor ToyFSDPModelImpl::forward_units(const torch::Tensor& tokens, const UnitRunner& run) {
-  auto x = run_unit(run, 0, [&] { return embedding(tokens); });         // [B, T, 64]
-  x = run_unit(run, 1, [&] { return torch::relu(fc1(norm1(x))); });    // [B, T, 128]
-  x = run_unit(run, 2, [&] { return fc2(norm2(x)); });                 // [B, T, 64]
-  return run_unit(run, 3, [&] { return lm_head(x); });                 // [B, T, 100]
+  auto x = run_unit(run, 0, [&] { return embedding(tokens); });      // [B, T, 64]
+  x = run_unit(run, 1, [&] { return torch::relu(fc1(norm1(x))); });  // [B, T, 128]
+  x = run_unit(run, 2, [&] { return fc2(norm2(x)); });               // [B, T, 64]
+  return run_unit(run, 3, [&] { return lm_head(x); });               // [B, T, 100]
 }
 
 ModuleUnits ToyFSDPModelImpl::units() {

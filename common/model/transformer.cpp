@@ -6,8 +6,8 @@
 // attention is two matmuls, a causal mask and a softmax.
 #include "common/model/transformer.hpp"
 
-#include "common/base/format.hpp"
 #include "common/base/errors.hpp"
+#include "common/base/format.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -30,8 +30,9 @@ struct PresetRow {
 // (164k parameters) for the end-to-end tests, where what is checked (curves equal over world sizes, a
 // resume bit for bit) does not need size and each step costs a twentieth of tiny's.
 constexpr PresetRow kPresets[] = {
-    {"nano", 64, 256, 2, 2},         {"tiny", 256, 1024, 4, 4},       {"small", 768, 3072, 12, 12}, {"medium", 1024, 4096, 24, 16},
-    {"large", 1280, 5120, 36, 20},   {"xl", 1600, 6400, 48, 25},   {"2.7b", 2560, 10240, 32, 32},
+    {"nano", 64, 256, 2, 2},        {"tiny", 256, 1024, 4, 4},     {"small", 768, 3072, 12, 12},
+    {"medium", 1024, 4096, 24, 16}, {"large", 1280, 5120, 36, 20}, {"xl", 1600, 6400, 48, 25},
+    {"2.7b", 2560, 10240, 32, 32},
 };
 
 }  // namespace
@@ -85,11 +86,11 @@ std::vector<std::string> TransformerConfig::preset_names() {
 
 int64_t TransformerConfig::num_parameters() const {
   const int64_t V = vocab_size, d = d_model, L = num_layers;
-  const int64_t per_block = 4 * d * d        // q, k, v, output projections
-                            + 3 * d * d_ff   // w1, w2, w3
-                            + 2 * d;         // ln1, ln2 gains
-  return 2 * V * d                           // token embedding + untied lm_head
-         + L * per_block + d;                // blocks + final RMSNorm gain
+  const int64_t per_block = 4 * d * d       // q, k, v, output projections
+                            + 3 * d * d_ff  // w1, w2, w3
+                            + 2 * d;        // ln1, ln2 gains
+  return 2 * V * d                          // token embedding + untied lm_head
+         + L * per_block + d;               // blocks + final RMSNorm gain
 }
 
 void TransformerConfig::validate() const {
@@ -128,9 +129,7 @@ torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& positions,
   return torch::stack({cos * x1 - sin * x2, sin * x1 + cos * x2}, -1).reshape(x.sizes());
 }
 
-RMSNormImpl::RMSNormImpl(int64_t d, double eps) : eps(eps) {
-  weight = register_parameter("weight", torch::ones({d}));
-}
+RMSNormImpl::RMSNormImpl(int64_t d, double eps) : eps(eps) { weight = register_parameter("weight", torch::ones({d})); }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   // Squares of bf16/fp16 activations lose precision and can overflow, so normalise in float32.
@@ -161,8 +160,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   // which softmax turns into exactly zero weight.
   auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
   scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
-  auto attn = torch::softmax(scores, -1);                                        // [B, H, T, T]
-  auto out = torch::matmul(attn, v).transpose(1, 2).reshape({B, T, d});          // [B, T, d]
+  auto attn = torch::softmax(scores, -1);                                // [B, H, T, T]
+  auto out = torch::matmul(attn, v).transpose(1, 2).reshape({B, T, d});  // [B, T, d]
   return output_proj(out);
 }
 
@@ -210,8 +209,8 @@ torch::Tensor run_unit(const UnitRunner& run, size_t unit, const std::function<t
 
 torch::Tensor TransformerLMImpl::forward_units(const torch::Tensor& tokens, const UnitRunner& run) {
   if (tokens.dim() != 2 || tokens.size(1) > cfg.context_length)
-    throw UsageError(fmt::format("tokens must be [batch, T] with T <= context_length {}, got {}",
-                                 cfg.context_length, tokens.sizes().vec()));
+    throw UsageError(fmt::format("tokens must be [batch, T] with T <= context_length {}, got {}", cfg.context_length,
+                                 tokens.sizes().vec()));
   auto x = run_unit(run, 0, [&] { return token_embeddings(tokens); });  // [B, T, d_model]
   for (size_t i = 0; i < layers->size(); ++i)
     x = run_unit(run, i + 1, [&] { return layers[i]->as<TransformerBlockImpl>()->forward(x); });

@@ -16,14 +16,14 @@ namespace dp {
 
 /// Shape of a TransformerLM. The default sizes are those of the "tiny" preset.
 struct TransformerConfig {
-  std::string name = "custom";    ///< preset name, for describe()
-  int64_t vocab_size = 10000;     ///< V: vocabulary size (CS336 uses 10,000 for every size)
-  int64_t context_length = 128;   ///< longest sequence forward() accepts (tokens)
-  int64_t d_model = 256;          ///< d: width of the residual stream
-  int64_t d_ff = 1024;            ///< inner width of the SwiGLU feed-forward
-  int64_t num_layers = 4;         ///< L: number of Transformer blocks
-  int64_t num_heads = 4;          ///< attention heads; d_model / num_heads must be even (RoPE pairs)
-  double rope_theta = 10000;      ///< RoPE base
+  std::string name = "custom";   ///< preset name, for describe()
+  int64_t vocab_size = 10000;    ///< V: vocabulary size (CS336 uses 10,000 for every size)
+  int64_t context_length = 128;  ///< longest sequence forward() accepts (tokens)
+  int64_t d_model = 256;         ///< d: width of the residual stream
+  int64_t d_ff = 1024;           ///< inner width of the SwiGLU feed-forward
+  int64_t num_layers = 4;        ///< L: number of Transformer blocks
+  int64_t num_heads = 4;         ///< attention heads; d_model / num_heads must be even (RoPE pairs)
+  double rope_theta = 10000;     ///< RoPE base
 
   /// A named size: tiny (256/1024/4/4), small (768/3072/12/12), medium (1024/4096/24/16),
   /// large (1280/5120/36/20), xl (1600/6400/48/25), 2.7b (2560/10240/32/32), given as

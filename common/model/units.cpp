@@ -21,7 +21,8 @@ std::vector<std::vector<UnitParameter>> unit_parameters(const torch::nn::Module&
           if (!p.requires_grad()) continue;  // frozen tensors are the wrapper's to leave alone
           auto [it, fresh] = owner.emplace(p.unsafeGetTensorImpl(), u);
           if (!fresh && it->second == u) continue;  // tied within the unit: once
-          if (!fresh) throw std::invalid_argument(fmt::format("{}: a parameter is in units {} and {}", who, it->second, u));
+          if (!fresh)
+            throw std::invalid_argument(fmt::format("{}: a parameter is in units {} and {}", who, it->second, u));
           out[u].push_back({p, m.get()});
         }
   for (const auto& [name, p] : unique_named_parameters(model, /*trainable_only=*/true))

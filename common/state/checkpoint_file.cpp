@@ -58,7 +58,8 @@ const char* CheckpointFile::payload() const { return bytes.data() + kHeaderBytes
 void write_file_atomically(const std::string& path, const std::vector<const std::string*>& parts) {
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw UsageError(fmt::format("cannot write checkpoint {}: cannot create {}: {}", path, tmp, errno_text()));
+  if (fd < 0)
+    throw UsageError(fmt::format("cannot write checkpoint {}: cannot create {}: {}", path, tmp, errno_text()));
   try {
     for (const auto* part : parts) write_all(fd, part->data(), part->size(), tmp);
     if (::fsync(fd) != 0) throw UsageError(fmt::format("cannot write checkpoint {}: fsync: {}", tmp, errno_text()));
@@ -104,8 +105,7 @@ CheckpointFile read_checkpoint_file(const std::string& path, const FileFormat& f
   std::error_code ec;
   const uintmax_t size = std::filesystem::file_size(path, ec);  // fails on a folder or a missing file
   std::ifstream in(path, std::ios::binary);
-  if (ec || !in)
-    throw UsageError(fmt::format("cannot read checkpoint {}: {}", path, ec ? ec.message() : errno_text()));
+  if (ec || !in) throw UsageError(fmt::format("cannot read checkpoint {}: {}", path, ec ? ec.message() : errno_text()));
   CheckpointFile c;
   c.bytes.resize(static_cast<size_t>(size));
   if (!in.read(c.bytes.data(), static_cast<std::streamsize>(size)))
@@ -113,15 +113,15 @@ CheckpointFile read_checkpoint_file(const std::string& path, const FileFormat& f
   const std::string& b = c.bytes;
   const std::string damaged = fmt::format("checkpoint {} is damaged", path);
   if (b.size() < kHeaderBytes)
-    throw UsageError(fmt::format("{}: {} bytes, shorter than the {}-byte header (truncated?)", damaged, b.size(),
-                                 kHeaderBytes));
+    throw UsageError(
+        fmt::format("{}: {} bytes, shorter than the {}-byte header (truncated?)", damaged, b.size(), kHeaderBytes));
   if (b.compare(0, format.magic.size(), format.magic) != 0)
     throw UsageError(fmt::format("{}: it does not start with the magic bytes {} (not a checkpoint of this project?)",
                                  damaged, format.magic));
   c.version = static_cast<uint32_t>(get_le(b.data() + 8, 4));
   if (c.version != format.version)
-    throw UsageError(fmt::format("checkpoint {} has format version {}; this program reads version {}", path,
-                                 c.version, format.version));
+    throw UsageError(fmt::format("checkpoint {} has format version {}; this program reads version {}", path, c.version,
+                                 format.version));
   const uint64_t meta_size = get_le(b.data() + 12, 8), payload_size = get_le(b.data() + 20, 8);
   const uint64_t stored_hash = get_le(b.data() + 28, 8);
   const uint64_t body = b.size() - kHeaderBytes;
@@ -130,7 +130,8 @@ CheckpointFile read_checkpoint_file(const std::string& path, const FileFormat& f
                                  damaged, kHeaderBytes + meta_size + payload_size, b.size()));
   const uint64_t hash = fnv1a64(b.data() + kHeaderBytes, body);
   if (hash != stored_hash)
-    throw UsageError(fmt::format("{}: checksum mismatch (stored {:016x}, computed {:016x})", damaged, stored_hash, hash));
+    throw UsageError(
+        fmt::format("{}: checksum mismatch (stored {:016x}, computed {:016x})", damaged, stored_hash, hash));
   c.meta_size = meta_size;
   c.payload_size = payload_size;
   return c;
@@ -170,7 +171,8 @@ std::string run_on_root(ProcessGroup& pg, int root, const std::function<void()>&
         error = "unknown error";
       }
       std::lock_guard<std::mutex> lock(out->mu);
-      out->error = std::move(error), out->done = true;
+      out->error = std::move(error);
+      out->done = true;
       out->cv.notify_all();
     });
   // The root's state, summed: 0 working, 1 done, 2 past the deadline. Every rank leaves after the same all-reduce.
@@ -198,14 +200,15 @@ std::string run_on_root(ProcessGroup& pg, int root, const std::function<void()>&
   if (state == 2) {
     const std::string what = fmt::format(
         "rank {} worked alone (writing a checkpoint) for more than 10 x --timeout ({:.0f} s) and did not finish: "
-        "is its disk stuck?", root, std::chrono::duration<double>(limit).count());
+        "is its disk stuck?",
+        root, std::chrono::duration<double>(limit).count());
     if (pg.rank() != root) throw std::runtime_error(what);
     // The worker still runs on the caller's data: this process cannot return, so it ends here (exit 1).
     std::fprintf(stderr, "[rank %d/%d] error: %s\n", pg.rank(), pg.world_size(), what.c_str());
     std::fflush(stderr);
     std::_Exit(1);
   }
-  if (worker.joinable()) worker.join();  // done: it has returned
+  if (worker.joinable()) worker.join();         // done: it has returned
   return broadcast_text(pg, out->error, root);  // out->error was written before done
 }
 

@@ -27,16 +27,16 @@ namespace dp {
 
 /// Which kind of file: the magic bytes it starts with and the one format version this program reads.
 struct FileFormat {
-  std::string magic;      ///< exactly 8 bytes
-  uint32_t version = 1;   ///< written into the header; a file with another version is refused
+  std::string magic;     ///< exactly 8 bytes
+  uint32_t version = 1;  ///< written into the header; a file with another version is refused
 };
 
 /// A file that passed every byte-level check (magic, version, length, hash).
 struct CheckpointFile {
-  std::string bytes;          ///< the whole file
-  uint32_t version = 0;       ///< the version in its header
-  size_t meta_size = 0;       ///< M
-  size_t payload_size = 0;    ///< T
+  std::string bytes;        ///< the whole file
+  uint32_t version = 0;     ///< the version in its header
+  size_t meta_size = 0;     ///< M
+  size_t payload_size = 0;  ///< T
   /// The metadata text (a view into `bytes`).
   std::string_view meta() const;
   /// The first byte of the payload (inside `bytes`).

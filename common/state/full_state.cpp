@@ -1,7 +1,7 @@
 #include "common/state/full_state.hpp"
 
-#include "common/state/checkpoint_file.hpp"
 #include "common/base/errors.hpp"
+#include "common/state/checkpoint_file.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -70,7 +70,10 @@ ParamState broadcast_param_state(ProcessGroup& pg, int owner, const ParamState& 
 std::vector<ParamState> map_states(const std::vector<ParamState>& in, size_t n_out, const TensorsMap& f) {
   const ParamState first = in.empty() ? ParamState{} : in[0];
   std::vector<ParamState> out(n_out);
-  for (auto& st : out) st.present = first.present, st.step = first.step;
+  for (auto& st : out) {
+    st.present = first.present;
+    st.step = first.step;
+  }
   if (!first.present) return out;
   for (const auto& [name, t0] : first.tensors) {
     std::vector<torch::Tensor> v;
@@ -87,9 +90,8 @@ std::vector<ParamState> gather_chunk_state(ProcessGroup& pg, const optim::Optimi
                                            const FlatLayout& L, const std::vector<torch::Tensor>& params) {
   // Every rank's chunk has a state after the first step (a chunk is never empty: padded >= world), so
   // every rank holds the same names and step, and each state tensor can be all-gathered.
-  return map_states({get_param_state(opt, chunk)}, params.size(), [&](const std::vector<torch::Tensor>& mine) {
-    return gather_flat_chunks(pg, mine[0], L, params);
-  });
+  return map_states({get_param_state(opt, chunk)}, params.size(),
+                    [&](const std::vector<torch::Tensor>& mine) { return gather_flat_chunks(pg, mine[0], L, params); });
 }
 
 void set_chunk_state(optim::Optimizer& opt, const torch::Tensor& chunk, const FlatLayout& L, int rank,
@@ -140,7 +142,8 @@ std::vector<torch::Tensor> ShardedParams::gather(ProcessGroup& pg, const std::ve
 std::vector<torch::Tensor> ShardedParams::cut(const std::vector<torch::Tensor>& full, int rank) const {
   torch::NoGradGuard no_grad;
   if (full.size() != named.size())
-    throw std::invalid_argument(fmt::format("ShardedParams::cut: {} tensors for {} parameters", full.size(), named.size()));
+    throw std::invalid_argument(
+        fmt::format("ShardedParams::cut: {} tensors for {} parameters", full.size(), named.size()));
   std::unordered_map<const void*, torch::Tensor> by_param;
   for (size_t i = 0; i < named.size(); ++i) by_param[named[i].second.unsafeGetTensorImpl()] = full[i];
   std::vector<torch::Tensor> out;
@@ -173,10 +176,12 @@ void ShardedParams::load_full_state(const FullState& s, int rank, optim::Optimiz
   for (const auto& [name, p] : s.params) values.push_back(p);
   const auto held = pieces();
   const auto mine = cut(values, rank);
-  const auto states = map_states(s.optimizer, held.size(), [&](const std::vector<torch::Tensor>& v) { return cut(v, rank); });
+  const auto states =
+      map_states(s.optimizer, held.size(), [&](const std::vector<torch::Tensor>& v) { return cut(v, rank); });
   {
     torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < held.size(); ++i) held[i].copy_(mine[i]);  // a chunk (FSDP: gathered before each use) or a replicated tensor
+    for (size_t i = 0; i < held.size(); ++i)
+      held[i].copy_(mine[i]);  // a chunk (FSDP: gathered before each use) or a replicated tensor
   }
   set_local_states(opt, held, states);
 }
@@ -202,7 +207,8 @@ void save_state_file(const std::string& path, ProcessGroup& pg, const nlohmann::
         archive.write(fmt::format("s{}.{}", i, key), t.detach().cpu());
         tensors.push_back(key);
       }
-      params.push_back({{"name", name}, {"shape", p.sizes().vec()},
+      params.push_back({{"name", name},
+                        {"shape", p.sizes().vec()},
                         {"state", {{"present", st.present}, {"step", st.step}, {"tensors", tensors}}}});
     }
     // Its size reserved up front: grown by doubling, the string holds up to twice the state while it is
@@ -242,7 +248,8 @@ StateFile load_state_file(const std::string& path, const std::vector<std::pair<s
     if (check_meta) check_meta(out.meta);  // what the run was (its configuration) before its shapes
     const auto& params = m.at("params");
     if (params.size() != like.size())
-      throw UsageError(fmt::format("checkpoint {} holds {} parameters, the model has {}", path, params.size(), like.size()));
+      throw UsageError(
+          fmt::format("checkpoint {} holds {} parameters, the model has {}", path, params.size(), like.size()));
     torch::serialize::InputArchive archive;
     archive.load_from(file.payload(), file.payload_size);
     for (size_t i = 0; i < like.size(); ++i) {
@@ -251,9 +258,10 @@ StateFile load_state_file(const std::string& path, const std::vector<std::pair<s
       const auto saved_name = entry.at("name").get<std::string>();
       const auto shape = entry.at("shape").get<std::vector<int64_t>>();
       if (saved_name != name || shape != model_p.sizes().vec())
-        throw UsageError(fmt::format("checkpoint {}: parameter {} is {} [{}], the model's is {} [{}]: it was written "
-                                     "for another model", path, i, saved_name, fmt::join(shape, "x"), name,
-                                     fmt::join(model_p.sizes(), "x")));
+        throw UsageError(
+            fmt::format("checkpoint {}: parameter {} is {} [{}], the model's is {} [{}]: it was written "
+                        "for another model",
+                        path, i, saved_name, fmt::join(shape, "x"), name, fmt::join(model_p.sizes(), "x")));
       torch::Tensor p;
       archive.read(fmt::format("p{}", i), p);
       ParamState st;
@@ -268,14 +276,16 @@ StateFile load_state_file(const std::string& path, const std::vector<std::pair<s
         st.tensors[key.get<std::string>()] = t.clone();  // a copy of its own: the archive's buffer goes away
       }
       if (!p.sizes().equals(model_p.sizes()))
-        throw UsageError(fmt::format("checkpoint {} is damaged: tensor p{} has shape [{}]", path, i, fmt::join(p.sizes(), "x")));
+        throw UsageError(
+            fmt::format("checkpoint {} is damaged: tensor p{} has shape [{}]", path, i, fmt::join(p.sizes(), "x")));
       out.state.params.emplace_back(name, p.clone());
       out.state.optimizer.push_back(std::move(st));
     }
   } catch (const nlohmann::json::exception& e) {
     throw UsageError(fmt::format("checkpoint {} is damaged: {}", path, e.what()));
   } catch (const c10::Error& e) {
-    throw UsageError(fmt::format("checkpoint {} is damaged: unreadable tensors ({})", path, e.what_without_backtrace()));
+    throw UsageError(
+        fmt::format("checkpoint {} is damaged: unreadable tensors ({})", path, e.what_without_backtrace()));
   }
   return out;
 }

@@ -5,9 +5,9 @@
 // this world's pieces out on load.
 #pragma once
 
+#include "common/comm/shard_comm.hpp"
 #include "common/dist/dist.hpp"
 #include "common/state/optim_state.hpp"
-#include "common/comm/shard_comm.hpp"
 
 #include <nlohmann/json.hpp>
 #include "common/base/libtorch.hpp"
@@ -119,7 +119,7 @@ void save_state_file(const std::string& path, ProcessGroup& pg, const nlohmann::
 struct StateFile {
   nlohmann::json meta;  ///< the caller's, as saved
   FullState state;
-  size_t bytes = 0;     ///< the file's size
+  size_t bytes = 0;  ///< the file's size
 };
 
 /// Reads `path` and checks it: the container (magic, version, length, checksum: else "damaged"), then

@@ -76,14 +76,23 @@ void set_param_state(optim::Optimizer& opt, const std::string& kind, const torch
 
 nlohmann::json options_json(const optim::OptimizerOptions& o) {
   if (auto* a = dynamic_cast<const optim::AdamWOptions*>(&o))
-    return {{"lr", a->lr()}, {"betas", {std::get<0>(a->betas()), std::get<1>(a->betas())}}, {"eps", a->eps()},
-            {"weight_decay", a->weight_decay()}, {"amsgrad", a->amsgrad()}};
+    return {{"lr", a->lr()},
+            {"betas", {std::get<0>(a->betas()), std::get<1>(a->betas())}},
+            {"eps", a->eps()},
+            {"weight_decay", a->weight_decay()},
+            {"amsgrad", a->amsgrad()}};
   if (auto* b = dynamic_cast<const optim::AdamOptions*>(&o))
-    return {{"lr", b->lr()}, {"betas", {std::get<0>(b->betas()), std::get<1>(b->betas())}}, {"eps", b->eps()},
-            {"weight_decay", b->weight_decay()}, {"amsgrad", b->amsgrad()}};
+    return {{"lr", b->lr()},
+            {"betas", {std::get<0>(b->betas()), std::get<1>(b->betas())}},
+            {"eps", b->eps()},
+            {"weight_decay", b->weight_decay()},
+            {"amsgrad", b->amsgrad()}};
   if (auto* c = dynamic_cast<const optim::SGDOptions*>(&o))
-    return {{"lr", c->lr()}, {"momentum", c->momentum()}, {"dampening", c->dampening()},
-            {"weight_decay", c->weight_decay()}, {"nesterov", c->nesterov()}};
+    return {{"lr", c->lr()},
+            {"momentum", c->momentum()},
+            {"dampening", c->dampening()},
+            {"weight_decay", c->weight_decay()},
+            {"nesterov", c->nesterov()}};
   return {{"lr", o.get_lr()}};
 }
 

@@ -18,8 +18,8 @@ std::string optimizer_kind(const torch::optim::Optimizer& opt);
 
 /// One parameter's optimizer state.
 struct ParamState {
-  bool present = false;  ///< false: no state yet (before the first step; SGD without momentum)
-  int64_t step = 0;      ///< Adam's and AdamW's step count (0 for SGD)
+  bool present = false;                          ///< false: no state yet (before the first step; SGD without momentum)
+  int64_t step = 0;                              ///< Adam's and AdamW's step count (0 for SGD)
   std::map<std::string, torch::Tensor> tensors;  ///< by name: exp_avg, exp_avg_sq, max_exp_avg_sq, momentum_buffer
 };
 

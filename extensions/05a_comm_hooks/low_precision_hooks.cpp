@@ -22,8 +22,8 @@ CommHook low_precision_hook(torch::ScalarType dtype) {
     w.wire_bytes = low.numel() * static_cast<int64_t>(low.element_size());
     const int world = pg.world_size();
     w.then = [bucket, low, world]() mutable {
-      bucket.copy_(low);     // the 16-bit sum, widened exactly into the fp32 bucket
-      bucket.div_(world);    // divided in fp32: exact for world = 2, 4, 8, ...
+      bucket.copy_(low);   // the 16-bit sum, widened exactly into the fp32 bucket
+      bucket.div_(world);  // divided in fp32: exact for world = 2, 4, 8, ...
     };
     return w;
   };
@@ -50,12 +50,12 @@ CommHook make_comm_hook(const std::string& name, ProcessGroup& pg) {
   if (name == "fp16" || name == "bf16") {
     const auto dtype = name == "fp16" ? torch::kHalf : torch::kBFloat16;
     if (!backend_sums(pg, dtype))
-      throw UsageError(fmt::format(
-          "communication hook '{}': the {} backend of this LibTorch ({}) cannot all-reduce {} tensors{}; "
-          "use --comm-hook allreduce{}",
-          name, pg.backend(), TORCH_VERSION, name,
-          name == "bf16" ? " (Gloo has bf16 collectives from LibTorch 2.x on, NCCL always)" : "",
-          name == "bf16" ? " or fp16" : ""));
+      throw UsageError(
+          fmt::format("communication hook '{}': the {} backend of this LibTorch ({}) cannot all-reduce {} tensors{}; "
+                      "use --comm-hook allreduce{}",
+                      name, pg.backend(), TORCH_VERSION, name,
+                      name == "bf16" ? " (Gloo has bf16 collectives from LibTorch 2.x on, NCCL always)" : "",
+                      name == "bf16" ? " or fp16" : ""));
     return low_precision_hook(dtype);
   }
   throw UsageError(fmt::format("unknown communication hook '{}': use allreduce, fp16 or bf16", name));

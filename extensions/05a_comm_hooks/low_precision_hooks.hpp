@@ -4,8 +4,8 @@
 // significant bits. PyTorch's fp16_compress_hook and bf16_compress_hook.
 #pragma once
 
-#include "common/dist/dist.hpp"
 #include "common/comm/comm_hook.hpp"
+#include "common/dist/dist.hpp"
 
 #include "common/base/libtorch.hpp"
 

@@ -11,11 +11,11 @@
 namespace dp {
 
 std::vector<std::vector<size_t>> assign_buckets_in_order(const std::vector<size_t>& order,
-                                                         const std::vector<int64_t>& param_bytes,
-                                                         double bucket_cap_mb, int64_t first_bucket_cap_bytes) {
+                                                         const std::vector<int64_t>& param_bytes, double bucket_cap_mb,
+                                                         int64_t first_bucket_cap_bytes) {
   if (!std::isfinite(bucket_cap_mb) || bucket_cap_mb <= 0)
-    throw UsageError(fmt::format("bucket size must be a positive number of MB (1 MB = 10^6 bytes), got {}",
-                                 bucket_cap_mb));
+    throw UsageError(
+        fmt::format("bucket size must be a positive number of MB (1 MB = 10^6 bytes), got {}", bucket_cap_mb));
   const double cap_bytes = bucket_cap_mb * 1e6;
   std::vector<char> seen(param_bytes.size(), 0);
   // [assign_in_order]
@@ -23,7 +23,8 @@ std::vector<std::vector<size_t>> assign_buckets_in_order(const std::vector<size_
   std::vector<size_t> current;
   double current_bytes = 0;
   for (size_t k : order) {
-    if (k >= param_bytes.size() || seen[k]) throw std::invalid_argument("assign_buckets_in_order: bad or repeated index");
+    if (k >= param_bytes.size() || seen[k])
+      throw std::invalid_argument("assign_buckets_in_order: bad or repeated index");
     seen[k] = 1;
     // A small first bucket: it is full, and on the wire, after the first few gradients of backward.
     const double cap = buckets.empty() ? std::min(cap_bytes, static_cast<double>(first_bucket_cap_bytes)) : cap_bytes;

@@ -26,8 +26,7 @@ constexpr int64_t kFirstBucketCapBytes = int64_t{1} << 20;
 /// Throws dp::UsageError for a bad cap (as assign_buckets()), std::invalid_argument when an index is out
 /// of range or listed twice.
 std::vector<std::vector<size_t>> assign_buckets_in_order(const std::vector<size_t>& order,
-                                                         const std::vector<int64_t>& param_bytes,
-                                                         double bucket_cap_mb,
+                                                         const std::vector<int64_t>& param_bytes, double bucket_cap_mb,
                                                          int64_t first_bucket_cap_bytes = kFirstBucketCapBytes);
 
 /// BucketedDdp whose buckets, after the first synchronized step, are rebuilt once in the order the

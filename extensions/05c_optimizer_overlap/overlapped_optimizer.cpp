@@ -1,12 +1,12 @@
 #include "extensions/05c_optimizer_overlap/overlapped_optimizer.hpp"
 
-#include "common/model/data.hpp"
-#include "common/state/full_state.hpp"
-#include "common/measure/memory.hpp"
-#include "common/model/params.hpp"
-#include "common/dist/runtime.hpp"
 #include "common/base/trace.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/measure/memory.hpp"
+#include "common/model/data.hpp"
+#include "common/model/params.hpp"
 #include "common/model/transformer.hpp"
+#include "common/state/full_state.hpp"
 
 #include <fmt/format.h>
 
@@ -86,7 +86,8 @@ std::vector<torch::optim::Optimizer*> OverlappedOptimizerDdp::optimizers() {
   for (size_t i = 0; i < params.size(); ++i)
     if (overlapped_->optimizers()[i]) by_param[params[i].unsafeGetTensorImpl()] = overlapped_->optimizers()[i].get();
   std::vector<torch::optim::Optimizer*> out;
-  for (const auto& p : unique_parameters(*ddp_->module, /*trainable_only=*/true)) out.push_back(by_param.at(p.unsafeGetTensorImpl()));
+  for (const auto& p : unique_parameters(*ddp_->module, /*trainable_only=*/true))
+    out.push_back(by_param.at(p.unsafeGetTensorImpl()));
   return out;
 }
 
@@ -111,32 +112,44 @@ void OverlappedOptimizerDdp::load_full_state(const FullState& s) {
 void check_overlapped_optimizer(ProcessGroup& pg, const MakeBucketedDdp& make_ddp) {
   // [check overlap]
   TransformerConfig c;
-  c.vocab_size = 64, c.context_length = 8, c.d_model = 16, c.d_ff = 32, c.num_layers = 2, c.num_heads = 2;
+  c.vocab_size = 64;
+  c.context_length = 8;
+  c.d_model = 16;
+  c.d_ff = 32;
+  c.num_layers = 2;
+  c.num_heads = 2;
   const auto adamw = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
   torch::manual_seed(3);
   TransformerLM a(c), b(c);
-  a->to(pg.device()), b->to(pg.device());  // NCCL sends CUDA tensors only; Gloo ranks may compute on a GPU too
+  // NCCL sends CUDA tensors only; Gloo ranks may compute on a GPU too
+  a->to(pg.device());
+  b->to(pg.device());
   copy_parameters(*b, *a);
   auto after = make_ddp(pg, a.ptr()), inside = make_ddp(pg, b.ptr());
   torch::optim::AdamW opt(unique_parameters(*a), adamw);
-  OverlappedOptimizer overlapped(*inside, [&](std::vector<torch::Tensor> p) {
-    return std::make_unique<torch::optim::AdamW>(p, adamw);
-  });
+  OverlappedOptimizer overlapped(
+      *inside, [&](std::vector<torch::Tensor> p) { return std::make_unique<torch::optim::AdamW>(p, adamw); });
   for (int64_t step = 0; step < 3; ++step) {
     auto [gx, gy] = token_batch(2 * pg.world_size(), c.context_length, c.vocab_size, 99, step);
     auto x = shard_rows(gx, pg.rank(), pg.world_size()).to(pg.device());
     auto y = shard_rows(gy, pg.rank(), pg.world_size()).to(pg.device());
-    opt.zero_grad(), overlapped.zero_grad();
-    lm_loss(a->forward(x), y).backward(), lm_loss(b->forward(x), y).backward();
-    after->finish_gradient_synchronization(), inside->finish_gradient_synchronization();
+    opt.zero_grad();
+    overlapped.zero_grad();
+    lm_loss(a->forward(x), y).backward();
+    lm_loss(b->forward(x), y).backward();
+    after->finish_gradient_synchronization();
+    inside->finish_gradient_synchronization();
     opt.step();  // `inside` has stepped already, bucket by bucket
   }
   const auto pa = unique_parameters(*a), pb = unique_parameters(*b);
   for (size_t i = 0; i < pa.size(); ++i)
-    if (!torch::equal(pa[i], pb[i])) throw CheckFailed("optimizer overlapped: parameters differ from one AdamW step after finish");
+    if (!torch::equal(pa[i], pb[i]))
+      throw CheckFailed("optimizer overlapped: parameters differ from one AdamW step after finish");
   // [check overlap]
-  print0("PASS optimizer overlapped with communication ({} buckets): bit-identical to one AdamW step after finish, "
-         "3 steps", inside->bucket_count());
+  print0(
+      "PASS optimizer overlapped with communication ({} buckets): bit-identical to one AdamW step after finish, "
+      "3 steps",
+      inside->bucket_count());
 }
 
 }  // namespace dp

@@ -5,8 +5,8 @@
 // communication. Built on stage 05's seam BucketedDdp::on_bucket_averaged().
 #pragma once
 
-#include "common/dist/dist.hpp"
 #include "common/contract/strategy.hpp"
+#include "common/dist/dist.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 
 #include "common/base/libtorch.hpp"
@@ -65,6 +65,7 @@ class OverlappedOptimizerDdp : public Strategy {
   /// Parameters and gradients of the model, the state of every per-parameter optimizer.
   TrainingBytes bytes() const override;
   double sent_bytes_per_step() const override;
+  double buffer_bytes() const override { return static_cast<double>(ddp_->buffer_bytes()); }  // the buckets
   std::string describe() const override;
   std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override {
     return whole_parameters(*ddp_->module);

@@ -19,13 +19,13 @@
 // sequence and collectives per sequence (K times fewer with K micro-batches).
 //
 // What it leaves: measurements only; each feature's idea is in its own folder (05a-05c) and page section.
-#include "common/measure/cli.hpp"
-#include "common/model/data.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/dist/runtime.hpp"
 #include "common/harness/ddp_bench.hpp"
 #include "common/harness/ddp_check.hpp"
-#include "common/dist/launch_env.hpp"
+#include "common/measure/cli.hpp"
+#include "common/model/data.hpp"
 #include "common/model/params.hpp"
-#include "common/dist/runtime.hpp"
 #include "common/model/transformer.hpp"
 #include "extensions/05a_comm_hooks/low_precision_hooks.hpp"
 #include "extensions/05b_arrival_order/arrival_order_ddp.hpp"
@@ -64,8 +64,9 @@ static std::vector<Variant> feature_variants(const std::vector<double>& caps, co
       for (const auto& order : orders)
         for (bool overlapped : in_sync) {
           const bool arrival = order == "arrival";
-          const auto name = fmt::format("bucketed {:g} MB{}{}{} (stage 05)", cap, hook == "allreduce" ? "" : ", " + hook + " hook",
-                                        arrival ? ", arrival order" : "", overlapped ? ", optimizer overlapped" : "");
+          const auto name =
+              fmt::format("bucketed {:g} MB{}{}{} (stage 05)", cap, hook == "allreduce" ? "" : ", " + hook + " hook",
+                          arrival ? ", arrival order" : "", overlapped ? ", optimizer overlapped" : "");
           auto ddp = [=](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod) {
             auto d = make_ddp(g, std::move(mod), cap, arrival);
             d->register_comm_hook(make_comm_hook(hook, g));
@@ -74,8 +75,8 @@ static std::vector<Variant> feature_variants(const std::vector<double>& caps, co
           if (overlapped)  // the benchmark's AdamW, one per parameter, stepped bucket by bucket
             out.emplace_back(name, MakeStrategy([=](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod,
                                                     const MakeOptimizer& opt) -> std::unique_ptr<Strategy> {
-              return std::make_unique<OverlappedOptimizerDdp>(ddp(g, std::move(mod)), opt);
-            }));
+                               return std::make_unique<OverlappedOptimizerDdp>(ddp(g, std::move(mod)), opt);
+                             }));
           else
             out.emplace_back(name, MakeGradSync([=](ProcessGroup& g, std::shared_ptr<torch::nn::Module> mod)
                                                     -> std::unique_ptr<GradSync> { return ddp(g, std::move(mod)); }));
@@ -133,14 +134,20 @@ static nlohmann::json bench_accumulation(ProcessGroup& pg, const BenchConfig& cf
       if (i >= cfg.warmup) r.step_s.push_back(t.seconds());
     }
   nlohmann::json out = nlohmann::json::array();
-  print0("\ngradient accumulation ({} MB buckets, {} hook), {} sequences per micro-batch:", cap, hook, cfg.global_batch);
+  print0("\ngradient accumulation ({} MB buckets, {} hook), {} sequences per micro-batch:", cap, hook,
+         cfg.global_batch);
   for (auto& r : runs) {
     const Stats s = summarize(max_over_ranks(pg, r.step_s));
     const double seqs = static_cast<double>(r.k * cfg.global_batch);
-    print0("  K = {}: step {:.3f} s [{:.3f}-{:.3f}], {:.2f} ms per sequence, {} collectives per step = {:.3f} per sequence",
-           r.k, s.median, s.min, s.max, 1e3 * s.median / seqs, r.ddp->calls_per_step(), r.ddp->calls_per_step() / seqs);
-    out.push_back({{"accumulate", r.k}, {"step_s", s.median}, {"per_sequence_s", s.median / seqs},
-                   {"collectives_per_step", r.ddp->calls_per_step()}, {"step_samples_s", max_over_ranks(pg, r.step_s)}});
+    print0(
+        "  K = {}: step {:.3f} s [{:.3f}-{:.3f}], {:.2f} ms per sequence, {} collectives per step = {:.3f} per "
+        "sequence",
+        r.k, s.median, s.min, s.max, 1e3 * s.median / seqs, r.ddp->calls_per_step(), r.ddp->calls_per_step() / seqs);
+    out.push_back({{"accumulate", r.k},
+                   {"step_s", s.median},
+                   {"per_sequence_s", s.median / seqs},
+                   {"collectives_per_step", r.ddp->calls_per_step()},
+                   {"step_samples_s", max_over_ranks(pg, r.step_s)}});
   }
   return out;
 }
@@ -164,21 +171,32 @@ int main(int argc, char** argv) {
   std::vector<std::string> orders{"reverse"};
   std::string overlap_opt = "false";
   cli.app().add_flag("--bench", bench, "After the checks, benchmark the Transformer");
-  cli.app().add_option("--caps", caps, "Bucket caps to benchmark, in MB (10^6 bytes)")
-      ->delimiter(',')->check(PositiveFinite);
-  cli.app().add_option("--comm-hook", hooks,
-                       "How a bucket is reduced (05a): allreduce (fp32), fp16 (half the bytes), bf16 (where the "
-                       "backend sums bf16: not Gloo in LibTorch 1.13); a list benchmarks each")->delimiter(',')->check(HookName);
-  cli.app().add_option("--bucket-order", orders,
-                       "reverse (stage 05: reverse registration order, fixed) or arrival (05b: rebuilt after the "
-                       "first step in the order gradients arrive, first bucket 1 MiB at most); a list benchmarks each")
-      ->delimiter(',')->check(CLI::IsMember({"reverse", "arrival"}));
-  cli.app().add_option("--overlap-optimizer", overlap_opt,
-                       "Step AdamW bucket by bucket while later buckets are on the wire (05c): false, true or both "
-                       "(a row of each)")->check(CLI::IsMember({"false", "true", "both"}));
-  cli.app().add_option("--accumulate", accumulate,
-                       "Micro-batches per optimizer step (K): with --bench, also time K micro-batches of --batch "
-                       "under no_sync() against K = 1 (first cap, hook and order)")->check(PositiveInt);
+  cli.app()
+      .add_option("--caps", caps, "Bucket caps to benchmark, in MB (10^6 bytes)")
+      ->delimiter(',')
+      ->check(PositiveFinite);
+  cli.app()
+      .add_option("--comm-hook", hooks,
+                  "How a bucket is reduced (05a): allreduce (fp32), fp16 (half the bytes), bf16 (where the "
+                  "backend sums bf16: not Gloo in LibTorch 1.13); a list benchmarks each")
+      ->delimiter(',')
+      ->check(HookName);
+  cli.app()
+      .add_option("--bucket-order", orders,
+                  "reverse (stage 05: reverse registration order, fixed) or arrival (05b: rebuilt after the "
+                  "first step in the order gradients arrive, first bucket 1 MiB at most); a list benchmarks each")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"reverse", "arrival"}));
+  cli.app()
+      .add_option("--overlap-optimizer", overlap_opt,
+                  "Step AdamW bucket by bucket while later buckets are on the wire (05c): false, true or both "
+                  "(a row of each)")
+      ->check(CLI::IsMember({"false", "true", "both"}));
+  cli.app()
+      .add_option("--accumulate", accumulate,
+                  "Micro-batches per optimizer step (K): with --bench, also time K micro-batches of --batch "
+                  "under no_sync() against K = 1 (first cap, hook and order)")
+      ->check(PositiveInt);
   add_bench_options(cli.app(), cfg);
   bench_only(cli.app(), {"--caps", "--comm-hook", "--overlap-optimizer", "--accumulate"});  // the checks use no hook
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
@@ -187,7 +205,7 @@ int main(int argc, char** argv) {
     configure_cpu_threads();
     check_blas();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
-    check_cs336_world_size(world);  // bad input: exit 2 before any rendezvous
+    check_cs336_world_size(world);                               // bad input: exit 2 before any rendezvous
     if (bench) validate_bench_config(cfg, world);
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
     for (const auto& h : hooks) make_comm_hook(h, pg);  // bf16 without bf16 sums: exit 2 now, not after the checks
@@ -211,7 +229,8 @@ int main(int argc, char** argv) {
       results.meta["bucket_order"] = fmt::format("{}", fmt::join(orders, ","));
       results.meta["overlap_optimizer"] = overlap_opt;
       if (accumulate > 1)
-        results.meta["accumulation"] = bench_accumulation(pg, cfg, accumulate, caps.front(), hooks.front(), arrival_first);
+        results.meta["accumulation"] =
+            bench_accumulation(pg, cfg, accumulate, caps.front(), hooks.front(), arrival_first);
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     }
     pg.barrier();

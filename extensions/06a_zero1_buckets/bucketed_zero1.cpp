@@ -3,16 +3,15 @@
 #include "extensions/06a_zero1_buckets/bucketed_zero1.hpp"
 
 #include "common/base/format.hpp"
-#include "common/state/full_state.hpp"
-#include "common/model/params.hpp"
-#include "common/model/units.hpp"
+#include "common/base/trace.hpp"
+#include "common/dist/runtime.hpp"
 #include "common/measure/memory.hpp"
 #include "common/model/models.hpp"
+#include "common/model/params.hpp"
+#include "common/model/units.hpp"
+#include "common/state/full_state.hpp"
 #include "common/state/optim_state.hpp"
-#include "common/dist/runtime.hpp"
-#include "common/base/trace.hpp"
-#include "stages/05_bucketed/buckets.hpp"  // assign_buckets
-#include "stages/06_sharded_opt/strategies.hpp"      // local_factory
+#include "stages/05_bucketed/buckets.hpp"             // assign_buckets
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"  // flattenable_parameters
 
 #include <fmt/format.h>
@@ -25,7 +24,7 @@ namespace dp {
 
 // [buckets]
 BucketedZero1::BucketedZero1(ProcessGroup& pg, const std::vector<torch::Tensor>& params,
-                             const MakeLocalOptimizer& make_local, double bucket_cap_mb)
+                             const MakeOptimizer& make_local, double bucket_cap_mb)
     : pg_(&pg), cap_mb_(bucket_cap_mb) {
   const auto distinct = flattenable_parameters(params, pg.device(), "BucketedZero1");  // Zero1Optimizer's rule
   // Stage 05's rule: last registered first, a new bucket once the cap would be passed.
@@ -40,7 +39,8 @@ BucketedZero1::BucketedZero1(ProcessGroup& pg, const std::vector<torch::Tensor>&
     int64_t total = 0;
     for (size_t j : group) {
       b.params.push_back(params_.size());
-      bucket_of_.push_back(buckets_.size()), offset_of_.push_back(static_cast<size_t>(total));
+      bucket_of_.push_back(buckets_.size());
+      offset_of_.push_back(static_cast<size_t>(total));
       params_.push_back(distinct[j]);
       total += distinct[j].numel();
     }
@@ -62,7 +62,7 @@ BucketedZero1::BucketedZero1(ProcessGroup& pg, const std::vector<torch::Tensor>&
   for (auto& b : buckets_) {  // each bucket's chunk is one optimizer's one parameter
     b.shard = b.flat_params.narrow(0, b.layout.offset(r), b.layout.chunk).detach().requires_grad_(true);
     b.shard.mutable_grad() = torch::zeros({b.layout.chunk}, fp32);
-    b.local = make_local({torch::optim::OptimizerParamGroup({b.shard})});
+    b.local = make_local({b.shard});
     if (!b.local) throw UsageError("BucketedZero1: make_local returned no optimizer");
   }
   kind_ = buckets_.empty() ? "custom" : optimizer_kind(*buckets_.front().local);
@@ -76,8 +76,14 @@ BucketedZero1::~BucketedZero1() {
   hooks_.reset();
   // Nothing may still write into buffers about to be freed: drain what is in flight, errors included.
   for (auto& b : buckets_) {
-    try { b.reduce.wait(); } catch (const std::exception&) {}
-    try { if (b.gather.valid()) b.gather.wait(); } catch (const std::exception&) {}  // gathers_due_: none launched
+    try {
+      b.reduce.wait();
+    } catch (const std::exception&) {
+    }
+    try {
+      if (b.gather.valid()) b.gather.wait();
+    } catch (const std::exception&) {
+    }  // gathers_due_: none launched
   }
 }
 
@@ -94,8 +100,10 @@ void BucketedZero1::adopt_gradient(size_t i) {
   const auto& g = p.grad();
   if (g.defined() && g.data_ptr() == view.data_ptr()) return;
   torch::NoGradGuard no_grad;
-  if (g.defined()) view.copy_(g);
-  else view.zero_();
+  if (g.defined())
+    view.copy_(g);
+  else
+    view.zero_();
   p.mutable_grad() = view;
 }
 
@@ -103,15 +111,17 @@ void BucketedZero1::adopt_gradient(size_t i) {
 void BucketedZero1::before_accumulate(size_t i) {
   const Bucket& b = buckets_[bucket_of_[i]];
   if (gathers_due_ || b.gather.valid())  // the forward that made this gradient ran on stale weights
-    throw std::logic_error("BucketedZero1: backward reached a parameter whose all-gather from step(false) was "
-                           "never waited for; run forward through runner() or call wait_parameters() first");
+    throw std::logic_error(
+        "BucketedZero1: backward reached a parameter whose all-gather from step(false) was "
+        "never waited for; run forward through runner() or call wait_parameters() first");
   if (ready_[i])
-    throw std::logic_error("BucketedZero1: a second backward before step(): its reduce-scatter may be on the "
-                           "wire; accumulate micro-batches with Zero1Optimizer, or call step() after each backward");
+    throw std::logic_error(
+        "BucketedZero1: a second backward before step(): its reduce-scatter may be on the "
+        "wire; accumulate micro-batches with Zero1Optimizer, or call step() after each backward");
 }
 
 void BucketedZero1::after_accumulate(size_t i) {
-  adopt_gradient(i);  // .grad() now holds this backward's gradient (plus what accumulated), in the bucket
+  adopt_gradient(i);   // .grad() now holds this backward's gradient (plus what accumulated), in the bucket
   if (!sync_) return;  // accumulating locally: nothing is ready to leave
   ready_[i] = 1;
   ++buckets_[bucket_of_[i]].ready;
@@ -135,7 +145,11 @@ void BucketedZero1::launch_complete_buckets(bool during_backward) {
 
 void BucketedZero1::finish_reduces() {
   for (size_t i = 0; i < params_.size(); ++i)  // unused this step: a zero (or replaced) gradient
-    if (!ready_[i]) adopt_gradient(i), ready_[i] = 1, ++buckets_[bucket_of_[i]].ready;
+    if (!ready_[i]) {
+      adopt_gradient(i);
+      ready_[i] = 1;
+      ++buckets_[bucket_of_[i]].ready;
+    }
   launch_complete_buckets(/*during_backward=*/false);
 }
 
@@ -163,8 +177,8 @@ void BucketedZero1::step(bool wait_for_parameters) {
 
 void BucketedZero1::launch_gather(size_t k) {
   Bucket& b = buckets_[k];
-  b.gather = all_gather_flat_async(*pg_, b.shard, b.flat_params, fmt::format("params {}", k),
-                                   AllGatherAlgo::automatic, b.scratch);
+  b.gather = all_gather_flat_async(*pg_, b.shard, b.flat_params, fmt::format("params {}", k), AllGatherAlgo::automatic,
+                                   b.scratch);
 }
 
 void BucketedZero1::launch_due_gathers() {
@@ -209,7 +223,10 @@ UnitRunner BucketedZero1::runner(const ModuleUnits& units) {
 void BucketedZero1::zero_grad() {
   for (auto& b : buckets_) b.reduce.wait();  // a backward without a step: drop its sums, keep ranks in step
   std::fill(ready_.begin(), ready_.end(), 0);
-  for (auto& b : buckets_) b.ready = 0, b.flat_grads.zero_();
+  for (auto& b : buckets_) {
+    b.ready = 0;
+    b.flat_grads.zero_();
+  }
   next_to_launch_ = 0;
   launched_in_backward_ = 0;
   for (size_t i = 0; i < params_.size(); ++i) adopt_gradient(i);
@@ -223,7 +240,7 @@ int64_t BucketedZero1::state_bytes() const {
 
 TrainingBytes BucketedZero1::training_bytes(const torch::nn::Module& model) const {
   TrainingBytes b = count_training_bytes(model, *buckets_.at(0).local);  // parameters and gradients
-  b.state = state_bytes();                                                // every bucket's optimizer
+  b.state = state_bytes();                                               // every bucket's optimizer
   return b;
 }
 
@@ -235,11 +252,15 @@ int64_t BucketedZero1::buffer_bytes() const {
 
 std::string BucketedZero1::describe() const {
   int64_t numel = 0, padded = 0;
-  for (const auto& b : buckets_) numel += b.layout.numel, padded += b.layout.padded;
-  return fmt::format("bucketed ZeRO-1 {} over {}: {} tensors, {} elements in {} buckets of <= {:g} MB "
-                     "(padded to {}); gradients by {} from backward's hooks, parameters by {}",
-                     kind_, count_of(pg_->world_size(), "rank"), params_.size(), with_commas(numel), buckets_.size(),
-                     cap_mb_, with_commas(padded), reduce_scatter_name(*pg_), all_gather_name(*pg_));
+  for (const auto& b : buckets_) {
+    numel += b.layout.numel;
+    padded += b.layout.padded;
+  }
+  return fmt::format(
+      "bucketed ZeRO-1 {} over {}: {} tensors, {} elements in {} buckets of <= {:g} MB "
+      "(padded to {}); gradients by {} from backward's hooks, parameters by {}",
+      kind_, count_of(pg_->world_size(), "rank"), params_.size(), with_commas(numel), buckets_.size(), cap_mb_,
+      with_commas(padded), reduce_scatter_name(*pg_), all_gather_name(*pg_));
 }
 
 namespace {
@@ -253,7 +274,7 @@ class BucketedZero1Strategy : public Strategy {
     if (overlap_ && !units)
       throw std::invalid_argument("bucketed_zero1_strategy: overlapping the all-gathers needs a model with units");
     broadcast_parameters(pg, *model_);
-    opt_ = std::make_unique<BucketedZero1>(pg, unique_parameters(*model_), local_factory(make), cap);
+    opt_ = std::make_unique<BucketedZero1>(pg, unique_parameters(*model_), make, cap);
     if (overlap_) runner_ = opt_->runner(units->units());
     // parameters() is bucket by bucket, each bucket's buffer holding layout(b).numel of them back to back.
     size_t i = 0;
@@ -274,7 +295,10 @@ class BucketedZero1Strategy : public Strategy {
     return pg_.world_size() > 1 ? 2 * static_cast<int64_t>(opt_->num_buckets()) : 0;
   }
   TrainingBytes bytes() const override { return opt_->training_bytes(*model_); }
-  double sent_bytes_per_step() const override { return zero1_bytes_per_step(count_elements(unique_parameters(*model_, true)), pg_.world_size()); }
+  double buffer_bytes() const override { return static_cast<double>(opt_->buffer_bytes()); }
+  double sent_bytes_per_step() const override {
+    return zero1_bytes_per_step(count_elements(unique_parameters(*model_, true)), pg_.world_size());
+  }
   std::string describe() const override {
     return first_line(opt_->describe()) + (overlap_ ? "; all-gathers behind the next forward" : "");
   }

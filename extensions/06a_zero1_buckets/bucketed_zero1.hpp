@@ -1,23 +1,22 @@
-// Extension 06a, on stage 06: true ZeRO-1 whose communication starts early (BucketedZero1). Zero1Optimizer reduce-scatters the whole
-// gradient buffer once backward is over and all-gathers the whole parameter buffer once its step is over:
-// two long waits on a slow link, where stage 05's DDP sends its buckets while backward still runs. Here the
-// parameters are grouped into buckets as stage 05 groups them (last layers first, ~25 MB each), and each
-// bucket is a flat buffer of its own, padded and cut into N chunks: rank r owns chunk r of every bucket, so
-// every collective is spread evenly over the ranks. A bucket's reduce-scatter leaves from a gradient hook
-// the moment backward has finished its gradients; step() steps each bucket's chunk and launches its
-// all-gather right away, first layers first. step(false) leaves the all-gathers to the next forward: it
-// launches them all as it starts and waits for each unit's weights only when it reaches that unit
-// (runner()), so the second half of ZeRO-1's traffic hides behind the next forward, which DDP's all-reduce
-// cannot do.
+// Extension 06a, on stage 06: true ZeRO-1 whose communication starts early (BucketedZero1). Zero1Optimizer
+// reduce-scatters the whole gradient buffer once backward is over and all-gathers the whole parameter buffer once its
+// step is over: two long waits on a slow link, where stage 05's DDP sends its buckets while backward still runs. Here
+// the parameters are grouped into buckets as stage 05 groups them (last layers first, ~25 MB each), and each bucket is
+// a flat buffer of its own, padded and cut into N chunks: rank r owns chunk r of every bucket, so every collective is
+// spread evenly over the ranks. A bucket's reduce-scatter leaves from a gradient hook the moment backward has finished
+// its gradients; step() steps each bucket's chunk and launches its all-gather right away, first layers first.
+// step(false) leaves the all-gathers to the next forward: it launches them all as it starts and waits for each unit's
+// weights only when it reaches that unit (runner()), so the second half of ZeRO-1's traffic hides behind the next
+// forward, which DDP's all-reduce cannot do.
 #pragma once
 
-#include "common/dist/dist.hpp"
-#include "common/measure/memory.hpp"  // count_training_bytes, TrainingBytes
+#include "common/comm/grad_hooks.hpp"  // AccumulateGradHooks
 #include "common/comm/shard_comm.hpp"
 #include "common/contract/strategy.hpp"
-#include "common/model/units.hpp"                             // UnitRunner, ModuleUnits
-#include "common/comm/grad_hooks.hpp"  // AccumulateGradHooks
-#include "stages/06_sharded_opt/zero1_optimizer.hpp"       // MakeLocalOptimizer
+#include "common/dist/dist.hpp"
+#include "common/measure/memory.hpp"                  // count_training_bytes, TrainingBytes
+#include "common/model/units.hpp"                     // UnitRunner, ModuleUnits
+#include "stages/06_sharded_opt/zero1_optimizer.hpp"  // FlatLayout, flattenable_parameters
 
 #include "common/base/libtorch.hpp"
 
@@ -45,7 +44,7 @@ class BucketedZero1 {
  public:
   /// `params`: tied weights once, frozen ones left alone (as Zero1Optimizer); float32 leaves on pg's device.
   /// `make_local` is called once per bucket, with that bucket's chunk as its one parameter.
-  BucketedZero1(ProcessGroup& pg, const std::vector<torch::Tensor>& params, const MakeLocalOptimizer& make_local,
+  BucketedZero1(ProcessGroup& pg, const std::vector<torch::Tensor>& params, const MakeOptimizer& make_local,
                 double bucket_cap_mb = 25.0);
   ~BucketedZero1();
   BucketedZero1(const BucketedZero1&) = delete;
@@ -57,8 +56,8 @@ class BucketedZero1 {
                                              const Options& defaults, double bucket_cap_mb = 25.0) {
     return std::make_unique<BucketedZero1>(
         pg, params,
-        [defaults](std::vector<torch::optim::OptimizerParamGroup> g) {
-          return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<Opt>(std::move(g), defaults));
+        [defaults](std::vector<torch::Tensor> chunk) {
+          return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<Opt>(std::move(chunk), defaults));
         },
         bucket_cap_mb);
   }
@@ -79,7 +78,8 @@ class BucketedZero1 {
   /// true (the default): the next backward launches the buckets with everything accumulated.
   void set_requires_gradient_sync(bool sync) { sync_ = sync; }
   /// A UnitRunner for forward_units(): launches the all-gathers step(false) left (at unit 0), and before
-  /// unit u runs waits for those of the buckets holding its parameters. `units` are the model's (model->units()); the runner refers to this object.
+  /// unit u runs waits for those of the buckets holding its parameters. `units` are the model's (model->units()); the
+  /// runner refers to this object.
   UnitRunner runner(const ModuleUnits& units);
 
   size_t num_buckets() const { return buckets_.size(); }

@@ -19,14 +19,14 @@
 // forward, measured in the same run; "PASS extension 06a" last.
 //
 // What it leaves: parameters and gradients stay whole on every rank; FSDP (stage 07) shards them too.
+#include "common/base/format.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/harness/optimizer_check.hpp"
 #include "common/measure/accounting.hpp"
 #include "common/measure/cli.hpp"
 #include "common/model/data.hpp"
-#include "common/harness/ddp_bench.hpp"
-#include "common/base/format.hpp"
-#include "common/dist/launch_env.hpp"
-#include "common/harness/optimizer_check.hpp"
-#include "common/dist/runtime.hpp"
 #include "common/model/transformer.hpp"
 #include "extensions/06a_zero1_buckets/bucketed_zero1.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
@@ -75,8 +75,12 @@ static nlohmann::json memory(ProcessGroup& pg, const BenchConfig& cfg, const std
     print0("  {}: params {:.1f}, grads {:.1f}, AdamW state {:.1f}, total {:.1f} (arithmetic {}: {:.1f})", v.name,
            b.params / 1e6, b.grads / 1e6, b.state / 1e6, b.total() / 1e6, zero ? "4P + 4P + 8P/N" : "16P",
            expect.total() / 1e6);
-    out.push_back({{"variant", v.name}, {"param_MB", b.params / 1e6}, {"grad_MB", b.grads / 1e6},
-                   {"state_MB", b.state / 1e6}, {"total_MB", b.total() / 1e6}, {"expected_MB", expect.total() / 1e6}});
+    out.push_back({{"variant", v.name},
+                   {"param_MB", b.params / 1e6},
+                   {"grad_MB", b.grads / 1e6},
+                   {"state_MB", b.state / 1e6},
+                   {"total_MB", b.total() / 1e6},
+                   {"expected_MB", expect.total() / 1e6}});
   }
   return out;
 }
@@ -87,7 +91,9 @@ int main(int argc, char** argv) {
   bool bench = false;
   double cap = 25;
   cli.app().add_flag("--bench", bench, "After the checks, benchmark the Transformer against stage 05's DDP");
-  cli.app().add_option("--cap", cap, "Bucket cap of DDP and of ZeRO-1 in buckets, in MB (10^6 bytes)")->check(PositiveFinite);
+  cli.app()
+      .add_option("--cap", cap, "Bucket cap of DDP and of ZeRO-1 in buckets, in MB (10^6 bytes)")
+      ->check(PositiveFinite);
   bench_only(cli.app(), {"--cap"});
   add_bench_options(cli.app(), cfg);
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
@@ -96,15 +102,16 @@ int main(int argc, char** argv) {
     configure_cpu_threads();
     check_blas();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
-    if (bench) validate_bench_config(cfg, world);  // bad input: exit 2 before any rendezvous
+    if (bench) validate_bench_config(cfg, world);                // bad input: exit 2 before any rendezvous
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
     // [check]
-    const bool ok = check_against_adamw(pg, "bucketed ZeRO-1 AdamW",
-                                        [](ProcessGroup& g, const std::vector<torch::Tensor>& p, const optim::AdamWOptions& o) {
-      // Buckets of 400 bytes: 4 or 5 of them for CS336's models, so buckets leave one by one from backward.
-      std::shared_ptr<BucketedZero1> z = BucketedZero1::make<optim::AdamW>(g, p, o, 0.0004);
-      return ShardedSteps{[z] { z->zero_grad(); }, [z] { z->step(); }, z->describe(), /*sums_over_ranks=*/true};
-    });
+    const bool ok = check_against_adamw(
+        pg, "bucketed ZeRO-1 AdamW",
+        [](ProcessGroup& g, const std::vector<torch::Tensor>& p, const optim::AdamWOptions& o) {
+          // Buckets of 400 bytes: 4 or 5 of them for CS336's models, so buckets leave one by one from backward.
+          std::shared_ptr<BucketedZero1> z = BucketedZero1::make<optim::AdamW>(g, p, o, 0.0004);
+          return ShardedSteps{[z] { z->zero_grad(); }, [z] { z->step(); }, z->describe(), /*sums_over_ranks=*/true};
+        });
     // [check]
     if (!ok) throw CheckFailed("bucketed ZeRO-1 differs from AdamW");
 

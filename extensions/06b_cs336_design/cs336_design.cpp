@@ -1,15 +1,15 @@
 #include "extensions/06b_cs336_design/cs336_design.hpp"
 
 #include "common/base/format.hpp"
-#include "common/state/full_state.hpp"
 #include "common/measure/memory.hpp"
 #include "common/model/params.hpp"
+#include "common/state/full_state.hpp"
 #include "extensions/06b_cs336_design/sharded_optimizer.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
-#include "stages/06_sharded_opt/strategies.hpp"  // local_factory
+#include "stages/06_sharded_opt/strategies.hpp"  // zero1_steps
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 namespace dp {
 
@@ -20,18 +20,27 @@ namespace {
 class Cs336Strategy : public Strategy {
  public:
   Cs336Strategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const MakeOptimizer& make, double cap)
-      : pg_(pg), model_(model), ddp_(std::make_unique<BucketedDdp>(pg, model, cap)),  // broadcasts rank 0's weights
-        opt_(pg, {optim::OptimizerParamGroup(unique_parameters(*model))}, local_factory(make)) {}
+      : pg_(pg),
+        model_(model),
+        ddp_(std::make_unique<BucketedDdp>(pg, model, cap)),  // broadcasts rank 0's weights
+        opt_(pg, {optim::OptimizerParamGroup(unique_parameters(*model))}, make) {}
   // [cs336 step]
-  void zero_grad() override { ddp_->on_train_batch_start(), opt_.zero_grad(); }
+  void zero_grad() override {
+    ddp_->on_train_batch_start();
+    opt_.zero_grad();
+  }
   void after_backward() override { ddp_->finish_gradient_synchronization(); }  // stage 05's averaged buckets
   void step() override { opt_.step(); }  // step the owned tensors, broadcast each from its owner
   // [cs336 step]
   int64_t calls_per_step() const override {  // DDP's buckets, then one broadcast per trainable tensor
-    return ddp_->calls_per_step() + (pg_.world_size() > 1 ? static_cast<int64_t>(unique_parameters(*model_, true).size()) : 0);
+    return ddp_->calls_per_step() +
+           (pg_.world_size() > 1 ? static_cast<int64_t>(unique_parameters(*model_, true).size()) : 0);
   }
   TrainingBytes bytes() const override { return count_training_bytes(*model_, opt_.local()); }
-  double sent_bytes_per_step() const override { return cs336_bytes_per_step(count_elements(unique_parameters(*model_, true)), pg_.world_size()); }
+  double buffer_bytes() const override { return static_cast<double>(ddp_->buffer_bytes()); }  // its buckets
+  double sent_bytes_per_step() const override {
+    return cs336_bytes_per_step(count_elements(unique_parameters(*model_, true)), pg_.world_size());
+  }
   std::string describe() const override {
     return fmt::format("CS336's design: DDP in {} buckets, then {}", ddp_->bucket_count(), first_line(opt_.describe()));
   }
@@ -43,7 +52,8 @@ class Cs336Strategy : public Strategy {
     s.params = whole_parameters(*model_, /*copy=*/true);
     for (const auto& p : unique_parameters(*model_, /*trainable_only=*/true)) {
       const int owner = opt_.owner_of(p);
-      s.optimizer.push_back(broadcast_param_state(pg_, owner, owner == pg_.rank() ? get_param_state(opt_.local(), p) : ParamState{}, p));
+      s.optimizer.push_back(
+          broadcast_param_state(pg_, owner, owner == pg_.rank() ? get_param_state(opt_.local(), p) : ParamState{}, p));
     }
     return s;
   }
@@ -77,12 +87,14 @@ ShardedSteps cs336_steps(ProcessGroup& pg, const std::vector<torch::Tensor>& par
 
 static std::string check_design(const std::string& v) {
   if (v == "cs336" || v == "zero1" || v == "all") return {};
-  return "unknown design '" + v + "': use cs336 (all-reduce, step the owned tensors, broadcast), zero1 "
+  return "unknown design '" + v +
+         "': use cs336 (all-reduce, step the owned tensors, broadcast), zero1 "
          "(reduce-scatter, step a flat chunk, all-gather) or all (both); ZeRO-1 in buckets is ext06a_zero1_buckets";
 }
 
 void add_design_option(CLI::App& app, std::string& design) {
-  app.add_option("--design", design, "Which sharded design to check and measure: cs336 (all-reduce + broadcast), "
+  app.add_option("--design", design,
+                 "Which sharded design to check and measure: cs336 (all-reduce + broadcast), "
                  "zero1 (reduce-scatter + all-gather) or all (both)")
       ->check(check_design);
 }
@@ -95,10 +107,12 @@ std::vector<std::string> selected_designs(const std::string& design) {
 bool check_designs(ProcessGroup& pg, const std::string& design) {
   bool all_ok = true;
   for (const auto& d : selected_designs(design))
-    all_ok = check_against_adamw(pg, d == "zero1" ? "ZeRO-1 AdamW" : "sharded AdamW",
-                                 [&](ProcessGroup& g, const std::vector<torch::Tensor>& p, const optim::AdamWOptions& o) {
-                                   return d == "zero1" ? zero1_steps(g, p, o) : cs336_steps(g, p, o);
-                                 }) && all_ok;
+    all_ok =
+        check_against_adamw(pg, d == "zero1" ? "ZeRO-1 AdamW" : "sharded AdamW",
+                            [&](ProcessGroup& g, const std::vector<torch::Tensor>& p, const optim::AdamWOptions& o) {
+                              return d == "zero1" ? zero1_steps(g, p, o) : cs336_steps(g, p, o);
+                            }) &&
+        all_ok;
   return all_ok;
 }
 

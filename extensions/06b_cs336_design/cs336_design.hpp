@@ -2,8 +2,8 @@
 // training-strategy contract drive it, and the --design option that picks it or stage 06's ZeRO-1.
 #pragma once
 
-#include "common/harness/optimizer_check.hpp"
 #include "common/contract/strategy.hpp"
+#include "common/harness/optimizer_check.hpp"
 
 #include <string>
 #include <vector>

@@ -19,10 +19,10 @@
 //
 // What it leaves: tensor-granular shares are only as balanced as the tensors allow (a rank may own nothing),
 // and the third pass over the wire stays: stage 07 builds on stage 06's flat chunks instead.
-#include "common/measure/cli.hpp"
-#include "common/harness/ddp_bench.hpp"
 #include "common/dist/launch_env.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/measure/cli.hpp"
 #include "extensions/06b_cs336_design/cs336_design.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "stages/06_sharded_opt/strategies.hpp"
@@ -30,9 +30,14 @@
 using namespace dp;
 
 int main(int argc, char** argv) {
-  Cli cli("ext06b_cs336_design", "Extension 06b: CS336's sharded AdamW checked against AdamW, then measured beside ZeRO-1");
+  Cli cli("ext06b_cs336_design",
+          "Extension 06b: CS336's sharded AdamW checked against AdamW, then measured beside ZeRO-1");
   BenchConfig cfg;
-  cfg.preset = "tiny", cfg.context = 64, cfg.warmup = 1, cfg.steps = 5;  // a short run by default
+  // a short run by default
+  cfg.preset = "tiny";
+  cfg.context = 64;
+  cfg.warmup = 1;
+  cfg.steps = 5;
   bool bench = false;
   std::string design = "all";
   cli.app().add_flag("--bench", bench, "After the checks, train the Transformer with DDP and the sharded designs");
@@ -44,7 +49,7 @@ int main(int argc, char** argv) {
     configure_cpu_threads();
     check_blas();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
-    if (bench) validate_bench_config(cfg, world);  // bad input: exit 2 before any rendezvous
+    if (bench) validate_bench_config(cfg, world);                // bad input: exit 2 before any rendezvous
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
 
@@ -54,18 +59,23 @@ int main(int argc, char** argv) {
       // [bench]
       std::vector<Variant> variants{{"DDP, 25 MB buckets (stage 05)", bucketed_ddp_strategy(25.0)}};
       for (const auto& d : selected_designs(design))
-        variants.push_back(d == "cs336" ? Variant{"CS336 design", cs336_strategy()} : Variant{"ZeRO-1", zero1_strategy()});
+        variants.push_back(d == "cs336" ? Variant{"CS336 design", cs336_strategy()}
+                                        : Variant{"ZeRO-1", zero1_strategy()});
       print_bench_header(pg, cfg);
       Results results("ext06b");
       record(results, bench_variants(pg, cfg, variants), cfg, pg.world_size());
       // [bench]
-      print0("\n{}\n\nwhat each rank holds after the first step, counted tensor by tensor (MB = 10^6 B; DDP 16P, "
-             "both designs 4P + 4P + 8P/N), and what it sends per step\n{}", ddp_table(results), memory_table(results));
+      print0(
+          "\n{}\n\nwhat each rank holds after the first step, counted tensor by tensor (MB = 10^6 B; DDP 16P, "
+          "both designs 4P + 4P + 8P/N), and what it sends per step\n{}",
+          ddp_table(results), memory_table(results));
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     }
     pg.barrier();
     print0("PASS extension 06b: sharded AdamW ({}) matches plain AdamW bit for bit",
-           design == "all" ? "CS336 design, ZeRO-1" : design == "cs336" ? "CS336 design" : design);
+           design == "all"     ? "CS336 design, ZeRO-1"
+           : design == "cs336" ? "CS336 design"
+                               : design);
     pg.shutdown();
     return 0;
   });

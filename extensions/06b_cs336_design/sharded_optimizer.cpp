@@ -2,13 +2,13 @@
 // ZeRO-1 as ZeroRedundancyOptimizer does it: whole parameters, greedy balance, a plain local optimizer.
 #include "extensions/06b_cs336_design/sharded_optimizer.hpp"
 
-#include "common/measure/cli.hpp"
 #include "common/base/format.hpp"
-#include "common/model/models.hpp"
-#include "common/state/optim_state.hpp"
-#include "common/model/params.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/measure/cli.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
 #include "common/model/transformer.hpp"
+#include "common/state/optim_state.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -40,14 +40,14 @@ std::vector<int> partition_greedy(const std::vector<int64_t>& sizes, std::vector
 }
 // [partition]
 
-
 ShardedOptimizer::ShardedOptimizer(ProcessGroup& pg, std::vector<optim::OptimizerParamGroup> groups,
-                                   MakeLocalOptimizer make_local)
+                                   MakeOptimizer make_local)
     : pg_(&pg), loads_(static_cast<size_t>(pg.world_size()), 0) {
   // The local optimizer starts empty and receives each group's owned part through add_param_group,
   // so the constructor and a later add_param_group follow one code path.
   local_ = make_local({});
   if (!local_) throw UsageError("ShardedOptimizer: make_local returned no optimizer");
+  local_->param_groups().clear();  // the empty group a torch::optim optimizer makes of no tensors
   kind_ = optimizer_kind(*local_);
   for (const auto& g : groups) add_param_group(g);
 }
@@ -77,15 +77,18 @@ void ShardedOptimizer::add_param_group(const optim::OptimizerParamGroup& group) 
     const auto& given = group.options();
     const auto& local = local_->defaults();
     if (typeid(given) != typeid(local))
-      throw UsageError(fmt::format("add_param_group: group {} has options of another optimizer than the local {}", g,
-                                   kind_));
+      throw UsageError(
+          fmt::format("add_param_group: group {} has options of another optimizer than the local {}", g, kind_));
   }
 
   // Owners for the trainable tensors, given what every rank already owns (earlier owners stay).
   std::vector<size_t> trainable;
   std::vector<int64_t> sizes;
   for (size_t i = 0; i < params.size(); ++i)
-    if (params[i].requires_grad()) trainable.push_back(i), sizes.push_back(params[i].numel());
+    if (params[i].requires_grad()) {
+      trainable.push_back(i);
+      sizes.push_back(params[i].numel());
+    }
   const std::vector<int> owners = partition_greedy(sizes, loads_);
 
   std::vector<int> owner(params.size(), -1);
@@ -131,8 +134,10 @@ void ShardedOptimizer::zero_grad(bool set_to_none) {
   for (auto& s : slots_) {
     auto& grad = s.param.mutable_grad();
     if (!grad.defined()) continue;
-    if (set_to_none) grad.reset();
-    else grad.detach_().zero_();
+    if (set_to_none)
+      grad.reset();
+    else
+      grad.detach_().zero_();
   }
 }
 
@@ -182,7 +187,10 @@ std::vector<RankShare> ShardedOptimizer::shares() const {
 std::string ShardedOptimizer::describe() const {
   const auto per_rank = shares();
   int64_t trainable = 0, elements = 0;
-  for (const auto& sh : per_rank) trainable += sh.params, elements += sh.elements;
+  for (const auto& sh : per_rank) {
+    trainable += sh.params;
+    elements += sh.elements;
+  }
   const int64_t frozen = static_cast<int64_t>(slots_.size()) - trainable;  // frozen tensors have no owner
   std::string out = fmt::format("sharded {} over {}: {} trainable tensors, {} elements", kind_,
                                 count_of(pg_->world_size(), "rank"), trainable, with_commas(elements));

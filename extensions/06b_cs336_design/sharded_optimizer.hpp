@@ -6,9 +6,9 @@
 // broadcast from its owner so all replicas agree again.
 #pragma once
 
+#include "common/contract/strategy.hpp"  // MakeOptimizer
 #include "common/dist/dist.hpp"
 #include "common/measure/memory.hpp"
-#include "stages/06_sharded_opt/zero1_optimizer.hpp"  // MakeLocalOptimizer
 
 #include "common/base/libtorch.hpp"
 
@@ -49,10 +49,11 @@ struct RankShare {
 ///   Gradients must already be the same on every rank (DDP averages them; this class does not).
 class ShardedOptimizer {
  public:
-  /// `groups`: the parameter groups, as for any torch::optim optimizer. `make_local` builds this rank's
-  /// optimizer (called once, with an empty list; owned groups are then added to it).
-  ShardedOptimizer(ProcessGroup& pg, std::vector<torch::optim::OptimizerParamGroup> groups,
-                   MakeLocalOptimizer make_local);
+  /// `groups`: the parameter groups, as for any torch::optim optimizer. `make_local` (the MakeOptimizer every
+  /// Strategy is given) builds this rank's optimizer, called once with no tensors; the empty group a
+  /// torch::optim optimizer makes of them is dropped, and the owned part of each group is then added to it,
+  /// its options or, where it brings none, the optimizer's defaults.
+  ShardedOptimizer(ProcessGroup& pg, std::vector<torch::optim::OptimizerParamGroup> groups, MakeOptimizer make_local);
 
   /// The usual way to build one: the local optimizer is an `Opt` (torch::optim::AdamW, Adam, SGD, ...)
   /// with `defaults` for every group that brings no options of its own, e.g.
@@ -60,8 +61,8 @@ class ShardedOptimizer {
   template <typename Opt, typename Options>
   static ShardedOptimizer make(ProcessGroup& pg, std::vector<torch::optim::OptimizerParamGroup> groups,
                                const Options& defaults) {
-    return ShardedOptimizer(pg, std::move(groups), [defaults](std::vector<torch::optim::OptimizerParamGroup> g) {
-      return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<Opt>(std::move(g), defaults));
+    return ShardedOptimizer(pg, std::move(groups), [defaults](std::vector<torch::Tensor> none) {
+      return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<Opt>(std::move(none), defaults));
     });
   }
   /// The same with one group of `params` (tied weights may appear twice).

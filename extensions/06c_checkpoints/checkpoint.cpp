@@ -2,11 +2,11 @@
 // "Now" is the current partition, whatever the world size was at save time.
 #include "extensions/06c_checkpoints/checkpoint.hpp"
 
-#include "common/state/checkpoint_file.hpp"
-#include "common/model/models.hpp"
-#include "common/state/optim_state.hpp"
-#include "common/model/params.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
+#include "common/state/checkpoint_file.hpp"
+#include "common/state/optim_state.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -76,15 +76,17 @@ void check_matches(const std::string& path, const json& meta,
     throw UsageError(fmt::format("checkpoint {} holds {} state but the optimizer is {}", path, kind, opt.kind()));
   const size_t groups = meta.at("groups").size();
   if (groups != opt.param_groups().size())
-    throw UsageError(fmt::format("checkpoint {} has {} parameter groups but the optimizer has {} (add the same "
-                                 "groups before loading)",
-                                 path, groups, opt.param_groups().size()));
+    throw UsageError(
+        fmt::format("checkpoint {} has {} parameter groups but the optimizer has {} (add the same "
+                    "groups before loading)",
+                    path, groups, opt.param_groups().size()));
   for (size_t i = 0; i < named.size(); ++i) {
     const int ck_group = params[i].at("group").get<int>(), group = opt.group_of(named[i].second);
     if (ck_group != group)
-      throw UsageError(fmt::format("checkpoint {}: parameter '{}' is in optimizer group {} in the checkpoint but in "
-                                   "group {} here (-1: not in the optimizer)",
-                                   path, named[i].first, ck_group, group));
+      throw UsageError(
+          fmt::format("checkpoint {}: parameter '{}' is in optimizer group {} in the checkpoint but in "
+                      "group {} here (-1: not in the optimizer)",
+                      path, named[i].first, ck_group, group));
   }
 }
 
@@ -117,13 +119,20 @@ void save_checkpoint(const std::string& path, ProcessGroup& pg, torch::nn::Modul
   //    gather into one rank), one tensor at a time so no rank ever holds more than one extra tensor.
   const bool root = pg.rank() == 0;
   torch::serialize::OutputArchive archive;
-  json meta = {{"format", "dp sharded-optimizer checkpoint"}, {"world_size", pg.world_size()},
-               {"optimizer", opt.kind()}, {"params", json::array()}, {"groups", json::array()}};
+  json meta = {{"format", "dp sharded-optimizer checkpoint"},
+               {"world_size", pg.world_size()},
+               {"optimizer", opt.kind()},
+               {"params", json::array()},
+               {"groups", json::array()}};
   for (size_t i = 0; i < n; ++i) {
     const auto& [name, p] = named[i];
     const int owner = opt.owner_of(p);
-    json e = {{"name", name}, {"shape", p.sizes().vec()}, {"dtype", c10::toString(p.scalar_type())},
-              {"group", opt.group_of(p)}, {"owner_at_save", owner}, {"state", nullptr}};
+    json e = {{"name", name},
+              {"shape", p.sizes().vec()},
+              {"dtype", c10::toString(p.scalar_type())},
+              {"group", opt.group_of(p)},
+              {"owner_at_save", owner},
+              {"state", nullptr}};
     if (owner >= 0 && flags[owner][3 * i] == 1) {
       const auto names = state_tensor_names(opt.kind(), flags[owner][3 * i + 2] == 1);
       for (const auto& tn : names) {
@@ -186,13 +195,12 @@ CheckpointInfo load_checkpoint(const std::string& path, ProcessGroup& pg, torch:
                                          tn.get<std::string>(), named[i].first));
           // A copy of its own: a tensor read from the archive may alias the archive's buffer.
           states[i].tensors[tn.get<std::string>()] =
-              t.to(named[i].second.device(), t.scalar_type(), /*non_blocking=*/false, /*copy=*/true)
-                  .contiguous();
+              t.to(named[i].second.device(), t.scalar_type(), /*non_blocking=*/false, /*copy=*/true).contiguous();
         }
       }
     } catch (const c10::Error& e) {
-      throw UsageError(fmt::format("checkpoint {} is damaged: unreadable tensor payload ({})", path,
-                                   e.what_without_backtrace()));
+      throw UsageError(
+          fmt::format("checkpoint {} is damaged: unreadable tensor payload ({})", path, e.what_without_backtrace()));
     } catch (const json::exception& e) {
       throw UsageError(fmt::format("checkpoint {} is damaged: unreadable metadata ({})", path, e.what()));
     }
@@ -210,8 +218,7 @@ CheckpointInfo load_checkpoint(const std::string& path, ProcessGroup& pg, torch:
     for (size_t i = 0; i < n; ++i) named[i].second.copy_(values[i]);
   }
   for (size_t i = 0; i < n; ++i)
-    if (opt.owns(named[i].second))
-      set_param_state(opt.local(), opt.kind(), named[i].second, std::move(states[i]));
+    if (opt.owns(named[i].second)) set_param_state(opt.local(), opt.kind(), named[i].second, std::move(states[i]));
   const auto& groups = c.meta.at("groups");
   for (size_t g = 0; g < groups.size(); ++g) opt.set_lr(g, groups[g].at("options").at("lr").get<double>());
   return c.info;

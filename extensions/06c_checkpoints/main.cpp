@@ -1,4 +1,5 @@
-// Extension 06c, on stage 06 and extension 06b's design: checkpoints of the sharded optimizer state, loadable at any world size.
+// Extension 06c, on stage 06 and extension 06b's design: checkpoints of the sharded optimizer state, loadable at any
+// world size.
 //
 // What it adds: with extension 06b's CS336 design every rank holds the AdamW state of the tensors it owns, and
 // nothing else. A checkpoint must hold all of it: save_checkpoint() gathers each tensor's state from its
@@ -17,18 +18,18 @@
 //
 // What it leaves: the file is this design's own format; stage 08 saves every way of training through the
 // training-strategy contract's full state (common/state/full_state.hpp), which has no parameter groups.
-#include "common/measure/cli.hpp"
-#include "common/model/data.hpp"
-#include "common/harness/ddp_bench.hpp"
-#include "common/harness/ddp_check.hpp"
 #include "common/base/format.hpp"
 #include "common/dist/launch_env.hpp"
-#include "common/model/params.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/measure/cli.hpp"
+#include "common/model/data.hpp"
+#include "common/model/params.hpp"
 #include "common/model/transformer.hpp"
-#include "extensions/06c_checkpoints/checkpoint.hpp"
 #include "extensions/06b_cs336_design/cs336_design.hpp"
 #include "extensions/06b_cs336_design/sharded_optimizer.hpp"
+#include "extensions/06c_checkpoints/checkpoint.hpp"
 
 #include <filesystem>
 
@@ -53,8 +54,12 @@ struct Run {
     auto [gx, gy] = token_batch(cfg.global_batch, cfg.context, c.vocab_size, 11, i);
     opt->zero_grad();
     lm_loss(model->forward(shard_rows(gx, pg.rank(), pg.world_size()).to(pg.device())),
-            shard_rows(gy, pg.rank(), pg.world_size()).to(pg.device())).backward();
-    for (auto& p : unique_parameters(*model, true)) pg.all_reduce(p.mutable_grad()), p.mutable_grad().div_(pg.world_size());
+            shard_rows(gy, pg.rank(), pg.world_size()).to(pg.device()))
+        .backward();
+    for (auto& p : unique_parameters(*model, true)) {
+      pg.all_reduce(p.mutable_grad());
+      p.mutable_grad().div_(pg.world_size());
+    }
     opt->step();
   }
 };
@@ -62,15 +67,24 @@ struct Run {
 int main(int argc, char** argv) {
   Cli cli("ext06c_checkpoints", "Extension 06c: checkpoints of the sharded optimizer, loadable at any world size");
   BenchConfig cfg;
-  cfg.preset = "tiny", cfg.context = 32, cfg.steps = 3, cfg.global_batch = 12;  // 12 rows split over 1-4 or 6 ranks
+  // 12 rows split over 1-4 or 6 ranks
+  cfg.preset = "tiny";
+  cfg.context = 32;
+  cfg.steps = 3;
+  cfg.global_batch = 12;
   std::string dir;
   bool resume_only = false;
   cli.app().add_option("--checkpoint", dir, "Folder for the checkpoint file (made if missing)")->required();
-  auto* resume = cli.app().add_flag("--resume-only", resume_only,
-                                    "Load the file an earlier run saved (at any world size), train one step, save nothing");
-  cli.app().add_option("--preset", cfg.preset, "Transformer size")->check(CLI::IsMember(TransformerConfig::preset_names()));
-  cli.app().add_option("--steps", cfg.steps, "Steps before the checkpoint (not with --resume-only: one step)")
-      ->check(PositiveInt)->excludes(resume);
+  auto* resume =
+      cli.app().add_flag("--resume-only", resume_only,
+                         "Load the file an earlier run saved (at any world size), train one step, save nothing");
+  cli.app()
+      .add_option("--preset", cfg.preset, "Transformer size")
+      ->check(CLI::IsMember(TransformerConfig::preset_names()));
+  cli.app()
+      .add_option("--steps", cfg.steps, "Steps before the checkpoint (not with --resume-only: one step)")
+      ->check(PositiveInt)
+      ->excludes(resume);
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
@@ -84,14 +98,16 @@ int main(int argc, char** argv) {
     } else {
       std::error_code ec;
       std::filesystem::create_directories(dir, ec);
-      if (ec) throw UsageError(fmt::format("--checkpoint {}: cannot create that folder ({}); give a writable folder", dir, ec.message()));
+      if (ec)
+        throw UsageError(
+            fmt::format("--checkpoint {}: cannot create that folder ({}); give a writable folder", dir, ec.message()));
       check_writable("--checkpoint", path);
     }
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
-    const bool ok = check_against_adamw(pg, "sharded AdamW", [](ProcessGroup& g, const std::vector<torch::Tensor>& p,
-                                                                const optim::AdamWOptions& o) {
-      return cs336_steps(g, p, o);
-    });
+    const bool ok = check_against_adamw(
+        pg, "sharded AdamW", [](ProcessGroup& g, const std::vector<torch::Tensor>& p, const optim::AdamWOptions& o) {
+          return cs336_steps(g, p, o);
+        });
     if (!ok) throw CheckFailed("sharded AdamW differs from AdamW");
 
     const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
@@ -99,8 +115,8 @@ int main(int argc, char** argv) {
       Run fresh(pg, mcfg, /*seed=*/5);
       const auto info = load_checkpoint(path, pg, *fresh.model, *fresh.opt);
       fresh.step(pg, cfg, info.max_step);
-      print0("PASS loaded {} (saved by {} at step {}) into {}, and trained on", path,
-             count_of(info.world_size, "rank"), info.max_step, count_of(pg.world_size(), "rank"));
+      print0("PASS loaded {} (saved by {} at step {}) into {}, and trained on", path, count_of(info.world_size, "rank"),
+             info.max_step, count_of(pg.world_size(), "rank"));
     } else {
       Run run(pg, mcfg, /*seed=*/1);
       for (int64_t i = 0; i < cfg.steps; ++i) run.step(pg, cfg, i);

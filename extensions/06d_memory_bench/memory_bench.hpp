@@ -3,8 +3,8 @@
 // optimizer step, CS336's optimizer_state_sharding_accounting) and speed.
 #pragma once
 
-#include "common/harness/ddp_bench.hpp"
 #include "common/dist/dist.hpp"
+#include "common/harness/ddp_bench.hpp"
 #include "common/measure/results.hpp"
 
 #include <string>
@@ -15,8 +15,8 @@ namespace dp {
 /// What the benchmark runs.
 struct MemoryBenchOptions {
   BenchConfig cfg;
-  std::string which = "both";   ///< --optimizer: adamw | sharded | both
-  std::string design = "all";   ///< --design: cs336 | zero1 | all (which sharded designs)
+  std::string which = "both";  ///< --optimizer: adamw | sharded | both
+  std::string design = "all";  ///< --design: cs336 | zero1 | all (which sharded designs)
 };
 
 /// Trains and measures every selected variant, one row each into `results`.

@@ -5,20 +5,21 @@
 // per process (--variants fsdp), which is how scripts/bench/bench_docs.sh measures it.
 #include "extensions/07a_fsdp_bench/fsdp_bench.hpp"
 
-#include "common/measure/accounting.hpp"
-#include "common/dist/launch_env.hpp"
-#include "common/measure/memory.hpp"
-#include "common/model/models.hpp"
-#include "common/measure/results.hpp"
-#include "common/dist/runtime.hpp"
-#include "common/measure/timing.hpp"
 #include "common/base/format.hpp"  // dtype_name
 #include "common/base/trace.hpp"
+#include "common/contract/strategy.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/measure/accounting.hpp"
+#include "common/measure/memory.hpp"
+#include "common/measure/results.hpp"
+#include "common/measure/timing.hpp"
 #include "common/measure/trace_write.hpp"
+#include "common/model/models.hpp"
 #include "common/model/transformer.hpp"
-#include "common/contract/grad_sync.hpp"  // broadcast_parameters
-#include "stages/05_bucketed/bucketed_ddp.hpp"
-#include "stages/06_sharded_opt/zero1_optimizer.hpp"
+#include "stages/05_bucketed/bucketed_ddp.hpp"   // bucketed_ddp_strategy
+#include "stages/06_sharded_opt/strategies.hpp"  // zero1_strategy
+#include "stages/07_fsdp/strategies.hpp"         // fsdp_strategy
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -42,8 +43,8 @@ void check_memory(FsdpBenchOptions& o, int world) {
                                  : "use more ranks (more machines) or a smaller --preset";
   for (const auto& v : o.variants)
     if (v != "ddp")
-      check_fits_in_memory(estimated_bytes_per_rank(o, v, world), pool.ranks, "FSDP (" + v + ")", remedy, pool.available,
-                           pool.where);
+      check_fits_in_memory(estimated_bytes_per_rank(o, v, world), pool.ranks, "FSDP (" + v + ")", remedy,
+                           pool.available, pool.where);
   // The variants train side by side: keep those that fit together, FSDP first, and say what was left out.
   std::vector<std::string> order = o.variants, kept;
   std::stable_partition(order.begin(), order.end(), [](const std::string& v) { return v == "fsdp"; });
@@ -51,16 +52,20 @@ void check_memory(FsdpBenchOptions& o, int world) {
   for (const auto& v : order) {
     const double need = estimated_bytes_per_rank(o, v, world) * pool.ranks;
     if (pool.available > 0 && total + need > 0.9 * pool.available) {
-      print0("note: {} left out: it needs about {:.1f} GB per rank ({:.1f} GB for {} ranks here) beside the others, "
-             "and {} has {:.1f} GB available", v, need / pool.ranks / 1e9, need / 1e9, pool.ranks, pool.where,
-             pool.available / 1e9);
+      print0(
+          "note: {} left out: it needs about {:.1f} GB per rank ({:.1f} GB for {} ranks here) beside the others, "
+          "and {} has {:.1f} GB available",
+          v, need / pool.ranks / 1e9, need / 1e9, pool.ranks, pool.where, pool.available / 1e9);
       continue;
     }
-    total += need, kept.push_back(v);
+    total += need;
+    kept.push_back(v);
   }
   if (kept.empty())  // nothing left to measure: an empty table is no result
-    throw UsageError(fmt::format("no variant of --variants fits in {} with a tenth of it to spare ({:.1f} GB "
-                                 "available): {}", pool.where, pool.available / 1e9, remedy));
+    throw UsageError(
+        fmt::format("no variant of --variants fits in {} with a tenth of it to spare ({:.1f} GB "
+                    "available): {}",
+                    pool.where, pool.available / 1e9, remedy));
   std::vector<std::string> in_order;  // back to the requested order
   for (const auto& v : o.variants)
     if (std::count(kept.begin(), kept.end(), v)) in_order.push_back(v);
@@ -69,18 +74,32 @@ void check_memory(FsdpBenchOptions& o, int world) {
 
 namespace {
 
-// One model in training with DDP, ZeRO-1 or FSDP, its AdamW, and what it measured.
+// A variant's way of training, as its stage gives it: stage 05's DDP with PyTorch's default 25 MB buckets,
+// stage 06's ZeRO-1, stage 07's FSDP (resharding after forward, or keeping the gathered weights).
+MakeStrategy strategy_of(const std::string& variant, const FsdpBenchOptions& o) {
+  if (variant == "ddp") return bucketed_ddp_strategy(25.0);
+  if (variant == "zero1") return zero1_strategy();
+  FsdpOptions f;
+  f.reshard_after_forward = variant == "fsdp";
+  f.compute_dtype = o.compute_dtype;
+  return fsdp_strategy(f);
+}
+
+// What a rank holds between steps by the formulas of common/measure/accounting.hpp.
+double expected_bytes(const std::string& variant, int64_t params, int world) {
+  if (variant == "ddp") return fp32_training_bytes(params).total();            // 16P
+  if (variant == "zero1") return zero1_expected_bytes(params, world).total();  // 8P + 8P/N
+  return fsdp_expected_bytes(params, world).total();                           // 16P/N
+}
+
+// One model in training with one variant's Strategy and AdamW, and what it measured.
 struct Trainee {
   std::string name;
   TransformerLM model{nullptr};
-  std::unique_ptr<BucketedDdp> ddp;
-  std::unique_ptr<Zero1Optimizer> zero1;  // owns its AdamW (on this rank's chunk); opt stays empty
-  UnitRunner run;                         // FSDP's
-  std::unique_ptr<Fsdp> fsdp;
-  std::unique_ptr<optim::AdamW> opt;
+  std::unique_ptr<Strategy> strategy;
   std::vector<double> step_s;
-  TrainingBytes bytes;      // after the first step (AdamW state allocated)
-  double sent_per_step = 0;
+  TrainingBytes bytes;         // after the first step (AdamW state allocated)
+  double sent_per_step = 0;    // the Strategy's figure after the first step (FSDP: counted in it)
   int64_t step_peak_cuda = 0;  // CUDA: the most a step (after the first) allocated above what was allocated before it
 
   Trainee(ProcessGroup& pg, const TransformerConfig& mcfg, const FsdpBenchOptions& o, const std::string& variant)
@@ -89,57 +108,38 @@ struct Trainee {
     model = TransformerLM(mcfg);
     model->to(pg.device());
     const auto adamw = optim::AdamWOptions(1e-4);
-    if (variant == "ddp") {
-      ddp = std::make_unique<BucketedDdp>(pg, model.ptr(), 25.0);  // PyTorch's default bucket cap
-      opt = std::make_unique<optim::AdamW>(model->parameters(), adamw);
-    } else if (variant == "zero1") {
-      broadcast_parameters(pg, *model);  // no DDP wrapper to do it
-      zero1 = Zero1Optimizer::make<optim::AdamW>(pg, model->parameters(), adamw);
-    } else {
-      FsdpOptions f;
-      f.reshard_after_forward = variant == "fsdp", f.compute_dtype = o.compute_dtype;
-      fsdp = std::make_unique<Fsdp>(pg, model.ptr(), model->units(), f);
-      opt = std::make_unique<optim::AdamW>(fsdp->parameters(), adamw);
-      run = fsdp->runner();
-    }
+    const MakeOptimizer make = [adamw](std::vector<torch::Tensor> params) {
+      return std::make_unique<optim::AdamW>(std::move(params), adamw);
+    };
+    strategy = strategy_of(variant, o)(pg, model.ptr(), make);  // every rank starts from rank 0's weights
   }
 
   // [step]
   double step(const torch::Tensor& x, const torch::Tensor& y, const torch::Device& device, int round) {
     trace::Span whole("step", {{"variant", name}, {"round", round}});
     Timer t(device);
-    if (ddp) ddp->on_train_batch_start();
-    if (zero1) zero1->zero_grad();
-    else opt->zero_grad();
+    strategy->zero_grad();
     torch::Tensor loss;
     {
-      trace::Span f("forward");
-      auto logits = run ? model->forward_units(x, run) : model->forward(x);
+      trace::Span f("forward");  // FSDP gathers each unit's weights in its runner; the others run plain forward
+      auto logits = model->forward_units(x, strategy->runner());
       loss = lm_loss(logits.to(torch::kFloat32), y);
     }
-    { trace::Span b("backward"); loss.backward(); }  // FSDP: reduce-scatters leave from in here
-    if (ddp || fsdp) {  // ZeRO-1 finishes its reduce-scatters in its step()
+    {
+      trace::Span b("backward");
+      loss.backward();  // DDP's buckets and FSDP's reduce-scatters leave from in here
+    }
+    {
       trace::Span s("sync");
-      if (ddp) ddp->finish_gradient_synchronization();
-      else fsdp->finish_gradient_synchronization();
+      strategy->after_backward();  // waits for them; ZeRO-1 has nothing to wait for yet
     }
     {
       trace::Span s("optimizer");
-      if (zero1) zero1->step();  // reduce-scatter, step this rank's chunk, all-gather
-      else opt->step();
+      strategy->step();  // ZeRO-1: reduce-scatter, step this rank's chunk, all-gather
     }
     return t.seconds();
   }
   // [step]
-
-  TrainingBytes count() const {
-    if (ddp) return count_training_bytes(*model, *opt);
-    if (zero1) return count_training_bytes(*model, zero1->local());  // whole params and grads, 1/N of AdamW
-    TrainingBytes b;  // FSDP: what the optimizer steps is what the rank keeps
-    for (const auto& p : fsdp->parameters()) b.params += tensor_bytes({p}), b.grads += tensor_bytes({p.grad()});
-    b.state = optimizer_state_bytes(*opt);
-    return b;
-  }
 };
 
 }  // namespace
@@ -161,7 +161,10 @@ void run_benchmark(ProcessGroup& pg, const FsdpBenchOptions& o, Results& results
   for (const auto& v : o.variants) ts.push_back(std::make_unique<Trainee>(pg, mcfg, o, v));
   print0("  built: RSS {:.2f} GB, peak {:.2f} GB{} (rank 0)", current_rss_bytes() / 1e9, peak_rss_bytes() / 1e9,
          cuda_note());
-  if (!o.cfg.trace.empty()) pg.barrier(), trace::enable();
+  if (!o.cfg.trace.empty()) {
+    pg.barrier();
+    trace::enable();
+  }
   const int64_t rows = o.cfg.global_batch / W, T = o.cfg.context;
   for (int it = 0; it < o.cfg.warmup + o.cfg.steps; ++it) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + it * W + pg.rank());  // each rank its own batch
@@ -170,22 +173,30 @@ void run_benchmark(ProcessGroup& pg, const FsdpBenchOptions& o, Results& results
     const bool timed = it >= o.cfg.warmup;
     trace::set_recording(timed);  // no-op without --trace
     for (auto& t : ts) {
-      const double sent0 = t->fsdp ? t->fsdp->sent_bytes() : 0;
       const int64_t allocated = cuda_allocated_bytes(dev);  // every variant's resident state (0 on the CPU)
       cuda_peak = std::max(cuda_peak, cuda_peak_allocated_bytes(dev));
       reset_cuda_peak(dev);
       const double s = t->step(x, y, dev, it);
       if (it > 0) t->step_peak_cuda = std::max(t->step_peak_cuda, cuda_peak_allocated_bytes(dev) - allocated);
       if (timed) t->step_s.push_back(s);
-      if (it == 0) t->bytes = t->count(), t->sent_per_step = t->fsdp ? t->fsdp->sent_bytes() - sent0 : 0;
+      if (it == 0) {
+        t->bytes = t->strategy->bytes();
+        t->sent_per_step = t->strategy->sent_bytes_per_step();
+      }
     }
     print0("  step {} of {} done: RSS {:.2f} GB, peak {:.2f} GB{} (rank 0)", it + 1, o.cfg.warmup + o.cfg.steps,
            current_rss_bytes() / 1e9, peak_rss_bytes() / 1e9, cuda_note());
   }
   cuda_peak = std::max(cuda_peak, cuda_peak_allocated_bytes(dev));
   trace::set_recording(false);
-  if (!o.cfg.trace.empty()) trace::write(pg, o.cfg.trace), print0("trace of the timed steps written to {}", o.cfg.trace);
-  auto max_all = [&](double v) { auto a = pg.all_gather(v); return *std::max_element(a.begin(), a.end()); };
+  if (!o.cfg.trace.empty()) {
+    trace::write(pg, o.cfg.trace);
+    print0("trace of the timed steps written to {}", o.cfg.trace);
+  }
+  auto max_all = [&](double v) {
+    auto a = pg.all_gather(v);
+    return *std::max_element(a.begin(), a.end());
+  };
   const double rss = max_all(static_cast<double>(peak_rss_bytes()));
   const double cuda_peak_all = cuda ? max_all(static_cast<double>(cuda_peak)) : 0.0;
   std::vector<double> first;  // the first variant's per-round steps: the ratios' denominator
@@ -195,23 +206,33 @@ void run_benchmark(ProcessGroup& pg, const FsdpBenchOptions& o, Results& results
     std::vector<double> ratio;
     for (size_t k = 0; k < per_round.size(); ++k) ratio.push_back(per_round[k] / first[k]);
     const Stats st = summarize(per_round), rt = summarize(ratio);
-    const bool zero = t->zero1 != nullptr;
-    const int64_t np = mcfg.num_parameters();
-    const double sent = t->ddp ? ddp_bytes_per_step(np, W) : zero ? zero1_bytes_per_step(np, W) : t->sent_per_step;
-    nlohmann::json row{{"variant", t->name}, {"vs", ts.front()->name}, {"world_size", W}, {"link", link_description()},
+    const bool fsdp = t->name != "ddp" && t->name != "zero1";
+    nlohmann::json row{{"variant", t->name},
+                       {"vs", ts.front()->name},
+                       {"world_size", W},
+                       {"link", link_description()},
                        {"preset", o.cfg.preset},
-                       {"context", o.cfg.context}, {"batch", o.cfg.global_batch}, {"params", mcfg.num_parameters()},
-                       {"compute_dtype", t->fsdp ? dtype_name(o.compute_dtype) : "float32"},
-                       {"param_MB", max_all(t->bytes.params) / 1e6}, {"grad_MB", max_all(t->bytes.grads) / 1e6},
-                       {"state_MB", max_all(t->bytes.state) / 1e6}, {"total_MB", max_all(t->bytes.total()) / 1e6},
-                       {"expected_MB", double(t->ddp  ? fp32_training_bytes(np).total()        // 16P
-                                              : zero ? zero1_expected_bytes(np, W).total()  // 8P + 8P/N
-                                                     : fsdp_expected_bytes(np, W).total()) / 1e6},  // 16P/N
-                       {"gathered_peak_MB", t->fsdp ? max_all(t->fsdp->peak_gathered_bytes()) / 1e6 : 0.0},
+                       {"context", o.cfg.context},
+                       {"batch", o.cfg.global_batch},
+                       {"params", mcfg.num_parameters()},
+                       {"compute_dtype", fsdp ? dtype_name(o.compute_dtype) : "float32"},
+                       {"param_MB", max_all(t->bytes.params) / 1e6},
+                       {"grad_MB", max_all(t->bytes.grads) / 1e6},
+                       {"state_MB", max_all(t->bytes.state) / 1e6},
+                       {"total_MB", max_all(t->bytes.total()) / 1e6},
+                       {"expected_MB", expected_bytes(t->name, mcfg.num_parameters(), W) / 1e6},
+                       {"gathered_peak_MB", max_all(t->strategy->gathered_peak_bytes()) / 1e6},
                        {"peak_rss_MB", alone && reset_ok ? rss / 1e6 : -1.0},
-                       {"sent_MB_per_step", sent / 1e6}, {"steps", st.n}, {"step_median_s", st.median},
-                       {"step_min_s", st.min}, {"step_max_s", st.max}, {"ratio_median", rt.median},
-                       {"ratio_min", rt.min}, {"ratio_max", rt.max}, {"step_s", per_round}, {"ratio", ratio}};
+                       {"sent_MB_per_step", t->sent_per_step / 1e6},
+                       {"steps", st.n},
+                       {"step_median_s", st.median},
+                       {"step_min_s", st.min},
+                       {"step_max_s", st.max},
+                       {"ratio_median", rt.median},
+                       {"ratio_min", rt.min},
+                       {"ratio_max", rt.max},
+                       {"step_s", per_round},
+                       {"ratio", ratio}};
     if (cuda) {  // GPU memory, from CUDA's caching allocator (max over ranks)
       row["device"] = dev.str();
       row["peak_cuda_MB"] = alone ? cuda_peak_all / 1e6 : -1.0;
@@ -223,27 +244,31 @@ void run_benchmark(ProcessGroup& pg, const FsdpBenchOptions& o, Results& results
 }
 
 void print_tables(const Results& r) {
-  std::vector<std::string> keys{"variant", "world_size", "compute_dtype", "param_MB", "grad_MB", "state_MB", "total_MB",
-                                "expected_MB", "gathered_peak_MB", "peak_rss_MB"};
-  std::vector<std::string> heads{"variant", "ranks", "compute", "params", "grads", "AdamW state", "total", "by formula",
-                                 "gathered (peak)", "peak RSS"};
+  std::vector<std::string> keys{"variant",  "world_size", "compute_dtype", "param_MB",         "grad_MB",
+                                "state_MB", "total_MB",   "expected_MB",   "gathered_peak_MB", "peak_rss_MB"};
+  std::vector<std::string> heads{"variant",     "ranks", "compute",    "params",          "grads",
+                                 "AdamW state", "total", "by formula", "gathered (peak)", "peak RSS"};
   std::string cuda_note;
   if (!r.rows().empty() && r.rows().front().contains("peak_cuda_MB")) {  // run on CUDA: GPU memory beside
     keys.insert(keys.end(), {"peak_cuda_MB", "step_peak_cuda_MB"});
     heads.insert(heads.end(), {"peak CUDA", "step peak CUDA"});
-    cuda_note = "; on the GPU, CUDA's caching allocator: the process's peak allocated (-1: several variants ran), and\n"
-                "the most one step allocated above what was allocated before it (after the first step)";
+    cuda_note =
+        "; on the GPU, CUDA's caching allocator: the process's peak allocated (-1: several variants ran), and\n"
+        "the most one step allocated above what was allocated before it (after the first step)";
   }
-  print0("\nmemory per rank in MB (10^6 B), counted tensor by tensor after the first step (max over ranks): DDP keeps\n"
-         "16P, ZeRO-1 8P + 8P/N, FSDP 16P/N plus the gathered units at their peak; peak RSS of the process (-1: several\n"
-         "variants ran){}\n{}",
-         cuda_note, r.markdown(keys, heads, 4));
-  print0("\ntime per step (slowest rank): median and range over the rounds; ratio to the first variant taken round\n"
-         "by round; bytes each rank sends per step (ring arithmetic: DDP and ZeRO-1 2(N-1)/N x 4P, FSDP as launched)\n{}",
-         r.markdown({"variant", "vs", "world_size", "preset", "steps", "sent_MB_per_step", "step_median_s",
-                     "step_min_s", "step_max_s", "ratio_median", "ratio_min", "ratio_max"},
-                    {"variant", "ratio to", "ranks", "preset", "steps", "sent per step (MB)", "step (s)", "min",
-                     "max", "ratio", "ratio min", "ratio max"}, 4));
+  print0(
+      "\nmemory per rank in MB (10^6 B), counted tensor by tensor after the first step (max over ranks): DDP keeps\n"
+      "16P, ZeRO-1 8P + 8P/N, FSDP 16P/N plus the gathered units at their peak; peak RSS of the process (-1: several\n"
+      "variants ran){}\n{}",
+      cuda_note, r.markdown(keys, heads, 4));
+  print0(
+      "\ntime per step (slowest rank): median and range over the rounds; ratio to the first variant taken round\n"
+      "by round; bytes each rank sends per step (ring arithmetic: DDP and ZeRO-1 2(N-1)/N x 4P, FSDP as launched)\n{}",
+      r.markdown({"variant", "vs", "world_size", "preset", "steps", "sent_MB_per_step", "step_median_s", "step_min_s",
+                  "step_max_s", "ratio_median", "ratio_min", "ratio_max"},
+                 {"variant", "ratio to", "ranks", "preset", "steps", "sent per step (MB)", "step (s)", "min", "max",
+                  "ratio", "ratio min", "ratio max"},
+                 4));
 }
 
 }  // namespace dp

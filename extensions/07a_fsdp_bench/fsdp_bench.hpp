@@ -3,8 +3,8 @@
 // memory and speed.
 #pragma once
 
-#include "common/harness/ddp_bench.hpp"
 #include "common/dist/dist.hpp"
+#include "common/harness/ddp_bench.hpp"
 #include "common/measure/results.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 
@@ -18,7 +18,7 @@ struct FsdpBenchOptions {
   BenchConfig cfg;
   /// "ddp", "zero1", "fsdp" (reshard after forward), "fsdp-keep" (keep gathered weights until backward)
   std::vector<std::string> variants{"ddp", "fsdp", "fsdp-keep"};
-  torch::ScalarType compute_dtype = torch::kFloat32;              ///< --compute-dtype, for the FSDP variants
+  torch::ScalarType compute_dtype = torch::kFloat32;  ///< --compute-dtype, for the FSDP variants
   /// The ranks compute on GPUs (--device cuda, or --backend nccl): check_memory() counts one GPU's memory,
   /// shared by the ranks bound to it, instead of this machine's.
   bool cuda = false;

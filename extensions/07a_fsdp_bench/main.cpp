@@ -21,12 +21,12 @@
 // and a time table (ratios to the first variant round by round); "PASS extension 07a" last.
 //
 // What it leaves: the figures are one CPU machine's; a GPU changes the ratio of compute to communication.
-#include "common/measure/cli.hpp"
-#include "common/harness/ddp_bench.hpp"
 #include "common/base/format.hpp"
 #include "common/dist/launch_env.hpp"
-#include "common/measure/memory.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/measure/cli.hpp"
+#include "common/measure/memory.hpp"
 #include "common/model/transformer.hpp"
 #include "extensions/07a_fsdp_bench/fsdp_bench.hpp"
 #include "extensions/07a_fsdp_bench/transformer_check.hpp"
@@ -40,15 +40,21 @@ using namespace dp;
 int main(int argc, char** argv) {
   Cli cli("ext07a_fsdp_bench", "Extension 07a: FSDP against DDP and ZeRO-1 in memory and time");
   FsdpBenchOptions o;
-  o.cfg.preset = "tiny", o.cfg.context = 64, o.cfg.warmup = 1, o.cfg.steps = 5;  // a short run by default
+  // a short run by default
+  o.cfg.preset = "tiny";
+  o.cfg.context = 64;
+  o.cfg.warmup = 1;
+  o.cfg.steps = 5;
   std::string reshard = "both", dtype = "float32";
   std::vector<std::string> variants{"ddp", "fsdp"};
   add_bench_options(cli.app(), o.cfg);
   cli.app().remove_option(cli.app().get_option("--budget"));
   cli.app().get_option("--steps")->description("Timed steps per variant");
-  cli.app().add_option("--variants", variants,
-                       "ddp (stage 05, 25 MB buckets), zero1 (stage 06's Zero1Optimizer) and/or fsdp")
-      ->delimiter(',')->check(CLI::IsMember({"ddp", "zero1", "fsdp"}));
+  cli.app()
+      .add_option("--variants", variants,
+                  "ddp (stage 05, 25 MB buckets), zero1 (stage 06's Zero1Optimizer) and/or fsdp")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"ddp", "zero1", "fsdp"}));
   add_fsdp_flags(cli.app(), reshard, dtype);  // --reshard-after-forward, --compute-dtype
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
@@ -63,13 +69,17 @@ int main(int argc, char** argv) {
     validate_bench_config(o.cfg, world);
     o.compute_dtype = parse_compute_dtype(dtype);
     if (cli.app().count("--compute-dtype") && std::find(variants.begin(), variants.end(), "fsdp") == variants.end())
-      throw UsageError(fmt::format("--compute-dtype {} is the dtype of FSDP's gathered weights, and --variants {} has "
-                                   "no fsdp: add it, or leave out --compute-dtype", dtype, fmt::join(variants, ",")));
+      throw UsageError(
+          fmt::format("--compute-dtype {} is the dtype of FSDP's gathered weights, and --variants {} has "
+                      "no fsdp: add it, or leave out --compute-dtype",
+                      dtype, fmt::join(variants, ",")));
     o.cuda = cli.dist_options().on_gpu();  // the group's device, known before it forms
     o.variants.clear();
     for (const auto& v : variants) {
-      if (v != "fsdp") o.variants.push_back(v);
-      else for (bool m : modes) o.variants.push_back(m ? "fsdp" : "fsdp-keep");
+      if (v != "fsdp")
+        o.variants.push_back(v);
+      else
+        for (bool m : modes) o.variants.push_back(m ? "fsdp" : "fsdp-keep");
     }
     check_memory(o, world);
     auto pg = ProcessGroup::init_from_env(cli.dist_options());

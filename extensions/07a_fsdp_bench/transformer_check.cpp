@@ -3,9 +3,9 @@
 
 #include "common/base/format.hpp"
 #include "common/harness/ddp_check.hpp"
+#include "common/measure/tolerance.hpp"
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
-#include "common/measure/tolerance.hpp"
 #include "common/model/transformer.hpp"
 #include "stages/07_fsdp/strategies.hpp"
 
@@ -41,20 +41,30 @@ double compare_and_resync(const std::vector<std::pair<std::string, torch::Tensor
 
 Margin check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumulate, uint64_t seed) {
   TransformerConfig cfg;
-  cfg.vocab_size = 64, cfg.context_length = 16, cfg.d_model = 32, cfg.d_ff = 64, cfg.num_layers = 2, cfg.num_heads = 2;
+  cfg.vocab_size = 64;
+  cfg.context_length = 16;
+  cfg.d_model = 32;
+  cfg.d_ff = 64;
+  cfg.num_layers = 2;
+  cfg.num_heads = 2;
   const int W = pg.world_size(), r = pg.rank();
   const int64_t rows = 2, T = cfg.context_length;
   if (accumulate < 1 || rows % accumulate != 0)
-    throw std::invalid_argument(fmt::format("check_transformer_fsdp: accumulate {} does not divide {} rows", accumulate, rows));
+    throw std::invalid_argument(
+        fmt::format("check_transformer_fsdp: accumulate {} does not divide {} rows", accumulate, rows));
   const int64_t micro = rows / accumulate;
   TransformerLM ref{nullptr}, cmp{nullptr}, shd{nullptr};
   {
     std::lock_guard<std::mutex> lock(model_init_mutex());
     torch::manual_seed(3 + seed);
-    ref = TransformerLM(cfg), cmp = TransformerLM(cfg), shd = TransformerLM(cfg);
+    ref = TransformerLM(cfg);
+    cmp = TransformerLM(cfg);
+    shd = TransformerLM(cfg);
   }
   copy_parameters(*shd, *ref);
-  ref->to(pg.device()), cmp->to(pg.device()), shd->to(pg.device());
+  ref->to(pg.device());
+  cmp->to(pg.device());
+  shd->to(pg.device());
   Fsdp fsdp(pg, shd.ptr(), shd->units(), opts);
   // SGD with momentum: a gradient's rounding reaches the weights scaled by lr, where AdamW's normalised
   // step can turn a 1e-9 difference in a near-zero gradient into a sizeable fraction of lr.
@@ -69,10 +79,11 @@ Margin check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumulate
     auto tokens = torch::randint(0, cfg.vocab_size, {rows * W, T + 1}, gen).to(pg.device());
     auto x = tokens.narrow(1, 0, T), y = tokens.narrow(1, 1, T);
     ref_opt.zero_grad();  // the reference computes as FSDP does (dp::reference_backward())
-    reference_backward(*ref, *cmp, [&](const torch::nn::Module& m) { return compute_dtype_of(m, opts); },
-                       [&](torch::nn::Module& m) {
-                         return lm_loss(static_cast<TransformerLMImpl&>(m).forward(x).to(torch::kFloat32), y);
-                       });
+    reference_backward(
+        *ref, *cmp, [&](const torch::nn::Module& m) { return compute_dtype_of(m, opts); },
+        [&](torch::nn::Module& m) {
+          return lm_loss(static_cast<TransformerLMImpl&>(m).forward(x).to(torch::kFloat32), y);
+        });
     ref_opt.step();
     G = std::max(G, max_abs_grad(ref->parameters()));
     opt.zero_grad();
@@ -94,11 +105,11 @@ Margin check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumulate
   const bool resync = opts.compute_dtype != torch::kFloat32;  // see compare_and_resync
   const double w = max_abs(ref->parameters());
   result.bound = sgd_weight_bound(lr, momentum, kSteps, rel * G, w, resync);
-  result.derivation = fmt::format("lr {} x {:.3g} (momentum {}, {} steps{}) x ({} sums x u(fp32) + {:.0f} roundings x "
-                                  "u({})) x max|g| {:.3g}, plus ulps of max|w| {:.3g}", lr,
-                                  sgd_weight_bound(1, momentum, kSteps, 1, 0, resync), momentum, kSteps,
-                                  resync ? ", weights resynced" : "", rows * W * T + W, n,
-                                  dtype_name(opts.compute_dtype), G, w);
+  result.derivation = fmt::format(
+      "lr {} x {:.3g} (momentum {}, {} steps{}) x ({} sums x u(fp32) + {:.0f} roundings x "
+      "u({})) x max|g| {:.3g}, plus ulps of max|w| {:.3g}",
+      lr, sgd_weight_bound(1, momentum, kSteps, 1, 0, resync), momentum, kSteps, resync ? ", weights resynced" : "",
+      rows * W * T + W, n, dtype_name(opts.compute_dtype), G, w);
   return worst_over_ranks(pg, result);
 }
 
@@ -107,11 +118,13 @@ bool run_transformer_checks(ProcessGroup& pg, const std::vector<bool>& reshard_m
   for (auto dtype : {torch::kFloat32, torch::kBFloat16})  // the modes of stage 07's checks, in their order
     for (bool reshard : reshard_modes) {
       const FsdpOptions f{reshard, dtype};
-      const bool ok = report_margin(check_transformer_fsdp(pg, f, 1, seed),
-                                    fmt::format("FSDP == one process on a 2-layer Transformer ({}; 3 SGD steps)", fsdp_mode_name(f)));
+      const bool ok = report_margin(
+          check_transformer_fsdp(pg, f, 1, seed),
+          fmt::format("FSDP == one process on a 2-layer Transformer ({}; 3 SGD steps)", fsdp_mode_name(f)));
       const bool ok2 = report_margin(check_transformer_fsdp(pg, f, /*accumulate=*/2, seed),  // shard gradients add up
                                      fmt::format("FSDP, 2 micro-batches accumulated per step == one process on the "
-                                                 "Transformer ({})", fsdp_mode_name(f)));
+                                                 "Transformer ({})",
+                                                 fsdp_mode_name(f)));
       all_ok = all_ok && ok && ok2;
     }
   return all_ok;

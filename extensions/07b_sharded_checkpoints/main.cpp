@@ -8,7 +8,8 @@
 // unit's flat buffer anew and reads only the files whose chunks overlap this rank's new one.
 //
 // Run it:
-//   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/ext07b_sharded_checkpoints --checkpoint /tmp/s7         # save, resume
+//   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/ext07b_sharded_checkpoints --checkpoint /tmp/s7         # save,
+//   resume
 //   ./build/bin/ddp_launch --nproc 3 -- ./build/bin/ext07b_sharded_checkpoints --checkpoint /tmp/s7 --resume-only
 //       (loads what 2 ranks saved into 3 ranks, checks it against the whole state assembled, trains on)
 // Correct output: per rank "[rank r/2] wrote 8 files, at most 15.4 MB at once" (6 on rank 1); "PASS checkpoint
@@ -22,20 +23,20 @@
 // What it leaves: a save over an older checkpoint replaces it file by file (an interrupted one is refused on
 // load, not mixed; save to a new folder per step to keep the last good one); stage 08 still saves the full
 // state, through the contract every way of training shares.
-#include "common/measure/cli.hpp"
-#include "common/model/data.hpp"
-#include "common/harness/ddp_bench.hpp"
 #include "common/base/format.hpp"
-#include "common/state/full_state.hpp"
-#include "common/dist/launch_env.hpp"
 #include "common/base/log.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/measure/cli.hpp"
 #include "common/measure/memory.hpp"
+#include "common/measure/results.hpp"
+#include "common/measure/timing.hpp"
+#include "common/model/data.hpp"
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
-#include "common/measure/results.hpp"
-#include "common/dist/runtime.hpp"
-#include "common/measure/timing.hpp"
 #include "common/model/transformer.hpp"
+#include "common/state/full_state.hpp"
 #include "extensions/07b_sharded_checkpoints/sharded_checkpoint.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 
@@ -65,7 +66,8 @@ struct Run {
     auto [gx, gy] = token_batch(cfg.global_batch, cfg.context, model->cfg.vocab_size, 11, i);
     opt->zero_grad();
     lm_loss(model->forward_units(shard_rows(gx, pg.rank(), pg.world_size()).to(pg.device()), fsdp->runner()),
-            shard_rows(gy, pg.rank(), pg.world_size()).to(pg.device())).backward();
+            shard_rows(gy, pg.rank(), pg.world_size()).to(pg.device()))
+        .backward();
     fsdp->finish_gradient_synchronization();
     opt->step();
   }
@@ -82,7 +84,10 @@ std::pair<double, double> measured(ProcessGroup& pg, F&& f) {
   const double s = timer.seconds(), mb = static_cast<double>(peak_rss_bytes() - before) / 1e6;
   const auto all = pg.all_gather(std::vector<double>{s, mb});
   std::pair<double, double> most{0, 0};
-  for (const auto& r : all) most.first = std::max(most.first, r[0]), most.second = std::max(most.second, r[1]);
+  for (const auto& r : all) {
+    most.first = std::max(most.first, r[0]);
+    most.second = std::max(most.second, r[1]);
+  }
   return most;
 }
 
@@ -92,17 +97,27 @@ double most_of(ProcessGroup& pg, int64_t v) {
 }
 
 int main(int argc, char** argv) {
-  Cli cli("ext07b_sharded_checkpoints", "Extension 07b: FSDP's checkpoints written shard by shard, loadable at any world size");
+  Cli cli("ext07b_sharded_checkpoints",
+          "Extension 07b: FSDP's checkpoints written shard by shard, loadable at any world size");
   BenchConfig cfg;
-  cfg.preset = "tiny", cfg.context = 32, cfg.steps = 3, cfg.global_batch = 12;  // 12 rows split over 1-4 or 6 ranks
+  // 12 rows split over 1-4 or 6 ranks
+  cfg.preset = "tiny";
+  cfg.context = 32;
+  cfg.steps = 3;
+  cfg.global_batch = 12;
   std::string dir;
   bool resume_only = false;
   cli.app().add_option("--checkpoint", dir, "Folder of the checkpoint's files (made if missing)")->required();
-  auto* resume = cli.app().add_flag("--resume-only", resume_only,
-                                    "Load the folder an earlier run saved (at any world size), check it, train one step, save nothing");
-  cli.app().add_option("--preset", cfg.preset, "Transformer size")->check(CLI::IsMember(TransformerConfig::preset_names()));
-  cli.app().add_option("--steps", cfg.steps, "Steps before the checkpoint (not with --resume-only: one step)")
-      ->check(PositiveInt)->excludes(resume);
+  auto* resume = cli.app().add_flag(
+      "--resume-only", resume_only,
+      "Load the folder an earlier run saved (at any world size), check it, train one step, save nothing");
+  cli.app()
+      .add_option("--preset", cfg.preset, "Transformer size")
+      ->check(CLI::IsMember(TransformerConfig::preset_names()));
+  cli.app()
+      .add_option("--steps", cfg.steps, "Steps before the checkpoint (not with --resume-only: one step)")
+      ->check(PositiveInt)
+      ->excludes(resume);
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
@@ -112,15 +127,17 @@ int main(int argc, char** argv) {
     map_large_allocations();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
     validate_bench_config(cfg, world);                           // bad input: exit 2 before any rendezvous
-    if (resume_only) {  // bad input: exit 2 now, before any rendezvous
-      const auto saved = read_sharded_info(dir).meta;  // "holds no complete sharded checkpoint", "damaged"
+    if (resume_only) {                                           // bad input: exit 2 now, before any rendezvous
+      const auto saved = read_sharded_info(dir).meta;            // "holds no complete sharded checkpoint", "damaged"
       if (saved.value("preset", cfg.preset) != cfg.preset)
         throw UsageError(fmt::format("--preset {}: {} was saved from --preset {}; give --preset {}", cfg.preset, dir,
                                      saved.value("preset", ""), saved.value("preset", "")));
     } else {
       std::error_code ec;
       std::filesystem::create_directories(dir, ec);
-      if (ec) throw UsageError(fmt::format("--checkpoint {}: cannot create that folder ({}); give a writable folder", dir, ec.message()));
+      if (ec)
+        throw UsageError(
+            fmt::format("--checkpoint {}: cannot create that folder ({}); give a writable folder", dir, ec.message()));
       check_writable("--checkpoint", (std::filesystem::path(dir) / "metadata").string());
     }
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
@@ -128,7 +145,10 @@ int main(int argc, char** argv) {
     Results results("sharded_checkpoint");
     const auto add_row = [&](nlohmann::json row, const Fsdp& fsdp) {  // what every row says of the run
       const double P = static_cast<double>(fsdp.num_parameters());
-      row.update({{"preset", cfg.preset}, {"world_size", pg.world_size()}, {"parameters", P}, {"full_state_MB", 12 * P / 1e6}});
+      row.update({{"preset", cfg.preset},
+                  {"world_size", pg.world_size()},
+                  {"parameters", P},
+                  {"full_state_MB", 12 * P / 1e6}});
       results.add(std::move(row));
     };
     if (resume_only) {
@@ -143,15 +163,21 @@ int main(int argc, char** argv) {
       const auto whole = consolidate_sharded_checkpoint(dir, unique_named_parameters(*fresh.model, true));
       const std::string diff = first_difference(gathered_state(pg, *fresh.fsdp, *fresh.opt), whole);
       // [reshard]
-      if (!diff.empty()) throw CheckFailed("the loaded state differs from the files' at " + diff);  // alike on every rank
+      if (!diff.empty())
+        throw CheckFailed("the loaded state differs from the files' at " + diff);  // alike on every rank
       fresh.step(pg, cfg, info.step);
-      print0("PASS loaded {} (saved by {} at step {}) into {}: every tensor and its AdamW state equal to the whole "
-             "state assembled from the files; trained on", dir, count_of(info.world_size, "rank"), info.step,
-             count_of(pg.world_size(), "rank"));
+      print0(
+          "PASS loaded {} (saved by {} at step {}) into {}: every tensor and its AdamW state equal to the whole "
+          "state assembled from the files; trained on",
+          dir, count_of(info.world_size, "rank"), info.step, count_of(pg.world_size(), "rank"));
       print0("load: {:.2f} s, peak resident memory +{:.0f} MB on the rank that added most", load_s, load_mb);
-      add_row({{"operation", "load"}, {"saved_by", info.world_size}, {"files_per_rank", most_of(pg, info.files_touched)},
-               {"checkpoint_MB", info.bytes / 1e6}, {"largest_file_MB", most_of(pg, info.largest_held) / 1e6},
-               {"rss_added_MB", load_mb}, {"seconds", load_s}},
+      add_row({{"operation", "load"},
+               {"saved_by", info.world_size},
+               {"files_per_rank", most_of(pg, info.files_touched)},
+               {"checkpoint_MB", info.bytes / 1e6},
+               {"largest_file_MB", most_of(pg, info.largest_held) / 1e6},
+               {"rss_added_MB", load_mb},
+               {"seconds", load_s}},
               *fresh.fsdp);
     } else {
       Run run(pg, mcfg, /*seed=*/1);
@@ -168,20 +194,30 @@ int main(int argc, char** argv) {
       load_sharded_checkpoint(dir, pg, *fresh.model, *fresh.fsdp, *fresh.opt);
       run.step(pg, cfg, cfg.steps);
       fresh.step(pg, cfg, cfg.steps);
-      const std::string diff = first_difference(gathered_state(pg, *run.fsdp, *run.opt), gathered_state(pg, *fresh.fsdp, *fresh.opt));
+      const std::string diff =
+          first_difference(gathered_state(pg, *run.fsdp, *run.opt), gathered_state(pg, *fresh.fsdp, *fresh.opt));
       // What stage 08's way would hold on every rank while saving: every parameter and its 2 AdamW tensors, fp32.
       const double full = 12.0 * static_cast<double>(run.fsdp->num_parameters());
-      print0("{} checkpoint {} (saved by {} at step {}: {}, {}; at most {} of it on one rank at once, where a gathered "
-             "checkpoint holds 12P = {} on every rank): resumed step {} the uninterrupted one", diff.empty() ? "PASS" : "FAIL",
-             dir, count_of(saved.world_size, "rank"), saved.step, count_of(saved.files, "file"),
-             format_bytes(static_cast<double>(saved.bytes)), format_bytes(most_of(pg, saved.largest_held)),
-             format_bytes(full), diff.empty() ? "equals" : "DIFFERS (" + diff + ") from");
+      print0(
+          "{} checkpoint {} (saved by {} at step {}: {}, {}; at most {} of it on one rank at once, where a gathered "
+          "checkpoint holds 12P = {} on every rank): resumed step {} the uninterrupted one",
+          diff.empty() ? "PASS" : "FAIL", dir, count_of(saved.world_size, "rank"), saved.step,
+          count_of(saved.files, "file"), format_bytes(static_cast<double>(saved.bytes)),
+          format_bytes(most_of(pg, saved.largest_held)), format_bytes(full),
+          diff.empty() ? "equals" : "DIFFERS (" + diff + ") from");
       if (!diff.empty()) throw CheckFailed("resuming from the sharded checkpoint changed the training");
-      print0("save: {:.2f} s, peak resident memory +{:.0f} MB on the rank that added most; gathering the whole state "
-             "instead: +{:.0f} MB ({:.2f} s)", save_s, save_mb, gather_mb, gather_s);
-      add_row({{"operation", "save"}, {"saved_by", saved.world_size}, {"files_per_rank", most_of(pg, saved.files_touched)},
-               {"checkpoint_MB", saved.bytes / 1e6}, {"largest_file_MB", most_of(pg, saved.largest_held) / 1e6},
-               {"rss_added_MB", save_mb}, {"seconds", save_s}, {"gathered_rss_added_MB", gather_mb}},
+      print0(
+          "save: {:.2f} s, peak resident memory +{:.0f} MB on the rank that added most; gathering the whole state "
+          "instead: +{:.0f} MB ({:.2f} s)",
+          save_s, save_mb, gather_mb, gather_s);
+      add_row({{"operation", "save"},
+               {"saved_by", saved.world_size},
+               {"files_per_rank", most_of(pg, saved.files_touched)},
+               {"checkpoint_MB", saved.bytes / 1e6},
+               {"largest_file_MB", most_of(pg, saved.largest_held) / 1e6},
+               {"rss_added_MB", save_mb},
+               {"seconds", save_s},
+               {"gathered_rss_added_MB", gather_mb}},
               *run.fsdp);
     }
     if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));

@@ -1,10 +1,10 @@
 // Sharded checkpoints of FSDP: each rank writes what it holds, and reads back only what it will hold.
 #include "extensions/07b_sharded_checkpoints/sharded_checkpoint.hpp"
 
-#include "common/state/checkpoint_file.hpp"
 #include "common/base/errors.hpp"
-#include "common/state/optim_state.hpp"
 #include "common/model/params.hpp"
+#include "common/state/checkpoint_file.hpp"
+#include "common/state/optim_state.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -39,7 +39,8 @@ json described(const std::string& name, const torch::Tensor& t) { return {{"name
 // The model's name of each of its trainable tensors, by identity (tied weights once, as Fsdp holds them).
 std::unordered_map<const void*, std::string> names_of(const torch::nn::Module& model) {
   std::unordered_map<const void*, std::string> names;
-  for (const auto& [name, p] : unique_named_parameters(model, /*trainable_only=*/true)) names[p.unsafeGetTensorImpl()] = name;
+  for (const auto& [name, p] : unique_named_parameters(model, /*trainable_only=*/true))
+    names[p.unsafeGetTensorImpl()] = name;
   return names;
 }
 
@@ -95,8 +96,10 @@ struct Meta {
 Meta read_meta(const std::string& dir) {
   const std::string path = metadata_file(dir);
   if (!fs::exists(path))
-    throw UsageError(fmt::format("{} holds no complete sharded checkpoint ({} is missing: no save, or one that did not "
-                                 "finish); give the folder a save wrote", dir, path));
+    throw UsageError(
+        fmt::format("{} holds no complete sharded checkpoint ({} is missing: no save, or one that did not "
+                    "finish); give the folder a save wrote",
+                    dir, path));
   const CheckpointFile file = read_checkpoint_file(path, kMetaFormat);  // "cannot read" / "damaged"
   Meta m;
   m.bytes = file.bytes.size();
@@ -139,17 +142,20 @@ std::map<std::string, torch::Tensor> read_piece(const std::string& path, const M
   try {
     const json meta = json::parse(file.meta());
     if (meta.at("save_id") != m.id)
-      throw UsageError(fmt::format("{} belongs to another save (id {}, the metadata's is {}): a save into this folder "
-                                   "did not finish; resume from a folder whose save completed", path,
-                                   meta.at("save_id").get<std::string>(), m.id));
+      throw UsageError(
+          fmt::format("{} belongs to another save (id {}, the metadata's is {}): a save into this folder "
+                      "did not finish; resume from a folder whose save completed",
+                      path, meta.at("save_id").get<std::string>(), m.id));
     for (const auto& [k, v] : expect.items())
-      if (meta.at(k) != v) throw UsageError(fmt::format("{} is damaged: its {} is {}, not {}", path, k, meta.at(k).dump(), v.dump()));
+      if (meta.at(k) != v)
+        throw UsageError(fmt::format("{} is damaged: its {} is {}, not {}", path, k, meta.at(k).dump(), v.dump()));
     torch::serialize::InputArchive archive;
     archive.load_from(file.payload(), file.payload_size);
     for (const auto& [key, n] : keys) {
       torch::Tensor t;
       archive.read(key, t);
-      if (t.numel() != n) throw UsageError(fmt::format("{} is damaged: {} has {} values, not {}", path, key, t.numel(), n));
+      if (t.numel() != n)
+        throw UsageError(fmt::format("{} is damaged: {} has {} values, not {}", path, key, t.numel(), n));
       out[key] = t;
     }
   } catch (const UsageError&) {
@@ -174,15 +180,18 @@ std::vector<std::pair<std::string, int64_t>> piece_keys(const Meta& m, const std
 void check_layout(const std::string& dir, const Meta& m, const json& mine) {
   const json& saved = m.j;
   const auto differs = [&](const std::string& what, const json& a, const json& b) {
-    throw UsageError(fmt::format("checkpoint {} was written for another model: {} is {} in it, {} here; load it into "
-                                 "the model it was saved from", dir, what, a.dump(), b.dump()));
+    throw UsageError(
+        fmt::format("checkpoint {} was written for another model: {} is {} in it, {} here; load it into "
+                    "the model it was saved from",
+                    dir, what, a.dump(), b.dump()));
   };
   if (saved.at("units").size() != mine.at("units").size())
     differs("the number of units", saved.at("units").size(), mine.at("units").size());
   for (size_t u = 0; u < mine.at("units").size(); ++u)
     if (saved.at("units")[u].at("tensors") != mine.at("units")[u].at("tensors"))
       differs(fmt::format("unit {}", u), saved.at("units")[u].at("tensors"), mine.at("units")[u].at("tensors"));
-  if (saved.at("replicated") != mine.at("replicated")) differs("the replicated tensors", saved.at("replicated"), mine.at("replicated"));
+  if (saved.at("replicated") != mine.at("replicated"))
+    differs("the replicated tensors", saved.at("replicated"), mine.at("replicated"));
 }
 
 }  // namespace
@@ -193,19 +202,21 @@ ShardedCheckpointInfo save_sharded_checkpoint(const std::string& dir, ProcessGro
   const int W = pg.world_size(), r = pg.rank();
   const ShardedParams held = fsdp.sharding();
   const auto pieces = held.pieces();  // each unit's fp32 chunk, then the replicated tensors
-  std::vector<ParamState> states;  // the optimizer's own tensors, not copies: a save adds one file's bytes at most
+  std::vector<ParamState> states;     // the optimizer's own tensors, not copies: a save adds one file's bytes at most
   for (const auto& p : pieces) states.push_back(get_param_state(opt, p));
   // One id for this save, in every file: a load refuses files of two saves mixed.
   std::random_device rd;
   const std::string id = broadcast_text(pg, r == 0 ? fmt::format("{:08x}{:08x}", rd(), rd()) : "", 0);
   ShardedCheckpointInfo info;
-  info.world_size = W, info.step = step;
+  info.world_size = W;
+  info.step = step;
   std::string error;
   int64_t written = 0;
   const auto write = [&](const std::string& path, const json& meta, const Named& tensors) {
     const std::string payload = serialized(tensors);
     write_checkpoint_file(path, kShardFormat, meta.dump(), payload);  // atomic: PATH.tmp, fsync, rename
-    written += static_cast<int64_t>(fs::file_size(path)), ++info.files_touched;
+    written += static_cast<int64_t>(fs::file_size(path));
+    ++info.files_touched;
     info.largest_held = std::max(info.largest_held, static_cast<int64_t>(payload.size()));
   };
   try {
@@ -245,11 +256,17 @@ ShardedCheckpointInfo save_sharded_checkpoint(const std::string& dir, ProcessGro
       const ParamState& s0 = states.at(0);
       json names = json::array();
       for (const auto& [name, t] : s0.tensors) names.push_back(name);
-      meta.update({{"format", "dp sharded checkpoint (FSDP)"}, {"save_id", id}, {"world_size", W}, {"step", step},
+      meta.update({{"format", "dp sharded checkpoint (FSDP)"},
+                   {"save_id", id},
+                   {"world_size", W},
+                   {"step", step},
                    {"meta", caller_meta},
                    {"optimizer", optimizer_kind(opt)},
                    {"state", {{"present", s0.present}, {"step", s0.step}, {"tensors", names}}}});
-      for (int k = 0; k < W; ++k) info.bytes += static_cast<int64_t>(bytes[k]), info.files += static_cast<int64_t>(files[k]);
+      for (int k = 0; k < W; ++k) {
+        info.bytes += static_cast<int64_t>(bytes[k]);
+        info.files += static_cast<int64_t>(files[k]);
+      }
       meta.update({{"files", info.files}, {"bytes", info.bytes}});
       write_checkpoint_file(metadata_file(dir), kMetaFormat, meta.dump(1), "");
       ++info.files_touched;
@@ -266,7 +283,8 @@ ShardedCheckpointInfo save_sharded_checkpoint(const std::string& dir, ProcessGro
     }
   agree(pg, error);
   const auto done = read_sharded_info(dir);  // every rank: the totals, metadata included
-  info.files = done.files, info.bytes = done.bytes;
+  info.files = done.files;
+  info.bytes = done.bytes;
   return info;
 }
 
@@ -284,12 +302,14 @@ ShardedCheckpointInfo load_sharded_checkpoint(const std::string& dir, ProcessGro
   try {
     const Meta m = read_meta(dir);
     info = info_of(dir, m);
-    info.files_touched = 1, info.largest_held = static_cast<int64_t>(m.bytes);
+    info.files_touched = 1;
+    info.largest_held = static_cast<int64_t>(m.bytes);
     check_layout(dir, m, model_layout(model, fsdp));
     if (m.j.at("optimizer") != optimizer_kind(opt))
       throw UsageError(fmt::format("checkpoint {} holds {} state, the optimizer is {}", dir,
                                    m.j.at("optimizer").get<std::string>(), optimizer_kind(opt)));
-    const auto read = [&](const std::string& path, const json& expect, const std::vector<std::pair<std::string, int64_t>>& keys) {
+    const auto read = [&](const std::string& path, const json& expect,
+                          const std::vector<std::pair<std::string, int64_t>>& keys) {
       ++info.files_touched;
       info.largest_held = std::max(info.largest_held, static_cast<int64_t>(fs::file_size(path)));
       return read_piece(path, m, expect, keys);
@@ -307,25 +327,29 @@ ShardedCheckpointInfo load_sharded_checkpoint(const std::string& dir, ProcessGro
       for (int s = 0; s < m.world; ++s) {
         const int64_t os = then.offset(s), oe = os + then.data_in(s), lo = std::max(b, os), hi = std::min(e, oe);
         if (lo >= hi) continue;  // nothing of what this rank needs
-        auto got = read(shard_file(dir, u, s), {{"unit", u}, {"rank", s}, {"elements", oe - os}},
-                        piece_keys(m, "", oe - os));
+        auto got =
+            read(shard_file(dir, u, s), {{"unit", u}, {"rank", s}, {"elements", oe - os}}, piece_keys(m, "", oe - os));
         v.narrow(0, lo - b, hi - lo).copy_(got.at("values").narrow(0, lo - os, hi - lo));
-        for (auto& [name, t] : st.tensors) t.narrow(0, lo - b, hi - lo).copy_(got.at("state." + name).narrow(0, lo - os, hi - lo));
+        for (auto& [name, t] : st.tensors)
+          t.narrow(0, lo - b, hi - lo).copy_(got.at("state." + name).narrow(0, lo - os, hi - lo));
       }
-      values.push_back(v), states.push_back(std::move(st));
+      values.push_back(v);
+      states.push_back(std::move(st));
     }
     // [read_overlaps]
     const size_t replicated = pieces.size() - fsdp.unit_count();
     if (replicated > 0) {
       std::vector<std::pair<std::string, int64_t>> keys;
       for (size_t k = 0; k < replicated; ++k)
-        for (const auto& key : piece_keys(m, fmt::format("r{}.", k), pieces[fsdp.unit_count() + k].numel())) keys.push_back(key);
+        for (const auto& key : piece_keys(m, fmt::format("r{}.", k), pieces[fsdp.unit_count() + k].numel()))
+          keys.push_back(key);
       auto got = read(replicated_file(dir), {{"unit", "replicated"}}, keys);
       for (size_t k = 0; k < replicated; ++k) {
         const auto& p = pieces[fsdp.unit_count() + k];
         values.push_back(got.at(fmt::format("r{}.values", k)).to(p.options()).view(p.sizes()));
         ParamState st = m.state;
-        for (auto& [name, t] : st.tensors) t = got.at(fmt::format("r{}.state.{}", k, name)).to(p.options()).view(p.sizes());
+        for (auto& [name, t] : st.tensors)
+          t = got.at(fmt::format("r{}.state.{}", k, name)).to(p.options()).view(p.sizes());
         states.push_back(std::move(st));
       }
     }
@@ -359,7 +383,7 @@ std::string first_difference(const FullState& a, const FullState& b) {
 
 FullState consolidate_sharded_checkpoint(const std::string& dir, const Named& like) {
   const Meta m = read_meta(dir);
-  std::map<std::string, torch::Tensor> params;               // by name
+  std::map<std::string, torch::Tensor> params;                        // by name
   std::map<std::string, std::map<std::string, torch::Tensor>> state;  // by name, then state tensor
   try {
     const auto& units = m.j.at("units");
@@ -368,8 +392,9 @@ FullState consolidate_sharded_checkpoint(const std::string& dir, const Named& li
       const FlatLayout L = FlatLayout::of(numel, m.world);
       std::map<std::string, std::vector<torch::Tensor>> parts;  // "values" and "state.<name>", rank by rank
       for (int s = 0; s < m.world; ++s)
-        for (auto& [key, t] : read_piece(shard_file(dir, u, s), m, {{"unit", u}, {"rank", s}, {"elements", L.data_in(s)}},
-                                         piece_keys(m, "", L.data_in(s))))
+        for (auto& [key, t] :
+             read_piece(shard_file(dir, u, s), m, {{"unit", u}, {"rank", s}, {"elements", L.data_in(s)}},
+                        piece_keys(m, "", L.data_in(s))))
           parts[key].push_back(t);
       std::map<std::string, torch::Tensor> flat;  // each key's chunks joined once: the unit's values, padding left out
       for (const auto& [key, list] : parts) flat[key] = torch::cat(list);
@@ -381,8 +406,10 @@ FullState consolidate_sharded_checkpoint(const std::string& dir, const Named& li
         for (int64_t d : shape) n *= d;
         for (const auto& [key, all] : flat) {
           auto whole = all.narrow(0, at, n).view(shape).clone();
-          if (key == "values") params[name] = whole;
-          else state[name][key.substr(6)] = whole;  // "state.<name>"
+          if (key == "values")
+            params[name] = whole;
+          else
+            state[name][key.substr(6)] = whole;  // "state.<name>"
         }
         at += n;
       }
@@ -413,14 +440,16 @@ FullState consolidate_sharded_checkpoint(const std::string& dir, const Named& li
     auto it = params.find(name);
     if (it == params.end() || !it->second.sizes().equals(p.sizes()))
       throw UsageError(fmt::format("checkpoint {} was written for another model: {} [{}] is {}", dir, name,
-                                   fmt::join(p.sizes(), "x"), it == params.end() ? "not in it" : "another shape there"));
+                                   fmt::join(p.sizes(), "x"),
+                                   it == params.end() ? "not in it" : "another shape there"));
     out.params.emplace_back(name, it->second);
     ParamState st = m.state;
     for (auto& [sname, t] : st.tensors) t = state[name].at(sname);
     out.optimizer.push_back(std::move(st));
   }
   if (params.size() != like.size())
-    throw UsageError(fmt::format("checkpoint {} holds {} parameters, the model has {}", dir, params.size(), like.size()));
+    throw UsageError(
+        fmt::format("checkpoint {} holds {} parameters, the model has {}", dir, params.size(), like.size()));
   return out;
 }
 

@@ -25,8 +25,8 @@
 #include "common/state/full_state.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 
-#include "common/base/libtorch.hpp"
 #include <nlohmann/json.hpp>
+#include "common/base/libtorch.hpp"
 
 #include <cstdint>
 #include <string>

@@ -29,10 +29,12 @@ import dplib  # noqa: E402
 ROOT = dplib.ROOT
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 SOURCES = (".cpp", ".hpp")
-# Lines of .cpp/.hpp a stage folder may hold and still read in one sitting (issue 23: stage 05 holds the
-# buckets, about 550; the others about 650; the capstone composes the rest and is allowed a bit more).
-SIZE_TARGET = {"05": 550, "08": 1100}
-SIZE_DEFAULT = 650
+# Lines of .cpp/.hpp a stage folder may hold and still read in one sitting, measured on code formatted by
+# .clang-format (issue 76): the others at most 700, stage 05 (the buckets, a first long stage) 600, the
+# capstone, which composes the rest, 1,100. Written plainly the stages grew from their squeezed sizes under
+# the old 650/550 (05: 548 -> 580, 07: 645 -> 686, 09: 650 -> 691): the budget moved, not the lesson.
+SIZE_TARGET = {"05": 600, "08": 1100}
+SIZE_DEFAULT = 700
 
 
 def size_target(folder_name):

@@ -199,7 +199,7 @@ COLUMNS = {
                ("state_MB_max_rank", "optimizer state, max rank (MB)", "{:.1f}"),
                ("expected_MB", "4P+4P+8P/N (MB)", "{:.1f}"), ("peak_rss_start_MB", "peak RSS at start (MB)", "{:.0f}"),
                ("peak_rss_before_step_MB", "before step (MB)", "{:.0f}"),
-               ("peak_rss_after_step_MB", "after step (MB)", "{:.0f}"), ("buffer_MB", "ZeRO-1 buffers (MB)", "{:.1f}"),
+               ("peak_rss_after_step_MB", "after step (MB)", "{:.0f}"), ("buffer_MB", "comm buffers (MB)", "{:.1f}"),
                ("sent_MB_per_step", "sent per rank per step (MB)", "{:.1f}"), ("step_median_s", "step (s)", "{:.3f}")],
     "gather_in_time": [("variant", "variant", "{}"), ("link", "link", "{}"), ("preset", "preset", "{}"),
                        ("world_size", "ranks", "{}"), ("units_checked", "unit forwards checked", "{}"),

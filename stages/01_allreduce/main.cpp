@@ -11,19 +11,19 @@
 // On a GPU (a CUDA build): --backend nccl (one rank per GPU), or --device cuda with Gloo (ranks may share
 // one GPU; Gloo copies through host memory); timings then come from CUDA events.
 // Correct output: each rank prints its tensor before and after; after, all ranks print the same sums;
-// then "PASS ring all-reduce ..."; the last line is "PASS all-reduce ...". The benchmark then prints latency and bandwidth per size.
-// The whole grid (sizes x 2/4/6 processes, one table and plot) is scripts/bench/bench_allreduce.sh.
+// then "PASS ring all-reduce ..."; the last line is "PASS all-reduce ...". The benchmark then prints latency and
+// bandwidth per size. The whole grid (sizes x 2/4/6 processes, one table and plot) is scripts/bench/bench_allreduce.sh.
 //
 // What it leaves for the next stage: nothing is trained yet. Stage 02 uses all_reduce to average
 // the gradients of a model that every rank trains on its own slice of the batch.
-#include "common/measure/cli.hpp"
+#include "common/base/format.hpp"  // format_bytes
 #include "common/dist/dist.hpp"
 #include "common/dist/fault.hpp"
-#include "common/base/format.hpp"  // format_bytes
 #include "common/dist/launch_env.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/measure/cli.hpp"
 #include "common/measure/memory.hpp"  // check_fits_in_memory
 #include "common/measure/results.hpp"
-#include "common/dist/runtime.hpp"
 #include "common/measure/timing.hpp"
 #include "stages/01_allreduce/ring_allreduce.hpp"
 
@@ -41,7 +41,7 @@ static std::string show(const torch::Tensor& t) {
 // We check against the closed form: gather every rank's *input*, add them up ourselves.
 static bool demo(ProcessGroup& pg, uint64_t seed) {
   // [demo]
-  torch::manual_seed(seed + pg.rank());  // a different tensor on every rank
+  torch::manual_seed(seed + pg.rank());                                   // a different tensor on every rank
   auto data = torch::randint(0, 10, {4}, torch::kInt64).to(pg.device());  // --device cuda: on the GPU
   print_rank("before all_reduce: {}", show(data));
   auto inputs = pg.all_gather(data);  // [W] tensors of shape [4], in rank order
@@ -97,10 +97,19 @@ static void bench(ProcessGroup& pg, const std::vector<std::string>& sizes, int w
     auto s = summarize(max_over_ranks(pg, mine));  // the slowest rank sets each iteration's time
     // [bench]
     double algbw = bytes / s.median / 1e9;
-    nlohmann::json row{{"backend", pg.backend()}, {"device", pg.device().str()}, {"world_size", W},
-                       {"link", link_description()}, {"size", size_text}, {"bytes", bytes}, {"iters", s.n},
-                       {"iters_requested", iters}, {"latency_median_s", s.median}, {"latency_min_s", s.min},
-                       {"latency_max_s", s.max}, {"algbw_GBps", algbw}, {"busbw_GBps", algbw * bus_factor(W)}};
+    nlohmann::json row{{"backend", pg.backend()},
+                       {"device", pg.device().str()},
+                       {"world_size", W},
+                       {"link", link_description()},
+                       {"size", size_text},
+                       {"bytes", bytes},
+                       {"iters", s.n},
+                       {"iters_requested", iters},
+                       {"latency_median_s", s.median},
+                       {"latency_min_s", s.min},
+                       {"latency_max_s", s.max},
+                       {"algbw_GBps", algbw},
+                       {"busbw_GBps", algbw * bus_factor(W)}};
     std::string copy_note;
     if (pg.device().is_cuda()) {
       // The yardstick on a GPU: one device-to-device copy of the same buffer (it reads and writes `bytes`
@@ -127,14 +136,20 @@ int main(int argc, char** argv) {
   int warmup = 5, iters = 20;
   std::string budget = "10s";
   cli.app().add_flag("--bench", run_bench, "After the demo, benchmark all-reduce at --sizes");
-  cli.app().add_option("--sizes", sizes, "Tensor sizes (float32), e.g. 1MB,10MB,100MB,1GB (MB = 10^6 B, MiB = 2^20 B)")
-      ->delimiter(',')->check(SizeText)
-      ->check(CLI::Validator([](std::string& s) {  // the table's bytes must be the bytes sent: whole floats
-        const uint64_t b = parse_size(s);
-        return b % sizeof(float) == 0 ? std::string()
-                                      : fmt::format("size '{}' is {} bytes, not a whole number of 4-byte floats; use "
-                                                    "a multiple of 4, e.g. {}B", s, b, (b / 4 + 1) * 4);
-      }, "SIZE"));
+  cli.app()
+      .add_option("--sizes", sizes, "Tensor sizes (float32), e.g. 1MB,10MB,100MB,1GB (MB = 10^6 B, MiB = 2^20 B)")
+      ->delimiter(',')
+      ->check(SizeText)
+      ->check(CLI::Validator(
+          [](std::string& s) {  // the table's bytes must be the bytes sent: whole floats
+            const uint64_t b = parse_size(s);
+            return b % sizeof(float) == 0 ? std::string()
+                                          : fmt::format(
+                                                "size '{}' is {} bytes, not a whole number of 4-byte floats; use "
+                                                "a multiple of 4, e.g. {}B",
+                                                s, b, (b / 4 + 1) * 4);
+          },
+          "SIZE"));
   cli.app().add_option("--warmup", warmup, "Untimed iterations before measuring")->check(NonNegativeFinite);
   cli.app().add_option("--iters", iters, "Timed iterations per size")->check(PositiveInt);
   cli.app().add_option("--budget", budget, "Stop measuring a size after this long (e.g. 10s)");
@@ -150,15 +165,16 @@ int main(int argc, char** argv) {
       uint64_t largest = 0;
       for (const auto& size : sizes) largest = std::max(largest, parse_size(size, "--sizes"));
       check_fits_in_memory(1.1 * static_cast<double>(largest) + 0.4e9, LaunchEnv::from_environment().local_world_size,
-                           "--sizes " + format_bytes(static_cast<double>(largest)), "use smaller --sizes or fewer ranks");
+                           "--sizes " + format_bytes(static_cast<double>(largest)),
+                           "use smaller --sizes or fewer ranks");
     }
     configure_cpu_threads();
     check_blas();
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
 
-    maybe_inject_fault(pg.rank());             // hardening tests only (DP_FAULT); a no-op otherwise
-    maybe_inject_collective_fault(pg);         // docs/debugging.md: DP_FAULT=misorder@R
+    maybe_inject_fault(pg.rank());      // hardening tests only (DP_FAULT); a no-op otherwise
+    maybe_inject_collective_fault(pg);  // docs/debugging.md: DP_FAULT=misorder@R
     const bool ok = demo(pg, cli.common().seed);
     auto oks = pg.all_gather(ok ? 1.0 : 0.0);  // every rank learns whether every rank passed
     if (std::count(oks.begin(), oks.end(), 1.0) != pg.world_size())
@@ -173,11 +189,14 @@ int main(int argc, char** argv) {
     if (run_bench) {
       Results results("allreduce");
       bench(pg, sizes, warmup, iters, budget_s, results);
-      std::vector<std::string> keys{"backend", "world_size", "size", "iters", "latency_median_s", "algbw_GBps",
-                                    "busbw_GBps"};
-      std::vector<std::string> heads{"backend", "ranks", "size", "iters", "median latency (s)", "algbw (GB/s)",
-                                     "busbw (GB/s)"};
-      if (pg.device().is_cuda()) keys.push_back("copy_GBps"), heads.push_back("device copy (GB/s)");
+      std::vector<std::string> keys{"backend",          "world_size", "size",      "iters",
+                                    "latency_median_s", "algbw_GBps", "busbw_GBps"};
+      std::vector<std::string> heads{"backend",      "ranks",       "size", "iters", "median latency (s)",
+                                     "algbw (GB/s)", "busbw (GB/s)"};
+      if (pg.device().is_cuda()) {
+        keys.push_back("copy_GBps");
+        heads.push_back("device copy (GB/s)");
+      }
       print0("\n{}", results.markdown(keys, heads));
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     }

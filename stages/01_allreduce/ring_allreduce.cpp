@@ -13,7 +13,7 @@ void ring_all_reduce(ProcessGroup& pg, torch::Tensor& t) {
   // [exercise 01.1: the ring's two phases, from sends and receives]
   // [ring]
   std::vector<torch::Tensor> chunk = t.view({-1}).tensor_split(W);  // views: writing a chunk writes t
-  torch::Tensor incoming = torch::empty_like(chunk[0]);              // chunk 0 is the largest
+  torch::Tensor incoming = torch::empty_like(chunk[0]);             // chunk 0 is the largest
   const int r = pg.rank(), next = (r + 1) % W, prev = (r + W - 1) % W;
   // One step: send chunk `out` to the next rank while receiving chunk `in` from the previous one; both are
   // in flight together (Gloo pairs a send with the receive of the same peer and tag).
@@ -60,9 +60,11 @@ std::string ring_mismatch_hint(ProcessGroup& pg, const torch::Tensor& input, con
     one_rank_each = one_rank_each && from_one;
   }
   if (own_summed)  // and some other chunk not: the result is not the sum
-    return fmt::format("; hint [ring-no-all-gather]: chunk {} ((r+1) mod W) holds its sum but other chunks do not: "
-                       "the all-gather phase, which passes each rank's summed chunk around, is missing or sends the "
-                       "wrong chunks", (r + 1) % W);
+    return fmt::format(
+        "; hint [ring-no-all-gather]: chunk {} ((r+1) mod W) holds its sum but other chunks do not: "
+        "the all-gather phase, which passes each rank's summed chunk around, is missing or sends the "
+        "wrong chunks",
+        (r + 1) % W);
   if (one_rank_each)
     return "; hint [ring-copied-not-added]: every chunk holds one rank's values, not a sum: in the reduce-scatter "
            "add what arrives to your chunk (add_) instead of copying it over";

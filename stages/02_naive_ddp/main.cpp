@@ -15,12 +15,12 @@
 //
 // What it leaves for the next stage: one collective per parameter tensor. Each call pays a fixed
 // latency, and a Transformer has hundreds of tensors. Stage 03 sends them all in one call.
-#include "common/measure/cli.hpp"
-#include "common/harness/ddp_bench.hpp"
-#include "common/harness/ddp_check.hpp"
 #include "common/base/format.hpp"
 #include "common/dist/launch_env.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/measure/cli.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
 
 using namespace dp;
@@ -34,7 +34,8 @@ static void run_checks(ProcessGroup& pg, uint64_t seed) {
   for (const char* model : {"toy", "tied"})
     report_margin(check_cs336_scenario(pg, model, make_grad_sync<NaiveDdp>(), 5, false, seed),
                   fmt::format("CS336 scenario ({}): 5 SGD steps equal single-process training, frozen parameters "
-                              "unchanged", model));
+                              "unchanged",
+                              model));
   // [checks]
 }
 
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
     configure_cpu_threads();
     check_blas();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
-    check_cs336_world_size(world);  // bad input: exit 2 before any rendezvous
+    check_cs336_world_size(world);                               // bad input: exit 2 before any rendezvous
     if (bench) validate_bench_config(cfg, world);
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
     run_checks(pg, cli.common().seed);

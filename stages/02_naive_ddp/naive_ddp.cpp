@@ -22,8 +22,8 @@ void NaiveDdp::after_backward() {
   for (auto& p : params_) {
     if (!p.grad().defined()) continue;  // unused in this forward on every rank: nothing to average
     auto g = p.mutable_grad();
-    pg_.all_reduce(g);            // one blocking collective per tensor: W-1 ranks wait for each
-    g.div_(pg_.world_size());     // Gloo has no AVG: sum, then divide
+    pg_.all_reduce(g);         // one blocking collective per tensor: W-1 ranks wait for each
+    g.div_(pg_.world_size());  // Gloo has no AVG: sum, then divide
   }
   // [/exercise 02.1]
   // Weakness: a Transformer has 9 tensors per layer, so ~100-400 separate calls, each paying the

@@ -17,11 +17,11 @@ void FlatDdp::after_backward() {
   std::vector<torch::Tensor> grads;
   for (auto& p : params_)
     grads.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}, p.options()));
-  auto flat = torch::cat(grads);  // copy 1: every gradient into one [total] buffer
+  auto flat = torch::cat(grads);          // copy 1: every gradient into one [total] buffer
   pg_.all_reduce(flat, "all gradients");  // one collective: the fixed latency is paid once
   flat.div_(pg_.world_size());
   int64_t offset = 0;
-  for (auto& p : params_) {       // copy 2: back into each .grad
+  for (auto& p : params_) {  // copy 2: back into each .grad
     auto slice = flat.narrow(0, offset, p.numel()).view_as(p);
     if (p.grad().defined()) p.mutable_grad().copy_(slice);
     offset += p.numel();

@@ -13,12 +13,12 @@
 // What it leaves for the next stage: the all-reduce still starts only after backward has finished,
 // so communication and computation never overlap. Stage 04 starts each gradient's all-reduce as
 // soon as backward has produced it.
-#include "common/measure/cli.hpp"
-#include "common/harness/ddp_bench.hpp"
-#include "common/harness/ddp_check.hpp"
 #include "common/base/format.hpp"
 #include "common/dist/launch_env.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/measure/cli.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
 #include "stages/03_flat/flat_ddp.hpp"
 
@@ -32,7 +32,8 @@ static void run_checks(ProcessGroup& pg, uint64_t seed) {
   for (const char* model : {"toy", "tied"})
     report_margin(check_cs336_scenario(pg, model, make_grad_sync<FlatDdp>(), 5, false, seed),
                   fmt::format("CS336 scenario ({}): 5 SGD steps equal single-process training, frozen parameters "
-                              "unchanged", model));
+                              "unchanged",
+                              model));
 }
 
 int main(int argc, char** argv) {
@@ -47,7 +48,7 @@ int main(int argc, char** argv) {
     configure_cpu_threads();
     check_blas();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
-    check_cs336_world_size(world);  // bad input: exit 2 before any rendezvous
+    check_cs336_world_size(world);                               // bad input: exit 2 before any rendezvous
     if (bench) validate_bench_config(cfg, world);
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
     run_checks(pg, cli.common().seed);
@@ -57,8 +58,10 @@ int main(int argc, char** argv) {
       Results results("stage03");
       // [bench]
       // Stage 02's way and stage 03's way in the same run, taking turns step by step: compare ratios.
-      record(results, bench_variants(pg, cfg, {{"naive (stage 02)", make_grad_sync<NaiveDdp>()},
-                                               {"flat (stage 03)", make_grad_sync<FlatDdp>()}}),
+      record(results,
+             bench_variants(
+                 pg, cfg,
+                 {{"naive (stage 02)", make_grad_sync<NaiveDdp>()}, {"flat (stage 03)", make_grad_sync<FlatDdp>()}}),
              cfg, pg.world_size());
       // [bench]
       print0("\n{}", ddp_table(results));

@@ -14,14 +14,14 @@
 //
 // What it leaves for the next stage: one collective per parameter tensor again (the per-call cost of
 // stage 02, now spread over backward). Stage 05 groups gradients into buckets.
-#include "common/measure/cli.hpp"
-#include "common/model/data.hpp"
-#include "common/harness/ddp_bench.hpp"
-#include "common/harness/ddp_check.hpp"
 #include "common/base/format.hpp"
 #include "common/dist/launch_env.hpp"
-#include "common/model/models.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/measure/cli.hpp"
+#include "common/model/data.hpp"
+#include "common/model/models.hpp"
 #include "common/model/transformer.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
 #include "stages/04_overlap/overlap_ddp.hpp"
@@ -48,8 +48,7 @@ static void show_overlap(ProcessGroup& pg) {
   double earliest_ms = 0;
   for (const auto& l : ddp.launches()) {
     if (l.during_backward && l.time < backward_returned) ++before;
-    earliest_ms = std::max(earliest_ms,
-                           std::chrono::duration<double, std::milli>(backward_returned - l.time).count());
+    earliest_ms = std::max(earliest_ms, std::chrono::duration<double, std::milli>(backward_returned - l.time).count());
   }
   // [overlap]
   print0("overlap: {} of {} all-reduces were launched before backward returned (the first {:.1f} ms before)", before,
@@ -64,7 +63,8 @@ static void run_checks(ProcessGroup& pg, uint64_t seed) {
   for (const char* model : {"toy", "tied"})
     report_margin(check_cs336_scenario(pg, model, make_grad_sync<OverlapDdp>(), 5, false, seed),
                   fmt::format("CS336 scenario ({}): 5 SGD steps equal single-process training, frozen parameters "
-                              "unchanged", model));
+                              "unchanged",
+                              model));
   show_overlap(pg);
 }
 
@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
     configure_cpu_threads();
     check_blas();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
-    check_cs336_world_size(world);  // bad input: exit 2 before any rendezvous
+    check_cs336_world_size(world);                               // bad input: exit 2 before any rendezvous
     if (bench) validate_bench_config(cfg, world);
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
     run_checks(pg, cli.common().seed);

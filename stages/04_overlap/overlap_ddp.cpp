@@ -1,8 +1,8 @@
 #include "stages/04_overlap/overlap_ddp.hpp"
 
+#include "common/base/trace.hpp"
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
-#include "common/base/trace.hpp"
 
 #include <algorithm>
 #include <stdexcept>
@@ -59,7 +59,7 @@ void OverlapDdp::launch(size_t i, bool during_backward) {
   // it N times per step; with hundreds of small tensors that overhead, not the bytes, dominates.
   // Stage 05 packs the gradients into a few buckets and launches one collective per bucket.
   Work work = pg_.all_reduce_async(grad, names_[i]);  // the name labels its span in a --trace timeline
-  pending_.push_back({std::move(work), grad});  // finish_gradient_synchronization() waits on it
+  pending_.push_back({std::move(work), grad});        // finish_gradient_synchronization() waits on it
   // [/exercise 04.1]
   // [launch]
   launched_[i] = 1;
@@ -83,7 +83,7 @@ void OverlapDdp::finish_gradient_synchronization() {
   // [exercise 04.2: wait for every launched all-reduce, then average]
   const int world = pg_.world_size();
   for (auto& p : pending_) {
-    p.work.wait();     // Gloo: blocks until this sum arrived
+    p.work.wait();       // Gloo: blocks until this sum arrived
     p.grad.div_(world);  // Gloo has no AVG: sum, then divide
   }
   // [/exercise 04.2]

@@ -8,9 +8,9 @@
 // finish_gradient_synchronization() (after_backward()) then only waits for what is still in flight.
 #pragma once
 
-#include "common/dist/dist.hpp"
-#include "common/contract/grad_sync.hpp"
 #include "common/comm/grad_hooks.hpp"
+#include "common/contract/grad_sync.hpp"
+#include "common/dist/dist.hpp"
 
 #include "common/base/libtorch.hpp"
 
@@ -63,8 +63,8 @@ class OverlapDdp : public GradSync {
   std::vector<LaunchRecord> launches() const { return log_.step(); }
 
  private:
-  void check_not_ready(size_t i);     // pre-hook: already ready this step? then a second backward
-  void on_gradient_ready(size_t i);   // post-hook: .grad() is final, launch its all-reduce
+  void check_not_ready(size_t i);    // pre-hook: already ready this step? then a second backward
+  void on_gradient_ready(size_t i);  // post-hook: .grad() is final, launch its all-reduce
   void launch(size_t i, bool during_backward);
 
   struct Pending {
@@ -76,11 +76,11 @@ class OverlapDdp : public GradSync {
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;
 
-  mutable std::mutex mu_;  // hooks run on autograd's thread (another thread for CUDA tensors)
-  bool in_step_ = false;              // a synchronization began; finish not called yet
-  std::vector<char> launched_;        // per parameter, this step
-  std::vector<Pending> pending_;      // in launch order
-  LaunchLog log_;                     // for launched_count() and launches()
+  mutable std::mutex mu_;         // hooks run on autograd's thread (another thread for CUDA tensors)
+  bool in_step_ = false;          // a synchronization began; finish not called yet
+  std::vector<char> launched_;    // per parameter, this step
+  std::vector<Pending> pending_;  // in launch order
+  LaunchLog log_;                 // for launched_count() and launches()
 
   std::unique_ptr<AccumulateGradHooks> hooks_;  // last member: destroyed first, before the state it uses
 };

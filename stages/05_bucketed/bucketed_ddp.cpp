@@ -1,7 +1,7 @@
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 
-#include "common/model/params.hpp"
 #include "common/base/trace.hpp"
+#include "common/model/params.hpp"
 
 #include <fmt/format.h>
 
@@ -18,7 +18,10 @@ BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m,
   std::vector<bool> trainable;
   std::vector<torch::Tensor> hooked_params;
   for (auto& [name, p] : unique_named_parameters(*module)) {
-    if (p.requires_grad()) hooked_.push_back(params_.size()), hooked_params.push_back(p);
+    if (p.requires_grad()) {
+      hooked_.push_back(params_.size());
+      hooked_params.push_back(p);
+    }
     names_.push_back(name);
     params_.push_back(p);
     bytes.push_back(p.numel() * static_cast<int64_t>(p.element_size()));
@@ -28,8 +31,9 @@ BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m,
   broadcast_parameters(pg_, *module);  // every rank starts from rank 0's weights (frozen ones too)
   build_buffers();
   ready_.assign(params_.size(), 0);
-  hooks_ = std::make_unique<AccumulateGradHooks>(hooked_params, [this](size_t h) { check_not_ready(hooked_[h]); },
-                                                 [this](size_t h) { on_gradient_ready(hooked_[h]); });
+  hooks_ = std::make_unique<AccumulateGradHooks>(
+      hooked_params, [this](size_t h) { check_not_ready(hooked_[h]); },
+      [this](size_t h) { on_gradient_ready(hooked_[h]); });
 }
 
 void BucketedDdp::build_buffers() {
@@ -91,7 +95,10 @@ void BucketedDdp::on_gradient_ready(size_t i) {
     accumulated_locally_ = true;
     return;
   }
-  if (!in_step_) in_step_ = true, log_.start_step();  // first gradient of a new backward
+  if (!in_step_) {  // first gradient of a new backward
+    in_step_ = true;
+    log_.start_step();
+  }
   // [ready]
   copy_into_slot(i);  // and count it: its bucket has one gradient fewer to wait for
   launch_complete_buckets_in_order(/*during_backward=*/true);
@@ -104,6 +111,12 @@ void BucketedDdp::on_gradient_ready(size_t i) {
 // but used early in forward; a tied weight, ready only once its use nearest the input is differentiated) and is
 // only as deterministic as the autograd engine; bucket order depends on nothing but the model. Launched in
 // different orders, Gloo would add bucket 1 of one rank to bucket 2 of another: wrong sums, an error or a hang.
+int64_t BucketedDdp::buffer_bytes() const {
+  int64_t bytes = 0;
+  for (const Bucket& b : buckets_) bytes += b.buffer.nbytes();
+  return bytes;
+}
+
 void BucketedDdp::launch_complete_buckets_in_order(bool during_backward) {
   // [launch]
   // [exercise 05.2: launch every complete bucket, strictly in bucket order]
@@ -127,7 +140,10 @@ bool BucketedDdp::synchronize() {
   std::lock_guard<std::mutex> lock(mu_);
   if (sync_off_) return false;  // accumulating locally: the next backward with sync on synchronizes
   if (!in_step_ && !accumulated_locally_) return false;  // no backward since the last call: nothing to do
-  if (!in_step_) in_step_ = true, log_.start_step();  // accumulated under no_sync(), no backward since: send here
+  if (!in_step_) {                                       // accumulated under no_sync(), no backward since: send here
+    in_step_ = true;
+    log_.start_step();
+  }
   // [finish]
   // Parameters whose hook did not run (unused in this forward) still owe their slot: fill it with their
   // current .grad() (zeros if none) so that every bucket completes and every rank launches the same
@@ -149,9 +165,14 @@ bool BucketedDdp::synchronize() {
   }
   // [finish]
   // Reset here, not in on_train_batch_start(): a loop that never calls it still works.
-  for (auto& b : buckets_) b.ready = 0, b.work = BucketWork();
+  for (auto& b : buckets_) {
+    b.ready = 0;
+    b.work = BucketWork();
+  }
   std::fill(ready_.begin(), ready_.end(), 0);
-  next_to_launch_ = 0, in_step_ = false, accumulated_locally_ = false;
+  next_to_launch_ = 0;
+  in_step_ = false;
+  accumulated_locally_ = false;
   return true;
 }
 
@@ -161,8 +182,9 @@ void BucketedDdp::set_requires_gradient_sync(bool sync) {
   // Buckets of an unfinished step may be on the wire, and finish would overwrite .grad() with their
   // average, dropping whatever was accumulated meanwhile.
   if (!sync && !sync_off_ && in_step_)
-    throw std::logic_error("BucketedDdp: no_sync() while a synchronization is unfinished: call "
-                           "finish_gradient_synchronization() after the backward outside the guard first");
+    throw std::logic_error(
+        "BucketedDdp: no_sync() while a synchronization is unfinished: call "
+        "finish_gradient_synchronization() after the backward outside the guard first");
   sync_off_ = !sync;
 }
 // [no_sync]
@@ -171,8 +193,10 @@ void BucketedDdp::set_requires_gradient_sync(bool sync) {
 std::unique_lock<std::mutex> BucketedDdp::lock_between_steps(const char* what) {
   std::unique_lock<std::mutex> lock(mu_);
   if (in_step_)
-    throw std::logic_error(fmt::format("BucketedDdp::{}: buckets are in flight; call it between steps (after "
-                                       "finish_gradient_synchronization())", what));
+    throw std::logic_error(
+        fmt::format("BucketedDdp::{}: buckets are in flight; call it between steps (after "
+                    "finish_gradient_synchronization())",
+                    what));
   return lock;
 }
 
@@ -196,8 +220,9 @@ void BucketedDdp::reassign(std::vector<std::vector<size_t>> assignment) {
   }
   std::sort(listed.begin(), listed.end());
   if (listed != hooked_)
-    throw std::logic_error("BucketedDdp::reassign: the buckets must list every trainable parameter (by its index "
-                           "into parameters()) exactly once, and no frozen one");
+    throw std::logic_error(
+        "BucketedDdp::reassign: the buckets must list every trainable parameter (by its index "
+        "into parameters()) exactly once, and no frozen one");
   assignment_ = std::move(assignment);
   build_buffers();
 }

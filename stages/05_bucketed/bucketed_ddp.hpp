@@ -4,10 +4,10 @@
 #pragma once
 
 #include "common/comm/comm_hook.hpp"
-#include "common/dist/dist.hpp"
-#include "common/contract/grad_sync.hpp"
 #include "common/comm/grad_hooks.hpp"
+#include "common/contract/grad_sync.hpp"
 #include "common/contract/strategy.hpp"
+#include "common/dist/dist.hpp"
 #include "stages/05_bucketed/buckets.hpp"
 
 #include "common/base/libtorch.hpp"
@@ -53,17 +53,24 @@ class BucketedDdp : public GradSync {
   /// Same as finish_gradient_synchronization().
   void after_backward() override { finish_gradient_synchronization(); }
   int64_t calls_per_step() const override { return static_cast<int64_t>(bucket_count()); }  // one per bucket
+  /// The buckets' flat buffers: a second copy of every gradient (4 bytes per element).
+  int64_t buffer_bytes() const override;
   /// Launches the buckets not launched yet (a parameter that got no gradient this step contributes its
   /// .grad(), zeros if none), waits for all of them and copies each bucket's average back into .grad().
   /// Does nothing while sync is off or when no gradient arrived since the last call. after_synchronization()
   /// runs outside the lock: a subclass may issue collectives there.
-  void finish_gradient_synchronization() { if (synchronize()) after_synchronization(); }
+  void finish_gradient_synchronization() {
+    if (synchronize()) after_synchronization();
+  }
 
   /// PyTorch's DDP.no_sync() (dp::NoSyncGuard sets it for a scope): after false, backward accumulates into
   /// .grad() with no communication and finish does nothing; after true, the next backward synchronizes the
   /// whole accumulated .grad(). Throws std::logic_error on false while a synchronization is unfinished.
   void set_requires_gradient_sync(bool sync) override;
-  bool requires_gradient_sync() const override { std::lock_guard<std::mutex> lock(mu_); return !sync_off_; }
+  bool requires_gradient_sync() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !sync_off_;
+  }
 
   /// How a bucket is reduced (PyTorch's register_comm_hook; common/comm/comm_hook.hpp): the same hook on every
   /// rank. The default is allreduce_hook(). Throws std::logic_error mid-step or for an empty hook.
@@ -104,12 +111,12 @@ class BucketedDdp : public GradSync {
   ProcessGroup& process_group() const { return pg_; }
 
  private:
-  void check_not_ready(size_t i);     // pre-hook: already ready this step? then a second backward
-  void on_gradient_ready(size_t i);   // post-hook: copy .grad() into its slot, launch what is complete
-  void copy_into_slot(size_t i);      // .grad() (zeros if none) into its slot, counted as ready
+  void check_not_ready(size_t i);    // pre-hook: already ready this step? then a second backward
+  void on_gradient_ready(size_t i);  // post-hook: copy .grad() into its slot, launch what is complete
+  void copy_into_slot(size_t i);     // .grad() (zeros if none) into its slot, counted as ready
   std::unique_lock<std::mutex> lock_between_steps(const char* what);  // std::logic_error mid-step
-  bool synchronize();                   // finish's work, under the lock; false when there was nothing to do
-  void build_buffers();                 // buckets_, slots_ and bucket_of_ from assignment_
+  bool synchronize();    // finish's work, under the lock; false when there was nothing to do
+  void build_buffers();  // buckets_, slots_ and bucket_of_ from assignment_
   void launch_complete_buckets_in_order(bool during_backward);
   void launch_bucket(size_t bucket, bool during_backward);  // its collective (through hook_) and its record
 
@@ -125,19 +132,19 @@ class BucketedDdp : public GradSync {
   std::vector<torch::Tensor> params_;
   std::vector<std::string> names_;
   std::vector<std::vector<size_t>> assignment_;
-  std::vector<torch::Tensor> slots_;   // per parameter in params_: a view into its bucket's buffer, its shape
-  std::vector<size_t> bucket_of_;      // per parameter in params_: which bucket (trainable ones only)
-  std::vector<size_t> hooked_;         // hook index -> index in params_
+  std::vector<torch::Tensor> slots_;  // per parameter in params_: a view into its bucket's buffer, its shape
+  std::vector<size_t> bucket_of_;     // per parameter in params_: which bucket (trainable ones only)
+  std::vector<size_t> hooked_;        // hook index -> index in params_
 
-  mutable std::mutex mu_;  // hooks run on autograd's thread (another thread for CUDA tensors)
-  bool in_step_ = false;              // a synchronization began; finish not called yet
-  std::vector<char> ready_;           // per parameter in params_, this step
+  mutable std::mutex mu_;    // hooks run on autograd's thread (another thread for CUDA tensors)
+  bool in_step_ = false;     // a synchronization began; finish not called yet
+  std::vector<char> ready_;  // per parameter in params_, this step
   std::vector<Bucket> buckets_;
   size_t next_to_launch_ = 0;         // buckets [0, next_to_launch_) are launched this step
   bool sync_off_ = false;             // set_requires_gradient_sync(false) holds: accumulate locally
   bool accumulated_locally_ = false;  // a gradient arrived locally since the last synchronization
   CommHook hook_;
-  LaunchLog log_;                     // for launched_count() and launches()
+  LaunchLog log_;                                // for launched_count() and launches()
   std::function<void(size_t)> bucket_averaged_;  // on_bucket_averaged()'s f, or empty
 
   std::unique_ptr<AccumulateGradHooks> hooks_;  // last member: destroyed first, before the state it uses

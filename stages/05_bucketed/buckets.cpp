@@ -13,8 +13,8 @@ namespace dp {
 std::vector<std::vector<size_t>> assign_buckets(const std::vector<int64_t>& param_bytes,
                                                 const std::vector<bool>& trainable, double bucket_cap_mb) {
   if (!std::isfinite(bucket_cap_mb) || bucket_cap_mb <= 0)
-    throw UsageError(fmt::format("bucket size must be a positive number of MB (1 MB = 10^6 bytes), got {}",
-                                 bucket_cap_mb));
+    throw UsageError(
+        fmt::format("bucket size must be a positive number of MB (1 MB = 10^6 bytes), got {}", bucket_cap_mb));
   if (param_bytes.size() != trainable.size())
     throw std::invalid_argument("assign_buckets: param_bytes and trainable differ in length");
 

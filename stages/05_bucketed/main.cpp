@@ -11,7 +11,8 @@
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed                      # checks only
 //   ./build/bin/ddp_launch --nproc 2 -- ./build/bin/stage05_bucketed --bench --preset small
 //   ./build/bin/ddp_launch --nproc 2 --net 1gbit -- ./build/bin/stage05_bucketed --bench --preset tiny --trace t.json
-//     (--net: a simulated 1 Gbit/s link per rank, root only; --trace: a timeline, python3 scripts/trace/timeline.py t.json)
+//     (--net: a simulated 1 Gbit/s link per rank, root only; --trace: a timeline, python3 scripts/trace/timeline.py
+//     t.json)
 // Correct output: bucket assignments and PASS lines for caps 0.0016, 0.0001 and 0.01 MB; with --bench the
 // overhead model's prediction and one table: no communication, stages 02-04 and stage 05 at each cap in --caps,
 // measured in one run, with overlap efficiency and the speed-up over one process. On a 1 Gbit/s link buckets
@@ -19,11 +20,11 @@
 //
 // What it leaves for the next stage: every rank still keeps a full copy of the optimizer state
 // (AdamW: two floats per parameter, twice the model). Stage 06 shards it across ranks.
-#include "common/measure/cli.hpp"
-#include "common/harness/ddp_bench.hpp"
-#include "common/harness/ddp_check.hpp"
 #include "common/dist/launch_env.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/measure/cli.hpp"
 #include "common/measure/timing.hpp"  // CommModel
 #include "common/model/transformer.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
@@ -52,12 +53,17 @@ int main(int argc, char** argv) {
   bool bench = false;
   std::vector<double> caps{1, 10, 100, 1000};
   cli.app().add_flag("--bench", bench, "After the checks, benchmark the Transformer");
-  cli.app().add_option("--caps", caps, "Bucket caps to benchmark, in MB (10^6 bytes)")
-      ->delimiter(',')->check(PositiveFinite);
+  cli.app()
+      .add_option("--caps", caps, "Bucket caps to benchmark, in MB (10^6 bytes)")
+      ->delimiter(',')
+      ->check(PositiveFinite);
   std::vector<std::string> names{"naive", "flat", "overlap", "bucketed"};
-  cli.app().add_option("--variants", names, "Which rows to benchmark besides no communication: naive, flat, overlap, "
-                       "bucketed (the stage 05 rows, one per cap)")
-      ->delimiter(',')->check(CLI::IsMember({"naive", "flat", "overlap", "bucketed"}));
+  cli.app()
+      .add_option("--variants", names,
+                  "Which rows to benchmark besides no communication: naive, flat, overlap, "
+                  "bucketed (the stage 05 rows, one per cap)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"naive", "flat", "overlap", "bucketed"}));
   add_bench_options(cli.app(), cfg);
   bench_only(cli.app(), {"--caps", "--variants"});
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
@@ -66,7 +72,7 @@ int main(int argc, char** argv) {
     configure_cpu_threads();
     check_blas();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
-    check_cs336_world_size(world);  // bad input: exit 2 before any rendezvous
+    check_cs336_world_size(world);                               // bad input: exit 2 before any rendezvous
     if (bench) validate_bench_config(cfg, world);
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
     run_checks(pg, cli.common().seed);
@@ -80,8 +86,10 @@ int main(int argc, char** argv) {
       const CommModel m = measure_comm_model(pg);
       const double best_cap_mb = m.best_bucket_cap_mb(s);
       // [model]
-      print0("\noverhead model: o = {:.3f} ms per call, w = {:.2f} GB/s, s = {:.1f} MB of gradients -> best cap "
-             "sqrt(s w o) = {:.1f} MB", m.o * 1e3, m.w / 1e9, s / 1e6, best_cap_mb);
+      print0(
+          "\noverhead model: o = {:.3f} ms per call, w = {:.2f} GB/s, s = {:.1f} MB of gradients -> best cap "
+          "sqrt(s w o) = {:.1f} MB",
+          m.o * 1e3, m.w / 1e9, s / 1e6, best_cap_mb);
       print_bench_header(pg, cfg);
       Results results("stage05");
       // [bench]
@@ -95,8 +103,8 @@ int main(int argc, char** argv) {
           variants.push_back({fmt::format("bucketed {:g} MB (stage 05)", cap), bucketed_ddp_strategy(cap)});
       record(results, bench_variants(pg, cfg, variants), cfg, pg.world_size());
       // [bench]
-      results.meta["overhead_model"] = {{"o_s", m.o}, {"w_Bps", m.w}, {"grad_bytes", s},
-                                        {"predicted_best_cap_mb", best_cap_mb}};
+      results.meta["overhead_model"] = {
+          {"o_s", m.o}, {"w_Bps", m.w}, {"grad_bytes", s}, {"predicted_best_cap_mb", best_cap_mb}};
       print0("\n{}", ddp_table(results));
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     }

@@ -19,11 +19,11 @@
 //
 // What it leaves: parameters and gradients stay whole on every rank (4P + 4P). ZeRO-2 keeps only the
 // gradient chunk; FSDP (ZeRO-3) shards the parameters too and gathers each layer just in time.
-#include "common/measure/cli.hpp"
-#include "common/harness/ddp_bench.hpp"
 #include "common/dist/launch_env.hpp"
-#include "common/harness/optimizer_check.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/harness/optimizer_check.hpp"
+#include "common/measure/cli.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "stages/06_sharded_opt/strategies.hpp"
 
@@ -32,7 +32,11 @@ using namespace dp;
 int main(int argc, char** argv) {
   Cli cli("stage06_sharded_opt", "Stage 06: ZeRO-1 (sharded AdamW) checked against AdamW, then measured");
   BenchConfig cfg;
-  cfg.preset = "tiny", cfg.context = 64, cfg.warmup = 1, cfg.steps = 5;  // a short run by default
+  // a short run by default
+  cfg.preset = "tiny";
+  cfg.context = 64;
+  cfg.warmup = 1;
+  cfg.steps = 5;
   bool bench = false;
   cli.app().add_flag("--bench", bench, "After the checks, train the Transformer with DDP and ZeRO-1");
   add_bench_options(cli.app(), cfg);
@@ -42,7 +46,7 @@ int main(int argc, char** argv) {
     configure_cpu_threads();
     check_blas();
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
-    if (bench) validate_bench_config(cfg, world);  // bad input: exit 2 before any rendezvous
+    if (bench) validate_bench_config(cfg, world);                // bad input: exit 2 before any rendezvous
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
 
@@ -56,8 +60,10 @@ int main(int argc, char** argv) {
       Results results("stage06");
       record(results, bench_variants(pg, cfg, variants), cfg, pg.world_size());
       // [bench]
-      print0("\n{}\n\nwhat each rank holds after the first step, counted tensor by tensor (MB = 10^6 B; DDP 16P, "
-             "ZeRO-1 4P + 4P + 8P/N), and what it sends per step\n{}", ddp_table(results), memory_table(results));
+      print0(
+          "\n{}\n\nwhat each rank holds after the first step, counted tensor by tensor (MB = 10^6 B; DDP 16P, "
+          "ZeRO-1 4P + 4P + 8P/N), and what it sends per step\n{}",
+          ddp_table(results), memory_table(results));
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     }
     pg.barrier();

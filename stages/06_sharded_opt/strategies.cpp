@@ -1,9 +1,9 @@
 #include "stages/06_sharded_opt/strategies.hpp"
 
 #include "common/base/format.hpp"
-#include "common/state/full_state.hpp"
 #include "common/measure/memory.hpp"
 #include "common/model/params.hpp"
+#include "common/state/full_state.hpp"
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
 #include <fmt/format.h>
@@ -14,16 +14,6 @@ namespace dp {
 
 namespace optim = torch::optim;
 
-MakeLocalOptimizer local_factory(const MakeOptimizer& make) {
-  return [make](std::vector<optim::OptimizerParamGroup> groups) {
-    auto opt = make({});
-    if (!opt) throw std::invalid_argument("a Strategy's MakeOptimizer returned no optimizer");
-    opt->param_groups().clear();
-    for (const auto& g : groups) opt->add_param_group(g);
-    return opt;
-  };
-}
-
 static int64_t trainable_elements(const torch::nn::Module& m) { return count_elements(unique_parameters(m, true)); }
 
 namespace {
@@ -33,14 +23,17 @@ class Zero1Strategy : public Strategy {
   Zero1Strategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const MakeOptimizer& make)
       : pg_(pg), model_(std::move(model)) {
     broadcast_parameters(pg, *model_);
-    opt_ = std::make_unique<Zero1Optimizer>(pg, unique_parameters(*model_), local_factory(make));
+    opt_ = std::make_unique<Zero1Optimizer>(pg, unique_parameters(*model_), make);
   }
   void zero_grad() override { opt_->zero_grad(); }
   void after_backward() override {}  // the gradients' reduce-scatter is part of step()
   void step() override { opt_->step(); }
   int64_t calls_per_step() const override { return pg_.world_size() > 1 ? 2 : 0; }  // reduce-scatter, all-gather
   TrainingBytes bytes() const override { return count_training_bytes(*model_, opt_->local()); }
-  double sent_bytes_per_step() const override { return zero1_bytes_per_step(trainable_elements(*model_), pg_.world_size()); }
+  double sent_bytes_per_step() const override {
+    return zero1_bytes_per_step(trainable_elements(*model_), pg_.world_size());
+  }
+  double buffer_bytes() const override { return static_cast<double>(opt_->buffer_bytes()); }
   std::string describe() const override { return first_line(opt_->describe()); }
   std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override { return whole_parameters(*model_); }
   // The state of one flat chunk per rank: gathered and cut per parameter; on load, this world's chunk.

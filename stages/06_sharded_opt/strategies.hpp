@@ -4,9 +4,9 @@
 // two calls the check against AdamW drives (common/harness/optimizer_check.hpp).
 #pragma once
 
-#include "common/harness/optimizer_check.hpp"  // ShardedSteps
 #include "common/contract/strategy.hpp"
-#include "stages/06_sharded_opt/zero1_optimizer.hpp"  // MakeLocalOptimizer
+#include "common/harness/optimizer_check.hpp"  // ShardedSteps
+#include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
 namespace dp {
 
@@ -17,10 +17,5 @@ MakeStrategy zero1_strategy();
 /// Zero1Optimizer over `params` with AdamW and `opts`, as the check against AdamW drives it.
 ShardedSteps zero1_steps(ProcessGroup& pg, const std::vector<torch::Tensor>& params,
                          const torch::optim::AdamWOptions& opts);
-
-/// A ZeRO-1 design's local optimizer is built from parameter groups (owned tensors, or one flat chunk); a
-/// Strategy is given a factory over a tensor list. This adapts one to the other: the factory's optimizer,
-/// emptied, takes the groups, its defaults being the options of every group that brings none.
-MakeLocalOptimizer local_factory(const MakeOptimizer& make);
 
 }  // namespace dp

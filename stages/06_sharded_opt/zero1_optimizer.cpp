@@ -3,12 +3,12 @@
 #include "stages/06_sharded_opt/zero1_optimizer.hpp"
 
 #include "common/base/format.hpp"
+#include "common/dist/runtime.hpp"
 #include "common/measure/memory.hpp"
 #include "common/model/models.hpp"
-#include "common/state/optim_state.hpp"
 #include "common/model/params.hpp"
-#include "common/dist/runtime.hpp"
 #include "common/model/transformer.hpp"
+#include "common/state/optim_state.hpp"
 
 #include <fmt/format.h>
 
@@ -18,7 +18,7 @@ namespace dp {
 
 // [flatten]
 Zero1Optimizer::Zero1Optimizer(ProcessGroup& pg, const std::vector<torch::Tensor>& params,
-                               const MakeLocalOptimizer& make_local, ReduceScatterAlgo algo)
+                               const MakeOptimizer& make_local, ReduceScatterAlgo algo)
     : pg_(&pg), algo_(algo) {
   int64_t total = 0;
   for (const auto& p : flattenable_parameters(params, pg.device(), "Zero1Optimizer")) {
@@ -36,7 +36,7 @@ Zero1Optimizer::Zero1Optimizer(ProcessGroup& pg, const std::vector<torch::Tensor
     auto region = [&](const torch::Tensor& flat) { return flat.narrow(0, offsets_[i], p.numel()).view(p.sizes()); };
     region(flat_params_).copy_(p);
     if (p.grad().defined()) region(flat_grads_).copy_(p.grad());
-    p.set_data(region(flat_params_));     // the model's tensor now lives in the flat buffer
+    p.set_data(region(flat_params_));        // the model's tensor now lives in the flat buffer
     p.mutable_grad() = region(flat_grads_);  // and backward accumulates into the gradient buffer
   }
   // The local optimizer's one parameter: a leaf aliasing this rank's chunk, so its in-place update
@@ -46,7 +46,7 @@ Zero1Optimizer::Zero1Optimizer(ProcessGroup& pg, const std::vector<torch::Tensor
   // The all-to-all's buffer (reduce-scatter's receive side, all-gather's send side), where they run.
   if (!pg.has_native_reduce_scatter() || algo_ == ReduceScatterAlgo::all_to_all || pg.backend() == "gloo")
     scratch_ = torch::empty({layout_.padded}, fp32);
-  local_ = make_local({torch::optim::OptimizerParamGroup({shard_})});
+  local_ = make_local({shard_});
   if (!local_) throw UsageError("Zero1Optimizer: make_local returned no optimizer");
   kind_ = optimizer_kind(*local_);
 }
@@ -60,8 +60,10 @@ void Zero1Optimizer::gather_gradients() {
     auto view = flat_grads_.narrow(0, offsets_[i], p.numel()).view(p.sizes());
     const auto& g = p.grad();
     if (g.defined() && g.data_ptr() == view.data_ptr()) continue;
-    if (g.defined()) view.copy_(g);
-    else view.zero_();
+    if (g.defined())
+      view.copy_(g);
+    else
+      view.zero_();
     p.mutable_grad() = view;
   }
 }
@@ -73,8 +75,8 @@ void Zero1Optimizer::step() {
   gather_gradients();
   auto grad = shard_.mutable_grad();
   reduce_scatter(*pg_, flat_grads_, grad, algo_, "gradients", scratch_);  // my chunk of the sum
-  grad.div_(pg_->world_size());                                          // the DDP average
-  local_->step();                                                        // 1/N of the optimizer's work
+  grad.div_(pg_->world_size());                                           // the DDP average
+  local_->step();                                                         // 1/N of the optimizer's work
   all_gather_flat(*pg_, shard_, flat_params_, "parameters", AllGatherAlgo::automatic, scratch_);  // into the model
   // [/exercise 06.1]
 }
@@ -85,16 +87,14 @@ void Zero1Optimizer::zero_grad() {
   gather_gradients();  // re-installs a view where a gradient was replaced
 }
 
-int64_t Zero1Optimizer::buffer_bytes() const {
-  return tensor_bytes({shard_.grad(), scratch_});
-}
+int64_t Zero1Optimizer::buffer_bytes() const { return tensor_bytes({shard_.grad(), scratch_}); }
 
 std::string Zero1Optimizer::describe() const {
-  return fmt::format("ZeRO-1 {} over {}: {} tensors, {} elements in one flat buffer padded to {} ({} per "
-                     "rank); gradients by {}, parameters by {}",
-                     kind_, count_of(pg_->world_size(), "rank"), params_.size(), with_commas(layout_.numel),
-                     with_commas(layout_.padded), with_commas(layout_.chunk), reduce_scatter_name(*pg_, algo_),
-                     all_gather_name(*pg_));
+  return fmt::format(
+      "ZeRO-1 {} over {}: {} tensors, {} elements in one flat buffer padded to {} ({} per "
+      "rank); gradients by {}, parameters by {}",
+      kind_, count_of(pg_->world_size(), "rank"), params_.size(), with_commas(layout_.numel),
+      with_commas(layout_.padded), with_commas(layout_.chunk), reduce_scatter_name(*pg_, algo_), all_gather_name(*pg_));
 }
 
 std::vector<torch::Tensor> flattenable_parameters(const std::vector<torch::Tensor>& params, const torch::Device& device,

@@ -6,8 +6,9 @@
 // (extension 06b: all-reduce every gradient, step the owned tensors, broadcast them) moves 3 x (N-1)/N x 4P.
 #pragma once
 
-#include "common/dist/dist.hpp"
 #include "common/comm/shard_comm.hpp"
+#include "common/contract/strategy.hpp"  // MakeOptimizer
+#include "common/dist/dist.hpp"
 
 #include "common/base/libtorch.hpp"
 
@@ -19,32 +20,28 @@
 
 namespace dp {
 
-/// Builds the local optimizer of one rank from the parameter groups it steps (any torch::optim type). The
-/// list may be empty (a rank that steps nothing yet); every torch::optim optimizer accepts that.
-using MakeLocalOptimizer =
-    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::optim::OptimizerParamGroup>)>;
-
 /// ZeRO-1 over flat buffers, around any torch::optim optimizer.
 ///
 /// - The model's trainable parameters (tied weights once; frozen ones left alone) become views of one flat
 ///   buffer, their gradients views of another: backward accumulates straight into the gradient buffer.
 /// - The local optimizer has one parameter: this rank's chunk of the parameter buffer (a leaf that aliases
 ///   it), whose .grad is this rank's chunk of the summed gradients divided by N. Its state is 1/N of the
-///   unsharded state, and it is built by `make_local`.
+///   unsharded state, and it is built by `make_local` (the MakeOptimizer every Strategy is given) over that
+///   one tensor.
 /// - Gradients: each rank passes its own (DDP's gradient averaging is part of step()). The CS336 test,
 ///   where every rank computes the same full gradient, works too: N equal copies summed, divided by N.
 /// - One parameter group with one set of options (the local optimizer's defaults).
 class Zero1Optimizer {
  public:
-  Zero1Optimizer(ProcessGroup& pg, const std::vector<torch::Tensor>& params, const MakeLocalOptimizer& make_local,
+  Zero1Optimizer(ProcessGroup& pg, const std::vector<torch::Tensor>& params, const MakeOptimizer& make_local,
                  ReduceScatterAlgo algo = ReduceScatterAlgo::automatic);
 
   /// `Zero1Optimizer::make<torch::optim::AdamW>(pg, model->parameters(), AdamWOptions(1e-3))`.
   template <typename Opt, typename Options>
   static std::unique_ptr<Zero1Optimizer> make(ProcessGroup& pg, const std::vector<torch::Tensor>& params,
                                               const Options& defaults) {
-    return std::make_unique<Zero1Optimizer>(pg, params, [defaults](std::vector<torch::optim::OptimizerParamGroup> g) {
-      return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<Opt>(std::move(g), defaults));
+    return std::make_unique<Zero1Optimizer>(pg, params, [defaults](std::vector<torch::Tensor> chunk) {
+      return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<Opt>(std::move(chunk), defaults));
     });
   }
 

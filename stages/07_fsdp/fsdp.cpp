@@ -2,12 +2,12 @@
 #include "stages/07_fsdp/fsdp.hpp"
 
 #include "common/base/format.hpp"
-#include "common/contract/grad_sync.hpp"  // broadcast_parameters
-#include "common/model/params.hpp"
-#include "common/dist/runtime.hpp"
-#include "common/base/storage.hpp"
 #include "common/base/format.hpp"  // dtype_name
+#include "common/base/storage.hpp"
 #include "common/base/trace.hpp"
+#include "common/contract/grad_sync.hpp"  // broadcast_parameters
+#include "common/dist/runtime.hpp"
+#include "common/model/params.hpp"
 
 #include <fmt/format.h>
 #include <torch/csrc/utils/tensor_flatten.h>  // flatten_dense_tensors
@@ -25,8 +25,8 @@ torch::ScalarType compute_dtype_of(const torch::nn::Module& m, const FsdpOptions
 }
 
 std::string fsdp_mode_name(const FsdpOptions& f) {
-  return fmt::format("{}, {}", dtype_name(f.compute_dtype), f.reshard_after_forward ? "reshard after forward"
-                                                                                         : "keep until backward");
+  return fmt::format("{}, {}", dtype_name(f.compute_dtype),
+                     f.reshard_after_forward ? "reshard after forward" : "keep until backward");
 }
 
 // [shard]
@@ -48,7 +48,10 @@ Fsdp::Fsdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const Mod
   const int W = pg_.world_size(), r = pg_.rank();
   for (auto& U : units_) {
     int64_t n = 0;
-    for (const auto& p : U.sharded) U.offsets.push_back(n), n += p.numel();
+    for (const auto& p : U.sharded) {
+      U.offsets.push_back(n);
+      n += p.numel();
+    }
     U.layout = FlatLayout::of(n, W);
     auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(pg_.device());
     U.shard = flat_chunk(U.sharded, U.layout, r, f32).set_requires_grad(true);
@@ -70,25 +73,37 @@ Fsdp::Fsdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const Mod
   // [shard]
   std::vector<torch::Tensor> hooked;
   for (size_t u = 0; u < units_.size(); ++u)
-    for (size_t i = 0; i < units_[u].sharded.size(); ++i) hooked.push_back(units_[u].sharded[i]), unit_of_hook_.push_back(u);
+    for (size_t i = 0; i < units_[u].sharded.size(); ++i) {
+      hooked.push_back(units_[u].sharded[i]);
+      unit_of_hook_.push_back(u);
+    }
   grad_seen_.assign(hooked.size(), 0);
   hooks_ = std::make_unique<AccumulateGradHooks>(
-      hooked, [this](size_t h) { if (grad_seen_[h]) throw std::logic_error(std::string("Fsdp: ") + kBackwardTwiceMessage); },
+      hooked,
+      [this](size_t h) {
+        if (grad_seen_[h]) throw std::logic_error(std::string("Fsdp: ") + kBackwardTwiceMessage);
+      },
       [this](size_t h) { on_gradient_ready(h); });
 }
 
 Fsdp::~Fsdp() {
   hooks_.reset();
   for (auto& U : units_) {  // collectives still writing into our buffers must end before they go
-    if (U.gather.valid()) try { U.gather.wait(); } catch (...) {}
-    try { U.rs.wait(); } catch (...) {}
+    if (U.gather.valid()) try {
+        U.gather.wait();
+      } catch (...) {
+      }
+    try {
+      U.rs.wait();
+    } catch (...) {
+    }
   }
 }
 
 void Fsdp::free_full(size_t u) {
   Unit& U = units_[u];
   if (U.state == State::freed) return;
-  wait_gathered(u);  // never free memory a collective is still writing into
+  wait_gathered(u);      // never free memory a collective is still writing into
   free_storage(U.full);  // every parameter view of it keeps its shape, and owns no memory
   gathered_now_ -= static_cast<int64_t>(U.full.nbytes());
   U.send = torch::Tensor();
@@ -99,7 +114,7 @@ void Fsdp::free_full(size_t u) {
 void Fsdp::launch_gather(size_t u) {
   Unit& U = units_[u];
   if (U.state != State::freed) return;  // gathered already, or on its way
-  alloc_storage(U.full);  // the parameters' views have memory again; the gather fills it
+  alloc_storage(U.full);                // the parameters' views have memory again; the gather fills it
   gathered_now_ += U.full.nbytes();
   gathered_peak_ = std::max(gathered_peak_, gathered_now_);
   torch::NoGradGuard no_grad;
@@ -108,7 +123,8 @@ void Fsdp::launch_gather(size_t u) {
     // Cast the fp32 master chunk to the compute dtype, then gather raw bytes: Gloo has no bf16
     // collectives in LibTorch 1.13, and a gather does no arithmetic, so a byte view is exact.
     U.send = chunk.to(opts_.compute_dtype);
-    chunk = U.send.view(torch::kUInt8), flat = flat.view(torch::kUInt8);
+    chunk = U.send.view(torch::kUInt8);
+    flat = flat.view(torch::kUInt8);
   }
   U.gather = all_gather_flat_async(pg_, chunk, flat, fmt::format("gather unit {}", u));
   U.state = State::in_flight;
@@ -121,7 +137,9 @@ void Fsdp::wait_gathered(size_t u) {
   if (U.state == State::freed) throw std::logic_error(fmt::format("Fsdp: unit {} is used before it was gathered", u));
   if (U.state != State::in_flight) return;
   if (U.gather.valid()) U.gather.wait();
-  U.gather = Work(), U.send = torch::Tensor(), U.state = State::gathered;
+  U.gather = Work();
+  U.send = torch::Tensor();
+  U.state = State::gathered;
 }
 
 torch::Tensor Fsdp::run_unit(size_t u, const std::function<torch::Tensor()>& body) {
@@ -158,14 +176,18 @@ void Fsdp::require_gathered(size_t u) const {
   if (units_[u].state == State::gathered) return;
   throw std::logic_error(fmt::format(
       "Fsdp: unit {}'s forward began while its weights were {}; hint [shard-not-gathered]: launch the unit's "
-      "all-gather (launch_gather) and wait for it (wait_gathered) before its forward runs", u,
+      "all-gather (launch_gather) and wait for it (wait_gathered) before its forward runs",
+      u,
       units_[u].state == State::freed ? "not gathered (this rank holds only its shard)"
                                       : "still arriving (their all-gather launched, never waited on)"));
 }
 
 UnitRunner Fsdp::runner() {
   return [this](size_t u, const std::function<torch::Tensor()>& body) {
-    return run_unit(u, [this, u, &body] { require_gathered(u); return body(); });
+    return run_unit(u, [this, u, &body] {
+      require_gathered(u);
+      return body();
+    });
   };
 }
 
@@ -211,8 +233,10 @@ void Fsdp::complete_reduce_scatter(size_t u) {
   torch::NoGradGuard no_grad;
   U.rs_out.div_(pg_.world_size());  // the mean, as DDP's
   torch::Tensor& g = U.shard.mutable_grad();
-  if (g.defined()) g.add_(U.rs_out);  // a later micro-batch, or zeroed by zero_grad(): 0 + x is x exactly
-  else g = U.grad_shard.copy_(U.rs_out);
+  if (g.defined())
+    g.add_(U.rs_out);  // a later micro-batch, or zeroed by zero_grad(): 0 + x is x exactly
+  else
+    g = U.grad_shard.copy_(U.rs_out);
   U.rs_out = torch::Tensor();
   // [/exercise 07.2]
 }
@@ -241,9 +265,11 @@ void Fsdp::finish_gradient_synchronization() {
   for (size_t u : scatter_order_) complete_reduce_scatter(u);
   for (size_t u = 0; u < units_.size(); ++u) {
     free_full(u);  // kept from forward but never reached by backward (reshard_after_forward false)
-    units_[u].ready = 0, units_[u].scattered = false;
+    units_[u].ready = 0;
+    units_[u].scattered = false;
   }
-  scatter_order_.clear(), scatters_done_ = 0;
+  scatter_order_.clear();
+  scatters_done_ = 0;
   std::fill(grad_seen_.begin(), grad_seen_.end(), 0);
 }
 

@@ -3,11 +3,11 @@
 // after; a unit's gradients are reduce-scattered as soon as its backward is done.
 #pragma once
 
-#include "common/dist/dist.hpp"
-#include "common/state/full_state.hpp"  // ShardedParams
 #include "common/comm/grad_hooks.hpp"  // AccumulateGradHooks
 #include "common/comm/shard_comm.hpp"
-#include "common/model/units.hpp"  // UnitRunner, ModuleUnits
+#include "common/dist/dist.hpp"
+#include "common/model/units.hpp"       // UnitRunner, ModuleUnits
+#include "common/state/full_state.hpp"  // ShardedParams
 
 #include "common/base/libtorch.hpp"
 
@@ -106,14 +106,14 @@ class Fsdp {
     std::vector<torch::Tensor> sharded, replicated;  // the model's own parameter tensors
     std::vector<int64_t> offsets;                    // per sharded tensor, into the flat buffer
     FlatLayout layout;
-    torch::Tensor shard;     // fp32 [chunk], the master weights; what the optimizer steps
-    torch::Tensor full;      // compute dtype [padded]; sharded tensors are views of its storage
-    torch::Tensor send;      // bf16 copy of the shard to gather (compute dtype != fp32)
+    torch::Tensor shard;  // fp32 [chunk], the master weights; what the optimizer steps
+    torch::Tensor full;   // compute dtype [padded]; sharded tensors are views of its storage
+    torch::Tensor send;   // bf16 copy of the shard to gather (compute dtype != fp32)
     State state = State::freed;
     Work gather;
-    size_t ready = 0;        // sharded gradients accumulated this backward
-    bool scattered = false;  // reduce-scatter launched this backward
-    torch::Tensor grad_flat;  // fp32 [padded]: this backward's full-size gradient, until its reduce-scatter ends
+    size_t ready = 0;          // sharded gradients accumulated this backward
+    bool scattered = false;    // reduce-scatter launched this backward
+    torch::Tensor grad_flat;   // fp32 [padded]: this backward's full-size gradient, until its reduce-scatter ends
     torch::Tensor grad_shard;  // fp32 [chunk]: the shard's .grad when the optimizer left it undefined
     torch::Tensor rs_out;      // fp32 [chunk]: a view of a scatter_out_ slot, the sum over the ranks
     ReduceScatterWork rs;
@@ -130,10 +130,10 @@ class Fsdp {
   std::shared_ptr<torch::nn::Module> model_;
   FsdpOptions opts_;
   std::vector<Unit> units_;
-  std::vector<size_t> unit_of_hook_;               // hook index -> its unit
-  std::vector<char> grad_seen_;                    // per hook index: gradient accumulated this backward
-  std::vector<size_t> scatter_order_;              // units reduce-scattered this backward, in launch order
-  size_t scatters_done_ = 0;                       // scatter_order_[0, scatters_done_) are completed
+  std::vector<size_t> unit_of_hook_;   // hook index -> its unit
+  std::vector<char> grad_seen_;        // per hook index: gradient accumulated this backward
+  std::vector<size_t> scatter_order_;  // units reduce-scattered this backward, in launch order
+  size_t scatters_done_ = 0;           // scatter_order_[0, scatters_done_) are completed
   static constexpr size_t kReduceScattersInFlight = 2;
   // One output buffer per reduce-scatter in flight (the largest chunk), apart from the gradients the
   // optimizer reads: a second micro-batch's sum must not overwrite the first's before it is added.

@@ -22,12 +22,12 @@
 //
 // What it leaves: every rank still runs the whole model on its own batch (data parallelism only); the
 // gathered unit must fit on one device. Tensor and pipeline parallelism split the model itself.
-#include "common/measure/cli.hpp"
-#include "common/harness/ddp_bench.hpp"
 #include "common/base/format.hpp"
 #include "common/dist/launch_env.hpp"
-#include "common/measure/memory.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/harness/ddp_bench.hpp"
+#include "common/measure/cli.hpp"
+#include "common/measure/memory.hpp"
 #include "stages/07_fsdp/strategies.hpp"  // and fsdp.hpp (FsdpOptions)
 
 using namespace dp;
@@ -35,12 +35,16 @@ using namespace dp;
 int main(int argc, char** argv) {
   Cli cli("stage07_fsdp", "Stage 07: FSDP (parameters, gradients and AdamW state sharded) checked and measured");
   BenchConfig cfg;
-  cfg.preset = "tiny", cfg.context = 64, cfg.warmup = 1, cfg.steps = 5;  // a short run by default
+  // a short run by default
+  cfg.preset = "tiny";
+  cfg.context = 64;
+  cfg.warmup = 1;
+  cfg.steps = 5;
   bool bench = false;
   std::string reshard = "both", dtype = "float32";
   cli.app().add_flag("--bench", bench, "After the checks, train the Transformer with FSDP on the common benchmark");
   add_bench_options(cli.app(), cfg);
-  add_fsdp_flags(cli.app(), reshard, dtype);  // --reshard-after-forward, --compute-dtype
+  add_fsdp_flags(cli.app(), reshard, dtype);   // --reshard-after-forward, --compute-dtype
   bench_only(cli.app(), {"--compute-dtype"});  // the checks run fp32 and bf16 both
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
@@ -52,7 +56,7 @@ int main(int argc, char** argv) {
     map_large_allocations();
     const std::vector<bool> modes = true_false_both(reshard);
     const int world = LaunchEnv::from_environment().world_size;  // known before the group forms
-    if (bench) validate_bench_config(cfg, world);  // bad input: exit 2 before any rendezvous
+    if (bench) validate_bench_config(cfg, world);                // bad input: exit 2 before any rendezvous
     auto pg = ProcessGroup::init_from_env(cli.dist_options());
     print0("process group: backend {}, world size {}, device {}", pg.backend(), pg.world_size(), pg.device().str());
 
@@ -72,9 +76,10 @@ int main(int argc, char** argv) {
       // Overlap efficiency measures against one all-reduce of the gradients; FSDP sends 1.5 times as much
       // (two gathers and a reduce-scatter) in 3U - 1 calls for U units, so its exposed time can exceed that one
       // all-reduce and the figure go below 0.
-      print0("\n{}\n\nwhat each rank holds after the first step, counted tensor by tensor (MB = 10^6 B; a whole "
-             "replica, as without communication: 16P; FSDP: 16P/N and the replicated norms), and sends per step\n{}",
-             ddp_table(results), memory_table(results));
+      print0(
+          "\n{}\n\nwhat each rank holds after the first step, counted tensor by tensor (MB = 10^6 B; a whole "
+          "replica, as without communication: 16P; FSDP: 16P/N and the replicated norms), and sends per step\n{}",
+          ddp_table(results), memory_table(results));
       if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
     }
     pg.barrier();

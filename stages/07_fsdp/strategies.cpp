@@ -1,14 +1,14 @@
 #include "stages/07_fsdp/strategies.hpp"
 
-#include "common/measure/cli.hpp"  // ComputeDtypeText
-#include "common/harness/ddp_check.hpp"
 #include "common/base/format.hpp"
 #include "common/base/log.hpp"
-#include "common/measure/memory.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/measure/cli.hpp"  // ComputeDtypeText
+#include "common/measure/memory.hpp"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <stdexcept>
 
@@ -25,12 +25,17 @@ UnitModel& units_of(torch::nn::Module& model) {
 class FsdpStrategy : public Strategy {
  public:
   FsdpStrategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const MakeOptimizer& make, FsdpOptions opts)
-      : pg_(pg), model_(model), opts_(opts), fsdp_(pg, model, units_of(*model).units(), opts), opt_(make(fsdp_.parameters())) {
+      : pg_(pg),
+        model_(model),
+        opts_(opts),
+        fsdp_(pg, model, units_of(*model).units(), opts),
+        opt_(make(fsdp_.parameters())) {
     if (!opt_) throw std::invalid_argument("fsdp_strategy: the MakeOptimizer returned no optimizer");
   }
   void zero_grad() override {
     opt_->zero_grad();
-    calls_at_start_ = collectives(), sent_at_start_ = fsdp_.sent_bytes();
+    calls_at_start_ = collectives();
+    sent_at_start_ = fsdp_.sent_bytes();
   }
   UnitRunner runner() override { return fsdp_.runner(); }
   void after_backward() override { fsdp_.finish_gradient_synchronization(); }
@@ -43,9 +48,12 @@ class FsdpStrategy : public Strategy {
   // What a rank keeps between steps: the shards (and replicated tensors), their gradients, the state.
   TrainingBytes bytes() const override { return count_training_bytes(fsdp_.parameters(), *opt_); }
   double sent_bytes_per_step() const override { return sent_; }
+  double gathered_peak_bytes() const override { return static_cast<double>(fsdp_.peak_gathered_bytes()); }
   std::string describe() const override { return fsdp_.describe(); }
   torch::ScalarType compute_dtype(const torch::nn::Module& m) const override { return compute_dtype_of(m, opts_); }
-  std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override { return fsdp_.gather_full_parameters(); }
+  std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override {
+    return fsdp_.gather_full_parameters();
+  }
   // The pieces (a shard of each unit, the replicated gains whole) and their state, made whole or cut back.
   FullState full_state() override { return fsdp_.sharding().full_state(pg_, *opt_); }
   void load_full_state(const FullState& s) override {
@@ -99,10 +107,13 @@ bool run_fsdp_checks(ProcessGroup& pg, const std::vector<bool>& reshard_modes, u
       // SGD with momentum (state to shard), every rank starting from its own weights, micro-batches.
       for (int k : {1, 2}) {
         StrategyCheck c;
-        c.seed = seed, c.accumulate = k;
+        c.seed = seed;
+        c.accumulate = k;
         ok = report_margin(check_strategy(pg, fsdp_strategy(f), c),
                            fmt::format("FSDP as a Strategy == one process ({}; 3 SGD steps with momentum, {} "
-                                       "micro-batch{} per step)", fsdp_mode_name(f), k, k > 1 ? "es" : "")) && ok;
+                                       "micro-batch{} per step)",
+                                       fsdp_mode_name(f), k, k > 1 ? "es" : "")) &&
+             ok;
       }
       all_ok = all_ok && ok;
     }

@@ -26,8 +26,10 @@ static std::string read_bytes(const fs::path& p) {
 TextCorpus load_corpus(const std::string& path, int64_t batch, int64_t context) {
   std::error_code ec;
   if (!fs::exists(path, ec))
-    throw UsageError(fmt::format("--corpus {}: no such file or directory; install Debian's text with `apt-get "
-                                 "install fortunes` (scripts/setup/install_deps.sh does), or pass --corpus FILE|DIR", path));
+    throw UsageError(
+        fmt::format("--corpus {}: no such file or directory; install Debian's text with `apt-get "
+                    "install fortunes` (scripts/setup/install_deps.sh does), or pass --corpus FILE|DIR",
+                    path));
   TextCorpus c;
   std::string text;
   if (fs::is_directory(path, ec)) {
@@ -35,15 +37,19 @@ TextCorpus load_corpus(const std::string& path, int64_t batch, int64_t context) 
     for (const auto& e : fs::directory_iterator(path, ec))
       if (e.is_regular_file() && !e.is_symlink() && e.path().extension() != ".dat") files.push_back(e.path());
     if (files.empty())  // a folder of folders (they are not read): "too little text" would not say why
-      throw UsageError(fmt::format("--corpus {}: no regular file directly in this folder (its subfolders, symbolic "
-                                   "links and *.dat files are not read); pass a file, or a folder of text files", path));
+      throw UsageError(
+          fmt::format("--corpus {}: no regular file directly in this folder (its subfolders, symbolic "
+                      "links and *.dat files are not read); pass a file, or a folder of text files",
+                      path));
     std::sort(files.begin(), files.end());  // a fixed order: the same tokens on every machine
     for (const auto& f : files) text += read_bytes(f);
     c.source = fmt::format("{} ({} files)", path, files.size());
   } else {
     if (!fs::is_regular_file(path, ec))  // /dev/zero would be read until memory runs out; /dev/stdin by every rank
-      throw UsageError(fmt::format("--corpus {} is neither a regular file nor a folder; pass a file, or a folder of "
-                                   "text files", path));
+      throw UsageError(
+          fmt::format("--corpus {} is neither a regular file nor a folder; pass a file, or a folder of "
+                      "text files",
+                      path));
     text = read_bytes(path);
     c.source = path;
   }
@@ -62,10 +68,11 @@ TextCorpus load_corpus(const std::string& path, int64_t batch, int64_t context) 
   // Training needs a batch of windows of context + 1 bytes (and one window more); validation at least one window.
   const int64_t need_train = (batch + 1) * (context + 1), need_val = context + 1;
   if (c.train.numel() < need_train || c.val.numel() < need_val)
-    throw UsageError(fmt::format("--corpus {}: {} bytes of training text and {} held out, too little for --batch {} "
-                                 "and --context {} (needs {} and {}); pass a larger --corpus, or a smaller --batch or "
-                                 "--context", c.source, c.train.numel(), c.val.numel(), batch, context, need_train,
-                                 need_val));
+    throw UsageError(
+        fmt::format("--corpus {}: {} bytes of training text and {} held out, too little for --batch {} "
+                    "and --context {} (needs {} and {}); pass a larger --corpus, or a smaller --batch or "
+                    "--context",
+                    c.source, c.train.numel(), c.val.numel(), batch, context, need_train, need_val));
   return c;
 }
 
@@ -79,7 +86,7 @@ std::pair<torch::Tensor, torch::Tensor> windows(const torch::Tensor& tokens, con
   rows.reserve(ids.size());
   for (int64_t j : ids) rows.push_back(tokens.narrow(0, j * context, context + 1));
   // Stacked on the host, then one copy of n (T+1) int64 to the device (none on the CPU: to() returns w).
-  auto w = torch::stack(rows).to(device);                               // [n, T+1]
+  auto w = torch::stack(rows).to(device);                                               // [n, T+1]
   return {w.narrow(1, 0, context).contiguous(), w.narrow(1, 1, context).contiguous()};  // [n, T] each
 }
 
@@ -87,12 +94,15 @@ DistributedSampler::DistributedSampler(int64_t num_windows, int64_t global_batch
                                        int world_size)
     : num_windows_(num_windows), global_(global_batch), seed_(seed), rank_(rank), world_(world_size) {
   if (global_batch <= 0 || global_batch % world_size != 0)
-    throw UsageError(fmt::format("--batch {} is not a positive multiple of the world size {}: every rank must get "
-                                 "as many sequences as the others; use a multiple of {}",
-                                 global_batch, world_size, world_size));
+    throw UsageError(
+        fmt::format("--batch {} is not a positive multiple of the world size {}: every rank must get "
+                    "as many sequences as the others; use a multiple of {}",
+                    global_batch, world_size, world_size));
   if (global_batch > num_windows)
-    throw UsageError(fmt::format("--batch {} is larger than the {} training sequences of the corpus; use a smaller "
-                                 "--batch or --context", global_batch, num_windows));
+    throw UsageError(
+        fmt::format("--batch {} is larger than the {} training sequences of the corpus; use a smaller "
+                    "--batch or --context",
+                    global_batch, num_windows));
 }
 
 // [sampler]

@@ -17,12 +17,12 @@ namespace dp {
 
 /// Bytes of text as tokens, split into training and validation.
 struct TextCorpus {
-  std::string source;            ///< what was read: the file, or the directory and its file count
-  torch::Tensor train;           ///< [n_train] int64 bytes in [0, 256)
-  torch::Tensor val;             ///< [n_val] int64
-  static constexpr int64_t kVocab = 256;     ///< byte-level tokens
-  static constexpr int64_t kBlock = 4096;    ///< the split works on blocks of this many bytes (n / 20 under 80 KiB)...
-  static constexpr int64_t kValEvery = 20;   ///< ...and every 20th block (5%) is held out
+  std::string source;                       ///< what was read: the file, or the directory and its file count
+  torch::Tensor train;                      ///< [n_train] int64 bytes in [0, 256)
+  torch::Tensor val;                        ///< [n_val] int64
+  static constexpr int64_t kVocab = 256;    ///< byte-level tokens
+  static constexpr int64_t kBlock = 4096;   ///< the split works on blocks of this many bytes (n / 20 under 80 KiB)...
+  static constexpr int64_t kValEvery = 20;  ///< ...and every 20th block (5%) is held out
 };
 
 /// Where the capstone finds text by default: Debian's `fortunes` package (about 2.4 MB of quotations

@@ -10,8 +10,13 @@ namespace dp {
 
 static TransformerLM small_lm(int64_t context, uint64_t seed, torch::Device device) {
   TransformerConfig cfg;
-  cfg.name = "check", cfg.vocab_size = TextCorpus::kVocab, cfg.context_length = context;
-  cfg.d_model = 64, cfg.d_ff = 128, cfg.num_layers = 2, cfg.num_heads = 2;
+  cfg.name = "check";
+  cfg.vocab_size = TextCorpus::kVocab;
+  cfg.context_length = context;
+  cfg.d_model = 64;
+  cfg.d_ff = 128;
+  cfg.num_layers = 2;
+  cfg.num_heads = 2;
   torch::manual_seed(seed);
   TransformerLM lm(cfg);
   lm->to(device);  // before the trainer and the reference's AdamW take its parameters
@@ -59,8 +64,10 @@ LmCheck check_against_one_process(ProcessGroup& pg, const RunOptions& o, const T
   const auto diffs = pg.all_gather(c.max_abs_diff), ratios = pg.all_gather(c.worst_ratio);  // one verdict for all
   c.max_abs_diff = *std::max_element(diffs.begin(), diffs.end());
   c.worst_ratio = *std::max_element(ratios.begin(), ratios.end());
-  c.derivation = fmt::format("per entry, AdamW (lr {}) applied to gradient differences of {:.0f} roundings x u(fp32) "
-                             "{:.2g} x max|g| {:.3g}", lr, roundings, u, G);
+  c.derivation = fmt::format(
+      "per entry, AdamW (lr {}) applied to gradient differences of {:.0f} roundings x u(fp32) "
+      "{:.2g} x max|g| {:.3g}",
+      lr, roundings, u, G);
   return c;
 }
 

@@ -10,9 +10,9 @@ namespace dp {
 
 /// How far the synchronized model ended from the single-process one.
 struct LmCheck {
-  double max_abs_diff = 0;   ///< over every parameter, after the steps
-  double worst_ratio = 0;    ///< the largest |diff| / bound over every entry (AdamWeightBound): <= 1 passes
-  std::string derivation;    ///< the gradient difference the entry-wise bounds start from, in words
+  double max_abs_diff = 0;  ///< over every parameter, after the steps
+  double worst_ratio = 0;   ///< the largest |diff| / bound over every entry (AdamWeightBound): <= 1 passes
+  std::string derivation;   ///< the gradient difference the entry-wise bounds start from, in words
   bool ok() const { return worst_ratio <= 1; }
 };
 

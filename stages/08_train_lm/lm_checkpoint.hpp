@@ -18,9 +18,9 @@ namespace dp {
 
 /// A checkpoint's contents besides the tensors.
 struct LmCheckpointMeta {
-  int64_t step = 0;         ///< the next step to run (steps 0..step-1 are done)
-  nlohmann::json config;    ///< what must match to resume (model, batch, data, schedule)
-  nlohmann::json curve;     ///< the loss curve so far
+  int64_t step = 0;       ///< the next step to run (steps 0..step-1 are done)
+  nlohmann::json config;  ///< what must match to resume (model, batch, data, schedule)
+  nlohmann::json curve;   ///< the loss curve so far
 };
 
 /// Writes `meta` and `state` to `path` from rank 0 (a collective: every rank learns whether it
@@ -34,7 +34,8 @@ void save_lm_checkpoint(const std::string& path, ProcessGroup& pg, const LmCheck
 /// then each tensor's shape against `like` (the current model's trainable parameters, named, in order;
 /// only their shapes are read, so FSDP's, which hold no memory between steps, do). Throws
 /// dp::UsageError naming the first problem. Not a collective.
-std::pair<LmCheckpointMeta, FullState> load_lm_checkpoint(const std::string& path, const nlohmann::json& config,
-                                                          const std::vector<std::pair<std::string, torch::Tensor>>& like);
+std::pair<LmCheckpointMeta, FullState> load_lm_checkpoint(
+    const std::string& path, const nlohmann::json& config,
+    const std::vector<std::pair<std::string, torch::Tensor>>& like);
 
 }  // namespace dp

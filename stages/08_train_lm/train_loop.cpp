@@ -1,15 +1,15 @@
 // The capstone's training loop.
 #include "stages/08_train_lm/train_loop.hpp"
 
-#include "common/measure/cli.hpp"     // check_writable
-#include "common/model/models.hpp"
-#include "common/measure/accounting.hpp"
 #include "common/base/format.hpp"
-#include "common/measure/memory.hpp"  // check_fits_in_memory
-#include "common/model/params.hpp"
-#include "common/measure/results.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/measure/accounting.hpp"
+#include "common/measure/cli.hpp"     // check_writable
+#include "common/measure/memory.hpp"  // check_fits_in_memory
+#include "common/measure/results.hpp"
 #include "common/measure/timing.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
 #include "stages/08_train_lm/lm_checkpoint.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -25,10 +25,21 @@ namespace dp {
 using json = nlohmann::json;
 
 json RunOptions::config() const {
-  return {{"corpus", corpus}, {"preset", preset}, {"context", context}, {"batch", batch}, {"accumulate", accumulate},
-          {"lr", lr}, {"warmup", warmup}, {"weight_decay", trainer.weight_decay}, {"seed", seed},
-          {"world_size", world_size}, {"sync", trainer.sync}, {"steps", steps}, {"eval_every", eval_every},
-          {"checkpoint_every", checkpoint_every}, {"bucket_mb", trainer.bucket_mb}};
+  return {{"corpus", corpus},
+          {"preset", preset},
+          {"context", context},
+          {"batch", batch},
+          {"accumulate", accumulate},
+          {"lr", lr},
+          {"warmup", warmup},
+          {"weight_decay", trainer.weight_decay},
+          {"seed", seed},
+          {"world_size", world_size},
+          {"sync", trainer.sync},
+          {"steps", steps},
+          {"eval_every", eval_every},
+          {"checkpoint_every", checkpoint_every},
+          {"bucket_mb", trainer.bucket_mb}};
 }
 
 void add_training_options(CLI::App& app, RunOptions& o) {
@@ -47,37 +58,42 @@ void validate_run_options(const RunOptions& o) {
   if ((o.checkpoint_every > 0 || o.resume) && o.checkpoint.empty())
     throw UsageError("--checkpoint-every and --resume need --checkpoint FILE");
   if (o.resume && !std::filesystem::exists(o.checkpoint))
-    throw UsageError(fmt::format("--resume: checkpoint {} does not exist; run without --resume to start from step 0",
-                                 o.checkpoint));
+    throw UsageError(
+        fmt::format("--resume: checkpoint {} does not exist; run without --resume to start from step 0", o.checkpoint));
   // Every file the run will write, checked before any work: a typo costs a second, not the run.
   if (!o.checkpoint.empty()) check_writable("--checkpoint", o.checkpoint);
   if (!o.curve.empty()) check_writable("--curve", o.curve);
   if (!std::filesystem::exists(o.corpus)) load_corpus(o.corpus, 0, 0);  // throws its message, with the remedy
   if (o.warmup > o.steps)
-    throw UsageError(fmt::format("--warmup {} is longer than --steps {}: the learning rate would never reach --lr; "
-                                 "give --warmup {} or less (0: no warm-up)", o.warmup, o.steps, o.steps));
+    throw UsageError(
+        fmt::format("--warmup {} is longer than --steps {}: the learning rate would never reach --lr; "
+                    "give --warmup {} or less (0: no warm-up)",
+                    o.warmup, o.steps, o.steps));
 }
 
 void check_run_fits(const RunOptions& o, int world_size, int ranks_here, bool on_gpu) {
   const int64_t split = world_size * o.accumulate;
   if (o.batch % split != 0)
-    throw UsageError(fmt::format("--batch {} does not split into {} ranks x --accumulate {} equal micro-batches; use a "
-                                 "multiple of {}", o.batch, world_size, o.accumulate, split));
+    throw UsageError(
+        fmt::format("--batch {} does not split into {} ranks x --accumulate {} equal micro-batches; use a "
+                    "multiple of {}",
+                    o.batch, world_size, o.accumulate, split));
   auto m = TransformerConfig::preset(o.preset, o.context);
-  m.vocab_size = TextCorpus::kVocab;  // as make_byte_lm() builds it
+  m.vocab_size = TextCorpus::kVocab;                        // as make_byte_lm() builds it
   const MemoryPool pool = memory_pool(ranks_here, on_gpu);  // this machine's, or one GPU's
   // A checkpoint holds the whole state again in host memory (full_state(), gathered under FSDP: weights and
   // AdamW's moments, 12 bytes a parameter) and the file's bytes (12 more). Measured on `small` (114 M
   // parameters), peak resident: 2.98 GB training, 5.50 GB saving, 5.99 GB resuming (26 bytes a parameter more).
   const double checkpoint = o.checkpoint.empty() || on_gpu ? 0 : 32.0 * static_cast<double>(m.num_parameters());
-  check_fits_in_memory(peak_training_bytes(m, o.trainer.sync, world_size, o.batch / split) + checkpoint,
-                       pool.ranks,
-                       fmt::format("--sync {} --preset {} --context {} with micro-batches of {} sequences", o.trainer.sync,
-                                   o.preset, o.context, o.batch / split),
+  check_fits_in_memory(peak_training_bytes(m, o.trainer.sync, world_size, o.batch / split) + checkpoint, pool.ranks,
+                       fmt::format("--sync {} --preset {} --context {} with micro-batches of {} sequences",
+                                   o.trainer.sync, o.preset, o.context, o.batch / split),
                        fmt::format("use a smaller --preset or --context, a larger --accumulate, fewer ranks on this "
-                                   "machine{}{}", o.checkpoint.empty() ? "" : ", no --checkpoint (it gathers the whole state)",
-                                   o.trainer.sync == "fsdp" ? ", or more machines" : ", or --sync fsdp (stage 07: every "
-                                   "state sharded)"),
+                                   "machine{}{}",
+                                   o.checkpoint.empty() ? "" : ", no --checkpoint (it gathers the whole state)",
+                                   o.trainer.sync == "fsdp" ? ", or more machines"
+                                                            : ", or --sync fsdp (stage 07: every "
+                                                              "state sharded)"),
                        pool.available, pool.where);
 }
 
@@ -154,7 +170,8 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
     // is read into host memory; each Strategy copies it into its own tensors on pg.device().
     auto [meta, state] = load_lm_checkpoint(o.checkpoint, o.config(), unique_named_parameters(*model, true));
     trainer->load_full_state(state);
-    start = meta.step, curve = meta.curve;
+    start = meta.step;
+    curve = meta.curve;
     print0("resumed from {} at step {} (saved by {} rank(s), --sync {}){}", o.checkpoint, start,
            meta.config.value("world_size", 0), meta.config.value("sync", "?"),
            start == o.steps ? "; nothing left to train before --steps" : "");
@@ -174,11 +191,17 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
       throw NonFiniteLoss(fmt::format(
           "the training loss is {} at step {} (lr {:.3g}); the model has diverged, so the run stops here and "
           "writes no checkpoint{}. Lower --lr (or lengthen --warmup) and start again{}",
-          std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf", step + 1, lr_at(o, step),
+          std::isnan(loss) ? "nan"
+          : loss > 0       ? "inf"
+                           : "-inf",
+          step + 1, lr_at(o, step),
           o.checkpoint.empty() ? "" : fmt::format(" ({} keeps its last good state)", o.checkpoint),
           o.checkpoint.empty() ? "" : ", or --resume from the last checkpoint"));
     const double secs = wall.seconds();
-    fwd_s.push_back(t.forward), bwd_s.push_back(t.backward), sync_s.push_back(t.sync), opt_s.push_back(t.optimizer);
+    fwd_s.push_back(t.forward);
+    bwd_s.push_back(t.backward);
+    sync_s.push_back(t.sync);
+    opt_s.push_back(t.optimizer);
     curve["train"].push_back({step, loss, secs});
     const bool last = step + 1 == o.steps, eval = (step + 1) % o.eval_every == 0 || last;
     double val = NAN;
@@ -197,10 +220,15 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
   if (!data_s.empty())
     print0("per step on rank 0 (median s): data {:.4f}, forward {:.4f}, backward {:.4f}, sync {:.4f}, optimizer {:.4f}",
            median(data_s), median(fwd_s), median(bwd_s), median(sync_s), median(opt_s));
-  curve["phases"] = {{"data", median(data_s)}, {"forward", median(fwd_s)}, {"backward", median(bwd_s)},
-                     {"sync", median(sync_s)}, {"optimizer", median(opt_s)}};
+  curve["phases"] = {{"data", median(data_s)},
+                     {"forward", median(fwd_s)},
+                     {"backward", median(bwd_s)},
+                     {"sync", median(sync_s)},
+                     {"optimizer", median(opt_s)}};
   curve["config"] = o.config();
-  curve["command"] = o.command, curve["machine"] = machine_description(), curve["link"] = link_description();
+  curve["command"] = o.command;
+  curve["machine"] = machine_description();
+  curve["link"] = link_description();
   curve["threads"] = torch::get_num_threads();  // per rank: the order of a matmul's sums depends on it
   // The run's last collective. Rank 0 samples after it, alone: a peer waiting in a collective meanwhile would
   // fail after --timeout, however long sampling takes (--sample 3000 at --timeout 3s did).

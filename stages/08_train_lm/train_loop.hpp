@@ -21,21 +21,21 @@ namespace dp {
 struct RunOptions {
   std::string corpus = kDefaultCorpus;
   std::string preset = "tiny";
-  int64_t context = 64;       ///< bytes per sequence
-  int64_t batch = 16;         ///< global batch: sequences per optimizer step over all ranks
-  int64_t accumulate = 1;     ///< micro-batches per step on each rank
+  int64_t context = 64;    ///< bytes per sequence
+  int64_t batch = 16;      ///< global batch: sequences per optimizer step over all ranks
+  int64_t accumulate = 1;  ///< micro-batches per step on each rank
   int64_t steps = 100;
   double lr = 2e-3;
-  int64_t warmup = 20;        ///< linear warm-up steps; then the learning rate stays at lr
+  int64_t warmup = 20;  ///< linear warm-up steps; then the learning rate stays at lr
   int64_t eval_every = 25;
-  std::string checkpoint;     ///< file; empty: no checkpoints
+  std::string checkpoint;  ///< file; empty: no checkpoints
   int64_t checkpoint_every = 0;
   bool resume = false;
-  std::string curve;          ///< JSON output; empty: none
+  std::string curve;  ///< JSON output; empty: none
   int64_t sample_bytes = 200;
   uint64_t seed = 0;
-  int world_size = 1;         ///< filled in once the process group exists
-  std::string command;        ///< the command line that reproduces the run (recorded in --curve)
+  int world_size = 1;   ///< filled in once the process group exists
+  std::string command;  ///< the command line that reproduces the run (recorded in --curve)
   TrainerOptions trainer;
 
   /// What a checkpoint records and a resumed run must match (but for the fields that may change:

@@ -50,9 +50,10 @@ LmTrainer::LmTrainer(ProcessGroup& pg, TransformerLM model, const TrainerOptions
   // fail in a collective with a less helpful message.
   for (const auto& p : model->parameters())
     if (p.device() != device_)
-      throw std::invalid_argument(fmt::format("LmTrainer: a parameter is on {}, the process group computes on {}: "
-                                              "move the model with model->to(pg.device()) first",
-                                              p.device().str(), device_.str()));
+      throw std::invalid_argument(
+          fmt::format("LmTrainer: a parameter is on {}, the process group computes on {}: "
+                      "move the model with model->to(pg.device()) first",
+                      p.device().str(), device_.str()));
   const auto adamw = lm_adamw(o);
   strategy_ = strategy_for(o)(pg, model.ptr(), [adamw](std::vector<torch::Tensor> p) {
     return std::unique_ptr<optim::Optimizer>(std::make_unique<optim::AdamW>(std::move(p), adamw));

@@ -4,10 +4,10 @@
 // loop, one check and one checkpoint path serve all three.
 #pragma once
 
-#include "common/dist/dist.hpp"
-#include "common/state/full_state.hpp"
 #include "common/contract/strategy.hpp"
+#include "common/dist/dist.hpp"
 #include "common/model/transformer.hpp"
+#include "common/state/full_state.hpp"
 
 #include "common/base/libtorch.hpp"
 
@@ -27,9 +27,9 @@ struct StepTimes {
 
 /// Training options every scheme shares.
 struct TrainerOptions {
-  std::string sync = "ddp";       ///< ddp | zero1 | fsdp
-  double bucket_mb = 25;          ///< DDP's bucket cap
-  double weight_decay = 0.1;      ///< AdamW's
+  std::string sync = "ddp";   ///< ddp | zero1 | fsdp
+  double bucket_mb = 25;      ///< DDP's bucket cap
+  double weight_decay = 0.1;  ///< AdamW's
 };
 
 /// One TransformerLM trained with AdamW by the Strategy `o.sync` names.

@@ -1,14 +1,14 @@
 // Stage 09's training loop: generations of ranks, each a process group of its own.
 #include "stages/09_elastic/elastic_loop.hpp"
 
-#include "common/state/checkpoint_file.hpp"  // broadcast_text
 #include "common/base/errors.hpp"
 #include "common/base/format.hpp"
 #include "common/base/log.hpp"
-#include "common/model/params.hpp"  // parameter_hash
-#include "common/contract/strategy.hpp"
 #include "common/base/timeline.hpp"
+#include "common/contract/strategy.hpp"
+#include "common/model/params.hpp"  // parameter_hash
 #include "common/model/transformer.hpp"
+#include "common/state/checkpoint_file.hpp"  // broadcast_text
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "stages/08_train_lm/lm_checkpoint.hpp"
 #include "stages/08_train_lm/trainer.hpp"
@@ -30,7 +30,8 @@ void validate_elastic_options(const ElasticOptions& o) {
         "--sync {}: elastic training needs every rank to hold the whole model and optimizer state, and with {} a "
         "dead rank's shard dies with it. Use --sync ddp here; keep a replica of every shard (HSDP: shard within a "
         "group, replicate across groups) or a buddy copy on another rank; or train with stage 08 and resume from "
-        "its last checkpoint", o.run.trainer.sync, o.run.trainer.sync == "zero1" ? "ZeRO-1" : "FSDP"));
+        "its last checkpoint",
+        o.run.trainer.sync, o.run.trainer.sync == "zero1" ? "ZeRO-1" : "FSDP"));
   if (o.min_ranks > o.max_ranks)
     throw UsageError(fmt::format("--min-ranks {} is above the {} ranks started; use 1 .. {}", o.min_ranks, o.max_ranks,
                                  o.max_ranks));
@@ -38,9 +39,10 @@ void validate_elastic_options(const ElasticOptions& o) {
   int64_t need = o.run.accumulate;
   for (int n = o.min_ranks; n <= o.max_ranks; ++n) need = std::lcm(need, int64_t{n} * o.run.accumulate);
   if (o.run.batch % need != 0)
-    throw UsageError(fmt::format("--batch {} does not split evenly over every membership from {} to {} ranks (x "
-                                 "--accumulate {}); use a multiple of {}", o.run.batch, o.min_ranks, o.max_ranks,
-                                 o.run.accumulate, need));
+    throw UsageError(
+        fmt::format("--batch {} does not split evenly over every membership from {} to {} ranks (x "
+                    "--accumulate {}); use a multiple of {}",
+                    o.run.batch, o.min_ranks, o.max_ranks, o.run.accumulate, need));
 }
 
 namespace {
@@ -63,7 +65,8 @@ int64_t heal(ProcessGroup& pg, int source, Strategy& s, int64_t& done, json& cur
     for (const auto& [name, t] : st.optimizer[i].tensors) bytes += t.nbytes();
   }
   s.load_full_state(st);
-  done = step.item<int64_t>(), curve = std::move(c);
+  done = step.item<int64_t>();
+  curve = std::move(c);
   return bytes;
 }
 // [heal]
@@ -104,9 +107,9 @@ struct Carried {
   std::optional<FullState> state;  // its state between generations (none: the model as built)
   bool has_state = false;          // false: a newcomer, not healed yet
   json curve = {{"train", json::array()}, {"events", json::array()}};
-  std::string why = "start";       // why the next generation forms
-  double failed_at = -1;           // when the failure happened (step 5 below says how it knows); -1: none
-  double seen_s = -1;              // from the failure to this process seeing it
+  std::string why = "start";          // why the next generation forms
+  double failed_at = -1;              // when the failure happened (step 5 below says how it knows); -1: none
+  double seen_s = -1;                 // from the failure to this process seeing it
   double last_seen = wall_seconds();  // when it last saw a failure (at first: when it started)
 };
 
@@ -114,16 +117,24 @@ struct Carried {
 void record(const Quorum& q, Carried& c, double t0, double t_quorum, double t_group, double t_healed, int64_t healed) {
   std::string ids;
   for (const auto& m : q.members) ids += (ids.empty() ? "" : " ") + m.id;
-  c.curve["events"].push_back({{"round", q.round}, {"step", c.done}, {"ranks", q.size()}, {"members", ids},
-                               {"why", c.why}, {"quorum_s", t_quorum - t0}, {"group_s", t_group - t_quorum},
-                               {"heal_s", t_healed - t_group}, {"heal_bytes", healed}});
+  c.curve["events"].push_back({{"round", q.round},
+                               {"step", c.done},
+                               {"ranks", q.size()},
+                               {"members", ids},
+                               {"why", c.why},
+                               {"quorum_s", t_quorum - t0},
+                               {"group_s", t_group - t_quorum},
+                               {"heal_s", t_healed - t_group},
+                               {"heal_bytes", healed}});
   if (c.seen_s >= 0) c.curve["events"].back()["seen_s"] = c.seen_s;
   timeline::span(fmt::format("round {}", q.round), t0, t_quorum, {{"members", ids}, {"why", c.why}});
   timeline::span("new group", t_quorum, t_group, {{"ranks", q.size()}, {"rank", q.rank}});
   timeline::span("heal", t_group, t_healed, {{"from", q.members[q.source].id}, {"bytes", healed}});
-  print0("generation {}: {} ({}) at step {}, {}; round {:.3f} s, group {:.3f} s, state from {} "
-         "({:.2f} MB) {:.3f} s", q.round, count_of(q.size(), "rank"), ids, c.done, c.why, t_quorum - t0,
-         t_group - t_quorum, q.members[q.source].id, healed / 1e6, t_healed - t_group);
+  print0(
+      "generation {}: {} ({}) at step {}, {}; round {:.3f} s, group {:.3f} s, state from {} "
+      "({:.2f} MB) {:.3f} s",
+      q.round, count_of(q.size(), "rank"), ids, c.done, c.why, t_quorum - t0, t_group - t_quorum,
+      q.members[q.source].id, healed / 1e6, t_healed - t_group);
 }
 
 // The run's end, in its last generation: the checkpoint, the curve, the merged timeline.
@@ -134,7 +145,8 @@ void finish(const ElasticOptions& o, ProcessGroup& pg, Strategy& s, Carried& c) 
     print0("checkpoint step {} written to {}", c.done, r.checkpoint);
   }
   if (pg.rank() == 0 && !r.curve.empty()) {
-    c.curve["config"] = r.config(), c.curve["command"] = r.command;
+    c.curve["config"] = r.config();
+    c.curve["command"] = r.command;
     std::ofstream(r.curve) << c.curve.dump(1) << "\n";
   }
   pg.barrier();  // every member has recorded its last step
@@ -190,19 +202,27 @@ json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership
   c.has_state = with_state;
   if (r.resume && with_state) {
     auto [meta, state] = load_lm_checkpoint(r.checkpoint, r.config(), unique_named_parameters(*model, true));
-    c.done = meta.step, c.curve = meta.curve, c.state = std::move(state);
+    c.done = meta.step;
+    c.curve = meta.curve;
+    c.state = std::move(state);
     c.curve["events"] = json::array();
   }
-  int64_t generation = -1, joined = 0;  // the last round this process was in; rounds joined
+  int64_t generation = -1, joined = 0;       // the last round this process was in; rounds joined
   std::optional<Membership::Claim> claimed;  // a survivor's slot in the next round
-  const auto on_claim = [&] { if (joined > 0) faults.at(fmt::format("quorum{}", joined)); };
-  const auto claim_next = [&] { return members.claim(generation + 1, c.has_state ? c.done : -1, generation, on_claim); };
+  const auto on_claim = [&] {
+    if (joined > 0) faults.at(fmt::format("quorum{}", joined));
+  };
+  const auto claim_next = [&] {
+    return members.claim(generation + 1, c.has_state ? c.done : -1, generation, on_claim);
+  };
   for (;;) {
     // 1. A round: who is in the next generation, and whose state everyone takes.
     const double t0 = wall_seconds();
     if (!claimed) claimed = claim_next();
     const Quorum q = members.join(*claimed, on_claim);
-    ++joined, generation = q.round, claimed.reset();
+    ++joined;
+    generation = q.round;
+    claimed.reset();
     const double t_quorum = wall_seconds();
     std::unique_ptr<ProcessGroup> pg;
     std::unique_ptr<Strategy> s;
@@ -224,8 +244,8 @@ json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership
         std::string saved;
         if (!r.checkpoint.empty()) {
           save_lm_checkpoint(r.checkpoint, *pg, {c.done, r.config(), c.curve}, s->full_state());
-          saved = fmt::format("; checkpoint of step {} written to {} (stage 08 or 09 resumes it with --resume)",
-                              c.done, r.checkpoint);
+          saved = fmt::format("; checkpoint of step {} written to {} (stage 08 or 09 resumes it with --resume)", c.done,
+                              r.checkpoint);
         }
         if (!o.trace.empty() && pg->rank() == 0) timeline::merge(o.trace);
         throw BelowMinRanks(fmt::format("{} left, fewer than --min-ranks {}: the run stops at step {}{}",
@@ -257,9 +277,10 @@ json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership
       c.last_seen = wall_seconds();
       c.why = fmt::format("after a failure at step {} (seen {:.3f} s after it: {})", c.done + 1, c.seen_s,
                           first_line(e.what()));
-      print_rank("generation {} failed {}: {}", q.round,
-                 c.has_state ? fmt::format("at step {}", c.done + 1) : std::string("before this newcomer had the state"),
-                 first_line(e.what()));
+      print_rank(
+          "generation {} failed {}: {}", q.round,
+          c.has_state ? fmt::format("at step {}", c.done + 1) : std::string("before this newcomer had the state"),
+          first_line(e.what()));
       // Into the next round at once: its settle time runs from the first survivor's claim, and this
       // rank's state copy and teardown below, however slow, cannot make it miss the round.
       claimed = claim_next();

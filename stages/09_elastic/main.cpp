@@ -25,11 +25,11 @@
 // What it leaves: one node (the store is a file; across machines it would be a TCP store in a process
 // that trains nothing, as torchrun's agent or torchft's lighthouse); replicated state only (HSDP would
 // heal a shard from its replica group); a failure costs a redone step, never the work since a checkpoint.
-#include "common/measure/cli.hpp"
-#include "common/dist/launch_env.hpp"
-#include "common/measure/results.hpp"  // command_line
-#include "common/dist/runtime.hpp"
 #include "common/base/timeline.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/measure/cli.hpp"
+#include "common/measure/results.hpp"  // command_line
 #include "stages/08_train_lm/trainer.hpp"
 #include "stages/09_elastic/elastic_loop.hpp"
 
@@ -47,20 +47,31 @@ int main(int argc, char** argv) {
   Cli cli("stage09_elastic", "Stage 09: elastic DDP; survives dead ranks and takes in new ones between steps");
   ElasticOptions o;
   RunOptions& r = o.run;
-  r.context = 64, r.batch = 12, r.steps = 60, r.warmup = 10, r.sample_bytes = 0;
+  r.context = 64;
+  r.batch = 12;
+  r.steps = 60;
+  r.warmup = 10;
+  r.sample_bytes = 0;
   add_training_options(cli.app(), r);  // stage 08's: --corpus, --preset, --context, --batch, --accumulate, --steps,
                                        // --lr, --warmup
-  cli.app().add_option("--sync", r.trainer.sync, "ddp only (zero1 and fsdp are refused: a dead rank's shard is gone)")
+  cli.app()
+      .add_option("--sync", r.trainer.sync, "ddp only (zero1 and fsdp are refused: a dead rank's shard is gone)")
       ->check(CLI::IsMember(sync_names()));
-  cli.app().add_option("--checkpoint", r.checkpoint, "Checkpoint file: written at the end, or when too few ranks are left");
+  cli.app().add_option("--checkpoint", r.checkpoint,
+                       "Checkpoint file: written at the end, or when too few ranks are left");
   cli.app().add_flag("--resume", r.resume, "Start from --checkpoint (stage 08's or this stage's)");
   cli.app().add_option("--curve", r.curve, "Write the loss curve and the membership changes as JSON");
   std::optional<int> min_ranks;  // default: ddp_launch's --min-nproc (DP_ELASTIC_MIN), else 1
-  cli.app().add_option("--min-ranks", min_ranks, "Stop (with a checkpoint) when fewer ranks are left "
-                                                   "(default: ddp_launch's --min-nproc, else 1)")->check(PositiveInt);
-  cli.app().add_option("--trace", o.trace, "Write every process's timeline (rounds, groups, heals, steps) as a "
-                                          "Chrome trace-event file");
-  cli.app().add_option("--settle", o.settle_s, "Seconds a round waits for more members after the first")
+  cli.app()
+      .add_option("--min-ranks", min_ranks,
+                  "Stop (with a checkpoint) when fewer ranks are left "
+                  "(default: ddp_launch's --min-nproc, else 1)")
+      ->check(PositiveInt);
+  cli.app().add_option("--trace", o.trace,
+                       "Write every process's timeline (rounds, groups, heals, steps) as a "
+                       "Chrome trace-event file");
+  cli.app()
+      .add_option("--settle", o.settle_s, "Seconds a round waits for more members after the first")
       ->check(NonNegativeFinite);
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
   r.seed = cli.common().seed;
@@ -76,8 +87,9 @@ int main(int argc, char** argv) {
     o.min_ranks = min_ranks.value_or(env.elastic_min);
     const bool own_store = env.elastic_store.empty();  // by hand: a store file of its own, removed on the way out
     if (env.launched && own_store)
-      throw UsageError("stage 09 meets its peers in ddp_launch --elastic's store (DP_ELASTIC_STORE is unset); run "
-                       "ddp_launch --elastic --nproc N -- stage09_elastic");
+      throw UsageError(
+          "stage 09 meets its peers in ddp_launch --elastic's store (DP_ELASTIC_STORE is unset); run "
+          "ddp_launch --elastic --nproc N -- stage09_elastic");
     const std::string path = own_store ? fmt::format("/tmp/stage09_store.{}", ::getpid()) : env.elastic_store;
     const std::unique_ptr<const std::string, void (*)(const std::string*)> remove_store(
         own_store ? &path : nullptr, [](const std::string* p) { std::filesystem::remove(*p); });
@@ -107,10 +119,11 @@ int main(int argc, char** argv) {
     const auto& train = curve.at("train");
     const double first = train.front().at(1).get<double>(), last = train.back().at(1).get<double>();
     if (!std::isfinite(last) || last >= first)
-      throw CheckFailed(fmt::format("the training loss did not fall: {:.4f} at the first step, {:.4f} at the last",
-                                    first, last));
+      throw CheckFailed(
+          fmt::format("the training loss did not fall: {:.4f} at the first step, {:.4f} at the last", first, last));
     std::string sizes;
-    for (const auto& e : curve.at("events")) sizes += (sizes.empty() ? "" : " -> ") + std::to_string(e.at("ranks").get<int>());
+    for (const auto& e : curve.at("events"))
+      sizes += (sizes.empty() ? "" : " -> ") + std::to_string(e.at("ranks").get<int>());
     print0("PASS replicas bit-identical going into every step (a hash of the parameters gathered before each)");
     print0("PASS stage 09: {} steps, loss {:.3f} -> {:.3f}, ranks {}", r.steps, first, last, sizes);
     // [verdict]

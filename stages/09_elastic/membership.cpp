@@ -31,7 +31,8 @@ std::string Membership::key(int64_t round, const std::string& what) const { retu
 void Membership::close_run(int64_t steps) { store_->set("over", store_bytes(std::to_string(steps))); }
 void Membership::throw_if_over() {
   if (!store_->check({"over"})) return;
-  throw RunOver(fmt::format("the run is over: its last generation trained all {} steps", store_text(store_->get("over"))));
+  throw RunOver(
+      fmt::format("the run is over: its last generation trained all {} steps", store_text(store_->get("over"))));
 }
 
 int64_t Membership::first_open_round(int64_t from) {
@@ -49,7 +50,7 @@ c10::intrusive_ptr<c10d::Store> Membership::generation_store(int64_t round) {
 
 // [join]
 Membership::Claim Membership::claim(int64_t from, int64_t step, int64_t generation,
-                                     const std::function<void()>& on_claim) {
+                                    const std::function<void()>& on_claim) {
   throw_if_over();  // a replacement that came too late: nobody will take it in
   Claim c{first_open_round(from), step, generation};
   // Claim the lowest free slot: compare-and-set succeeds for exactly one claimant, so slots are taken
@@ -77,15 +78,17 @@ Quorum Membership::join(Claim c, const std::function<void()>& on_claim) {
         break;
       }
       while (store_->check({key(r, fmt::format("m{}", seen))})) ++seen;
-      const bool settled = store_->check({key(r, "t0")}) &&
-                           wall_seconds() - std::stod(store_text(store_->get(key(r, "t0")))) >= settle;
+      const bool settled =
+          store_->check({key(r, "t0")}) && wall_seconds() - std::stod(store_text(store_->get(key(r, "t0")))) >= settle;
       if (seen >= max_members_ || settled) {  // close with the count seen; the first close wins
         closed = std::stoi(store_text(store_->compareSet(key(r, "closed"), {}, store_bytes(std::to_string(seen)))));
         break;
       }
       if (std::chrono::steady_clock::now() > deadline)
-        throw std::runtime_error(fmt::format("round {}: no round closed within {:.1f} s: no member with state is "
-                                             "left to train with", r, std::chrono::duration<double>(patience).count()));
+        throw std::runtime_error(
+            fmt::format("round {}: no round closed within {:.1f} s: no member with state is "
+                        "left to train with",
+                        r, std::chrono::duration<double>(patience).count()));
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     if (idx >= closed) continue;  // closed before this slot: wait in the next round
@@ -105,7 +108,8 @@ Quorum Membership::join(Claim c, const std::function<void()>& on_claim) {
       for (const auto& [i, m] : *list) {
         if (i == idx) q.rank = q.size();
         const Member* s = q.members.empty() ? nullptr : &q.members[q.source];  // ties: the longer record of generations
-        if (!m.fresh() && (!s || std::tie(m.step, m.generation) > std::tie(s->step, s->generation))) q.source = q.size();
+        if (!m.fresh() && (!s || std::tie(m.step, m.generation) > std::tie(s->step, s->generation)))
+          q.source = q.size();
         q.members.push_back(m);
       }
     return q;

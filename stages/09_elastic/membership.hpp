@@ -56,7 +56,10 @@ class Membership {
              std::chrono::milliseconds timeout);
 
   /// A slot held in a round (claim()), with what its holder announced there.
-  struct Claim { int64_t round = 0, step = -1, generation = -1; int slot = 0; };
+  struct Claim {
+    int64_t round = 0, step = -1, generation = -1;
+    int slot = 0;
+  };
   /// Claims the lowest free slot of the first open round at or after `from`, announcing `step` (-1: no
   /// state) and `generation`, the last round this process was a member of (-1: none). Only a member of the
   /// latest generation (or anyone, in round 0) starts the round's settle clock: a newcomer, or a process

@@ -1,7 +1,7 @@
 // Unit tests for common/checkpoint_file: the FNV-1a hash, the header checks (magic, version, length,
 // checksum), the atomic write through PATH.tmp, and broadcast_text between ranks (threads).
-#include "common/state/checkpoint_file.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/state/checkpoint_file.hpp"
 #include "tests/support/expect.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
@@ -62,10 +62,14 @@ TEST(CheckpointFile, HeaderLengthAndChecksumAreChecked) {
   std::string flipped = bytes;
   flipped[flipped.size() - 10] ^= 0x01;  // one bit of the payload
   refused(flipped, {"is damaged", "checksum mismatch"});
-  expect_usage_error([&] { dp::read_checkpoint_file(good, {"TESTFILE", 4}); },
-                     {"format version 3", "this program reads version 4"});
+  expect_usage_error(
+      [&] {
+        dp::read_checkpoint_file(good, {"TESTFILE", 4});
+      },
+      {"format version 3", "this program reads version 4"});
   expect_usage_error([&] { dp::read_checkpoint_file(dir.file("missing.bin"), kTest); }, {"cannot read checkpoint"});
-  expect_usage_error([&] { dp::read_checkpoint_file(dir.path.string(), kTest); }, {"cannot read checkpoint", "directory"});
+  expect_usage_error([&] { dp::read_checkpoint_file(dir.path.string(), kTest); },
+                     {"cannot read checkpoint", "directory"});
 }
 
 TEST(CheckpointFile, FailedWriteLeavesThePreviousFileIntact) {
@@ -96,16 +100,19 @@ TEST(BroadcastText, EveryRankGetsTheRootsText) {
 // slow disk, in small): the others wait in short all-reduces and time out in none. What the work throws
 // reaches every rank. (A single broadcast after the work, as before run_on_root(), times out here.)
 TEST(RunOnRoot, WorkLongerThanTheTimeoutFailsNoPeer) {
-  run_ranks(3, [](dp::ProcessGroup& pg) {
-    bool ran = false;
-    const std::string ok = dp::run_on_root(pg, 1, [&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-      ran = true;
-    });
-    if (!ok.empty() || ran != (pg.rank() == 1)) throw dp::CheckFailed("the work ran elsewhere, or failed: " + ok);
-    const std::string failed = dp::run_on_root(pg, 1, [] { throw std::runtime_error("disk full"); });
-    if (failed != "disk full") throw dp::CheckFailed("rank " + std::to_string(pg.rank()) + " got '" + failed + "'");
-  }, std::chrono::milliseconds(500));
+  run_ranks(
+      3,
+      [](dp::ProcessGroup& pg) {
+        bool ran = false;
+        const std::string ok = dp::run_on_root(pg, 1, [&] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          ran = true;
+        });
+        if (!ok.empty() || ran != (pg.rank() == 1)) throw dp::CheckFailed("the work ran elsewhere, or failed: " + ok);
+        const std::string failed = dp::run_on_root(pg, 1, [] { throw std::runtime_error("disk full"); });
+        if (failed != "disk full") throw dp::CheckFailed("rank " + std::to_string(pg.rank()) + " got '" + failed + "'");
+      },
+      std::chrono::milliseconds(500));
 }
 
 // Work that outlasts 10 x the timeout (a stuck disk) ends the run rather than hang it: the root prints why
@@ -116,9 +123,12 @@ TEST(RunOnRoot, WorkPastTenTimeoutsEndsTheRun) {
   EXPECT_EXIT(
       {
         try {
-          run_ranks(2, [](dp::ProcessGroup& pg) {
-            dp::run_on_root(pg, 0, [] { std::this_thread::sleep_for(std::chrono::seconds(60)); });
-          }, std::chrono::milliseconds(200));
+          run_ranks(
+              2,
+              [](dp::ProcessGroup& pg) {
+                dp::run_on_root(pg, 0, [] { std::this_thread::sleep_for(std::chrono::seconds(60)); });
+              },
+              std::chrono::milliseconds(200));
         } catch (const std::exception& e) {
           std::fprintf(stderr, "rank 1 threw: %s\n", e.what());  // then rank 0 exits; run_ranks waits for it
         }

@@ -1,8 +1,8 @@
 // Options: sizes with units, durations, and every bad value ends in exit code 2 with a message.
-#include "common/measure/cli.hpp"
 #include "common/base/format.hpp"
 #include "common/base/log.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/measure/cli.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>

@@ -1,9 +1,9 @@
 // Collectives against closed forms, for 1 to 4 ranks (threads as ranks over an in-process store).
 #include "common/dist/dist.hpp"
-#include "common/harness/ddp_check.hpp"
 #include "common/dist/launch_env.hpp"
-#include "common/harness/optimizer_check.hpp"
 #include "common/dist/runtime.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/harness/optimizer_check.hpp"
 #include "common/measure/timing.hpp"
 #include "tests/support/ranks.hpp"
 
@@ -67,7 +67,7 @@ TEST_P(Collectives, FirstRankWithAFlagIsTheSameOnEveryRank) {
   run_ranks(W, [&](ProcessGroup& pg) {
     EXPECT_EQ(pg.first_rank_with(false), -1);
     EXPECT_EQ(pg.first_rank_with(pg.rank() == W - 1), W - 1);  // one rank flagged: every rank names it
-    EXPECT_EQ(pg.first_rank_with(pg.rank() >= W / 2), W / 2);   // several: the lowest
+    EXPECT_EQ(pg.first_rank_with(pg.rank() >= W / 2), W / 2);  // several: the lowest
   });
 }
 
@@ -115,20 +115,23 @@ TEST_P(Collectives, WaitAsyncWaitsForTheTrackedCollectives) {
 TEST_P(Collectives, SendAndReceiveAroundARing) {
   const int W = GetParam();
   if (W == 1) return;  // a ring of sends needs two ranks (stage 01's ring returns at once for one)
-  run_ranks(W, [&](ProcessGroup& pg) {
-    const int r = pg.rank();
-    auto mine = torch::full({5}, r + 1.0f), buf = torch::zeros({2, 5});
-    auto into = buf[1];
-    auto recv = pg.recv_async(into, (r + W - 1) % W, 7);
-    auto send = pg.send_async(mine, (r + 1) % W, 7);
-    recv.wait();
-    send.wait();
-    recv.wait();
-    send.wait();
-    EXPECT_TRUE(recv.completed() && send.completed());
-    EXPECT_TRUE(torch::all(buf[1] == static_cast<float>((r + W - 1) % W + 1)).item<bool>()) << buf;
-    EXPECT_TRUE(torch::all(buf[0] == 0.0f).item<bool>()) << buf;
-  }, std::chrono::milliseconds(20000));
+  run_ranks(
+      W,
+      [&](ProcessGroup& pg) {
+        const int r = pg.rank();
+        auto mine = torch::full({5}, r + 1.0f), buf = torch::zeros({2, 5});
+        auto into = buf[1];
+        auto recv = pg.recv_async(into, (r + W - 1) % W, 7);
+        auto send = pg.send_async(mine, (r + 1) % W, 7);
+        recv.wait();
+        send.wait();
+        recv.wait();
+        send.wait();
+        EXPECT_TRUE(recv.completed() && send.completed());
+        EXPECT_TRUE(torch::all(buf[1] == static_cast<float>((r + W - 1) % W + 1)).item<bool>()) << buf;
+        EXPECT_TRUE(torch::all(buf[0] == 0.0f).item<bool>()) << buf;
+      },
+      std::chrono::milliseconds(20000));
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Collectives, ::testing::Values(1, 2, 3, 4));
@@ -248,11 +251,13 @@ TEST(Backends, NcclOnCpuBuildIsAUsageError) {
 #ifndef DP_WITH_NCCL
   EXPECT_FALSE(dp::backend_available("nccl"));
   auto store = c10::make_intrusive<c10d::HashStore>();
-  EXPECT_THROW(ProcessGroup::init_with_store(store, 0, 1, {"nccl", std::chrono::milliseconds(1000), ""}), dp::UsageError);
+  EXPECT_THROW(ProcessGroup::init_with_store(store, 0, 1, {"nccl", std::chrono::milliseconds(1000), ""}),
+               dp::UsageError);
 #endif
   EXPECT_TRUE(dp::backend_available("gloo"));
   auto store2 = c10::make_intrusive<c10d::HashStore>();
-  EXPECT_THROW(ProcessGroup::init_with_store(store2, 0, 1, {"mpi", std::chrono::milliseconds(1000), ""}), dp::UsageError);
+  EXPECT_THROW(ProcessGroup::init_with_store(store2, 0, 1, {"mpi", std::chrono::milliseconds(1000), ""}),
+               dp::UsageError);
 }
 
 // NCCL needs a CUDA build and one GPU per rank on the node; each refusal is a UsageError (exit 2).
@@ -263,7 +268,7 @@ TEST(Backends, NcclNeedsOneGpuPerLocalRank) {
   EXPECT_THROW(dp::check_backend("nccl", 8), dp::UsageError);  // not in this build, GPUs or not
 #else
   EXPECT_THROW(dp::check_backend("nccl", 0), dp::UsageError);  // no GPU
-  EXPECT_NO_THROW(dp::check_backend("nccl", 1));                // one process, one GPU
+  EXPECT_NO_THROW(dp::check_backend("nccl", 1));               // one process, one GPU
   for (auto [k, v] : {std::pair{"RANK", "0"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "4"}})
     setenv(k, v, 1);
   EXPECT_THROW(dp::check_backend("nccl", 2), dp::UsageError);  // 4 ranks on this node, 2 GPUs
@@ -296,7 +301,7 @@ TEST(Backends, DeviceMustSuitBackendBuildAndMachine) {
   EXPECT_THROW(dp::check_backend("nccl", 1, "cpu"), dp::UsageError);  // NCCL moves CUDA tensors only
   for (auto [k, v] : {std::pair{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}})
     setenv(k, v, 1);
-  EXPECT_NO_THROW(dp::check_backend("gloo", 1, "cuda"));  // two Gloo ranks share the one GPU
+  EXPECT_NO_THROW(dp::check_backend("gloo", 1, "cuda"));               // two Gloo ranks share the one GPU
   EXPECT_THROW(dp::check_backend("nccl", 1, "cuda"), dp::UsageError);  // NCCL: one GPU per rank
   for (auto v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"}) unsetenv(v);
 #endif
@@ -307,7 +312,8 @@ TEST(Backends, DeviceMustSuitBackendBuildAndMachine) {
 // point moves host memory only) stage them through host copies. Every result lands on the GPU, equal to the
 // closed form.
 TEST(GlooOnCuda, CollectivesMoveCudaTensors) {
-  if (!dp::testing::gpu_visible()) GTEST_SKIP() << "needs a CUDA build and a GPU (scripts/machines/gpu_check.sh runs it)";
+  if (!dp::testing::gpu_visible())
+    GTEST_SKIP() << "needs a CUDA build and a GPU (scripts/machines/gpu_check.sh runs it)";
   run_ranks(
       3,
       [](ProcessGroup& pg) {
@@ -368,7 +374,8 @@ TEST(WorstOverRanks, EveryRankGetsTheWorstRatio) {
 // handle completes only inside its wait(), so a handle forwarding it passes too: on the H200 the mutant did.
 // The staged handle answers from its own copy, so this holds whatever a backend's handle does.)
 TEST(GlooOnCuda, StagedReceiveCompletesOnlyWhenItsDataIsInPlace) {
-  if (!dp::testing::gpu_visible()) GTEST_SKIP() << "needs a CUDA build and a GPU (scripts/machines/gpu_check.sh runs it)";
+  if (!dp::testing::gpu_visible())
+    GTEST_SKIP() << "needs a CUDA build and a GPU (scripts/machines/gpu_check.sh runs it)";
   run_ranks(
       2,
       [](ProcessGroup& pg) {

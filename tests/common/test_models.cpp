@@ -1,10 +1,10 @@
 // Unit tests for common/models, common/transformer, common/accounting and common/data (single process, CPU).
+#include "common/dist/runtime.hpp"
 #include "common/measure/accounting.hpp"
+#include "common/measure/tolerance.hpp"
 #include "common/model/data.hpp"
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
-#include "common/dist/runtime.hpp"
-#include "common/measure/tolerance.hpp"
 #include "common/model/transformer.hpp"
 
 #include <fmt/format.h>
@@ -30,10 +30,16 @@ using dp::testing::expect_usage_error;
 
 TEST(ToyModel, ParameterNamesShapesAndRequiresGradInOrder) {
   dp::ToyModel model;
-  struct Row { std::string name; std::vector<int64_t> shape; bool requires_grad; };
+  struct Row {
+    std::string name;
+    std::vector<int64_t> shape;
+    bool requires_grad;
+  };
   // LibTorch (like PyTorch) lists a module's own parameters before its children's.
-  const std::vector<Row> expected = {{"no_grad_fixed_param", {2}, false}, {"fc1.weight", {10, 10}, true},
-                                     {"fc2.fc.weight", {50, 10}, true},   {"fc2.fc.bias", {50}, false},
+  const std::vector<Row> expected = {{"no_grad_fixed_param", {2}, false},
+                                     {"fc1.weight", {10, 10}, true},
+                                     {"fc2.fc.weight", {50, 10}, true},
+                                     {"fc2.fc.bias", {50}, false},
                                      {"fc3.weight", {5, 50}, true}};
   auto named = model->named_parameters();
   ASSERT_EQ(named.size(), expected.size());
@@ -100,7 +106,8 @@ TEST(TiedModel, SharedGradientIsTheSumOfBothUses) {
   // more by autograd (one rounding: u(fp32) |a + b| <= u (|a| + |b|)); fc1's is the same computation.
   const double u = dp::unit_roundoff(torch::kFloat32);
   auto sum = w2a.grad() + w2b.grad();
-  EXPECT_TRUE(((model->fc2->weight.grad() - sum).abs() <= u * (w2a.grad().abs() + w2b.grad().abs())).all().item<bool>());
+  EXPECT_TRUE(
+      ((model->fc2->weight.grad() - sum).abs() <= u * (w2a.grad().abs() + w2b.grad().abs())).all().item<bool>());
   EXPECT_TRUE(((model->fc1->weight.grad() - w1.grad()).abs() <= u * w1.grad().abs()).all().item<bool>());
 }
 
@@ -233,7 +240,8 @@ TEST(TransformerLM, LaterTokensDoNotChangeEarlierLogits) {
   EXPECT_TRUE(torch::equal(a.narrow(1, 0, t), b.narrow(1, 0, t)));
   // Position t's own logits move by far more than rounding (1,000 ulps of the largest logit).
   const double u = dp::unit_roundoff(torch::kFloat32);
-  EXPECT_GT((a.narrow(1, t, 1) - b.narrow(1, t, 1)).abs().max().item<double>(), 1000 * u * a.abs().max().item<double>());
+  EXPECT_GT((a.narrow(1, t, 1) - b.narrow(1, t, 1)).abs().max().item<double>(),
+            1000 * u * a.abs().max().item<double>());
 }
 
 TEST(Rope, RotatesInterleavedPairsAndDependsOnlyOnRelativePosition) {

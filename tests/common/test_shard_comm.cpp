@@ -1,7 +1,7 @@
 // Flat-buffer collectives (common/comm/shard_comm.hpp) against closed forms, 1 to 4 ranks, sizes that do not
 // divide by the world size (padding), threads as ranks.
-#include "common/dist/runtime.hpp"
 #include "common/comm/shard_comm.hpp"
+#include "common/dist/runtime.hpp"
 #include "tests/support/expect.hpp"
 #include "tests/support/ranks.hpp"
 
@@ -22,7 +22,7 @@ TEST(FlatLayout, PadsToAMultipleOfTheWorldSize) {
   EXPECT_EQ(l.padded, 12);
   EXPECT_EQ(l.offset(3), 9);
   EXPECT_EQ(l.data_in(0), 3);
-  EXPECT_EQ(l.data_in(3), 1);  // 9 carries data, 10 and 11 are padding
+  EXPECT_EQ(l.data_in(3), 1);       // 9 carries data, 10 and 11 are padding
   auto few = FlatLayout::of(2, 3);  // fewer elements than ranks: one each, the last rank only padding
   EXPECT_EQ(few.chunk, 1);
   EXPECT_EQ(few.padded, 3);
@@ -77,22 +77,22 @@ TEST_P(ShardComm, ReduceScatterGivesEachRankItsChunkOfTheSum) {
 TEST_P(ShardComm, AllGatherFlatPutsEveryChunkInPlace) {
   const auto [W, n] = GetParam();
   for (auto algo : {dp::AllGatherAlgo::list, dp::AllGatherAlgo::all_to_all})
-  run_ranks(W, [&, W = W, n = n](ProcessGroup& pg) {
-    const auto l = FlatLayout::of(n, W);
-    // Rank r's chunk is 1000 * r + j; the gathered buffer is then 1000 * (i / chunk) + i % chunk.
-    auto chunk = 1000.0f * pg.rank() + torch::arange(l.chunk, torch::kFloat32);
-    auto flat = torch::full({l.padded}, -1.0f);
-    dp::all_gather_flat(pg, chunk, flat, "test", algo);
-    auto i = torch::arange(l.padded, torch::kInt64);
-    auto want = (1000 * torch::div(i, l.chunk, "floor") + torch::remainder(i, l.chunk)).to(torch::kFloat32);
-    EXPECT_TRUE(torch::equal(flat, want)) << "rank " << pg.rank();
-    // The chunk may be this rank's own view of the output buffer (ZeRO-1 gathers its parameters so).
-    auto flat2 = torch::zeros({l.padded});
-    auto own = flat2.narrow(0, l.offset(pg.rank()), l.chunk);
-    own.copy_(chunk);
-    dp::all_gather_flat_async(pg, own, flat2, "", algo).wait();
-    EXPECT_TRUE(torch::equal(flat2, want)) << "rank " << pg.rank() << " (aliased input)";
-  });
+    run_ranks(W, [&, W = W, n = n](ProcessGroup& pg) {
+      const auto l = FlatLayout::of(n, W);
+      // Rank r's chunk is 1000 * r + j; the gathered buffer is then 1000 * (i / chunk) + i % chunk.
+      auto chunk = 1000.0f * pg.rank() + torch::arange(l.chunk, torch::kFloat32);
+      auto flat = torch::full({l.padded}, -1.0f);
+      dp::all_gather_flat(pg, chunk, flat, "test", algo);
+      auto i = torch::arange(l.padded, torch::kInt64);
+      auto want = (1000 * torch::div(i, l.chunk, "floor") + torch::remainder(i, l.chunk)).to(torch::kFloat32);
+      EXPECT_TRUE(torch::equal(flat, want)) << "rank " << pg.rank();
+      // The chunk may be this rank's own view of the output buffer (ZeRO-1 gathers its parameters so).
+      auto flat2 = torch::zeros({l.padded});
+      auto own = flat2.narrow(0, l.offset(pg.rank()), l.chunk);
+      own.copy_(chunk);
+      dp::all_gather_flat_async(pg, own, flat2, "", algo).wait();
+      EXPECT_TRUE(torch::equal(flat2, want)) << "rank " << pg.rank() << " (aliased input)";
+    });
 }
 
 TEST_P(ShardComm, ReduceScatterThenAllGatherIsAnAllReduce) {

@@ -1,15 +1,15 @@
-// The communication hooks (common/comm/comm_hook.hpp) and extension 05a's low-precision hooks: the default hook is bit-identical to stage 05 without
-// hooks; the fp16 hook equals the fp16-rounded closed form and sends half the bytes; training with it stays
-// within a stated tolerance of fp32 training; which 16-bit types this backend sums; bad names. Ranks are
-// threads over a real Gloo group.
-#include "common/model/models.hpp"
-#include "common/model/params.hpp"
+// The communication hooks (common/comm/comm_hook.hpp) and extension 05a's low-precision hooks: the default hook is
+// bit-identical to stage 05 without hooks; the fp16 hook equals the fp16-rounded closed form and sends half the bytes;
+// training with it stays within a stated tolerance of fp32 training; which 16-bit types this backend sums; bad names.
+// Ranks are threads over a real Gloo group.
+#include "common/comm/comm_hook.hpp"
 #include "common/dist/runtime.hpp"
 #include "common/measure/tolerance.hpp"
+#include "common/model/models.hpp"
+#include "common/model/params.hpp"
 #include "common/model/transformer.hpp"
 #include "extensions/05a_comm_hooks/low_precision_hooks.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
-#include "common/comm/comm_hook.hpp"
 #include "tests/support/fixtures.hpp"
 #include "tests/support/ranks.hpp"
 
@@ -184,12 +184,17 @@ TEST(CommHooks, Fp16TrainingStaysCloseToFp32) {
     for (size_t i = 0; i < a.size(); ++i) {
       const double ratio = bound.worst_ratio({b[i].second}, {a[i].second}, i);
       changed = std::max(changed, (a[i].second - b[i].second).abs().max().item<double>());
-      if (ratio > worst) worst = ratio, where = a[i].first;
+      if (ratio > worst) {
+        worst = ratio;
+        where = a[i].first;
+      }
     }
     const double loss_bound = bound.first_order_change(dp::unique_parameters(*m32));
     if (pg.rank() == 0)
-      fmt::print("fp16 vs fp32 after 20 steps: worst parameter difference / bound {:.3g} ({}), loss {:.6f} vs {:.6f} "
-                 "(|diff| {:.3g} <= {:.3g})\n", worst, where, l16, l32, std::abs(l16 - l32), loss_bound);
+      fmt::print(
+          "fp16 vs fp32 after 20 steps: worst parameter difference / bound {:.3g} ({}), loss {:.6f} vs {:.6f} "
+          "(|diff| {:.3g} <= {:.3g})\n",
+          worst, where, l16, l32, std::abs(l16 - l32), loss_bound);
     EXPECT_GT(changed, 0.0) << "the fp16 hook changed nothing: was it used?";
     EXPECT_LE(worst, 1.0) << where;
     EXPECT_LE(std::abs(l16 - l32), loss_bound);

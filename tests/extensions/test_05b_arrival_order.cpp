@@ -3,9 +3,9 @@
 // ranks), then BucketedDdp on models whose readiness order differs from registration order. Training still
 // equals one process: GradSyncContract runs BucketedArrival too. Ranks are threads.
 #include "common/base/c10d_compat.hpp"
+#include "common/dist/runtime.hpp"
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
-#include "common/dist/runtime.hpp"
 #include "extensions/05b_arrival_order/arrival_order_ddp.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "tests/support/fixtures.hpp"
@@ -26,9 +26,9 @@
 namespace {
 
 using namespace dp::testing;  // run_ranks, make_seeded, same_on_all_ranks, OutOfOrderImpl
+using dp::ArrivalOrderDdp;
 using dp::assign_buckets_in_order;
 using dp::BucketedDdp;
-using dp::ArrivalOrderDdp;
 using dp::ProcessGroup;
 using Buckets = std::vector<std::vector<size_t>>;
 
@@ -119,7 +119,9 @@ struct OrderByRankImpl : torch::nn::Module {
     a = register_parameter("a", torch::eye(dp::kToyIn) * 0.5);
     b = register_parameter("b", torch::eye(dp::kToyIn) * 2.0);
   }
-  torch::Tensor forward(torch::Tensor x) { return swap ? torch::matmul(torch::matmul(x, b), a) : torch::matmul(torch::matmul(x, a), b); }
+  torch::Tensor forward(torch::Tensor x) {
+    return swap ? torch::matmul(torch::matmul(x, b), a) : torch::matmul(torch::matmul(x, a), b);
+  }
   bool swap;
   torch::Tensor a, b;
 };
@@ -185,10 +187,10 @@ TEST(StageFiveSeams, ReassignTakesOnlyACompleteAssignmentBetweenSteps) {
     for (size_t i = 0; i < ddp.parameters().size(); ++i)
       if (ddp.parameters()[i].requires_grad()) all.push_back(i);
     ASSERT_GE(all.size(), 2u);
-    EXPECT_THROW(ddp.reassign({{all[0]}}), std::logic_error);                    // the others have no bucket
-    EXPECT_THROW(ddp.reassign({all, {all[0]}}), std::logic_error);               // listed twice
+    EXPECT_THROW(ddp.reassign({{all[0]}}), std::logic_error);                        // the others have no bucket
+    EXPECT_THROW(ddp.reassign({all, {all[0]}}), std::logic_error);                   // listed twice
     EXPECT_THROW(ddp.reassign({all, {ddp.parameters().size()}}), std::logic_error);  // out of range
-    EXPECT_THROW(ddp.reassign({all, {}}), std::logic_error);                     // an empty bucket
+    EXPECT_THROW(ddp.reassign({all, {}}), std::logic_error);                         // an empty bucket
     ddp.reassign({all});
     EXPECT_EQ(ddp.bucket_count(), 1u);
     model->forward(x).pow(2).mean().backward();

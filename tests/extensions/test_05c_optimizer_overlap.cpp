@@ -3,11 +3,11 @@
 // train bit for bit like one optimizer step after finish (SGD with momentum and AdamW, 2 and 4 ranks, CS336's
 // toy and tied models and a Transformer, fixed and arrival-order buckets, with and without no_sync()), step
 // bucket b before waiting for bucket b+1, and refuse misuse. Ranks are threads.
-#include "common/model/data.hpp"
+#include "common/dist/runtime.hpp"
 #include "common/harness/ddp_check.hpp"
+#include "common/model/data.hpp"
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
-#include "common/dist/runtime.hpp"
 #include "common/model/transformer.hpp"
 #include "extensions/05c_optimizer_overlap/overlapped_optimizer.hpp"
 #include "tests/stages/ddp_variants.hpp"
@@ -42,7 +42,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind,
 
 // Two replicas with the same values, and the loss of a model on a batch (rows along dim 0).
 struct Problem {
-  std::shared_ptr<torch::nn::Module> after, inside;  // optimizer after finish / inside finish
+  std::shared_ptr<torch::nn::Module> after, inside;                        // optimizer after finish / inside finish
   std::function<std::pair<torch::Tensor, torch::Tensor>(int step)> batch;  // the global batch of a step
   std::function<torch::Tensor(torch::nn::Module&, const torch::Tensor&, const torch::Tensor&)> loss;
 };
@@ -53,7 +53,8 @@ Problem toy_problem(const std::string& name) {
   Problem p;
   auto a = dp::make_toy_model(name), b = dp::make_toy_model(name);
   dp::copy_parameters(*b, *a);
-  p.after = a, p.inside = b;
+  p.after = a;
+  p.inside = b;
   p.batch = [](int step) {
     auto g = torch::make_generator<at::CPUGeneratorImpl>(100 + step);
     return std::make_pair(torch::rand({16, dp::kToyIn}, g), torch::rand({16, dp::kToyOut}, g));
@@ -71,7 +72,8 @@ Problem transformer_problem() {
   Problem p;
   auto a = dp::TransformerLM(c), b = dp::TransformerLM(c);
   dp::copy_parameters(*b, *a);
-  p.after = a.ptr(), p.inside = b.ptr();
+  p.after = a.ptr();
+  p.inside = b.ptr();
   p.batch = [c](int step) { return dp::token_batch(8, c.context_length, c.vocab_size, 5, step); };
   p.loss = [](torch::nn::Module& m, const torch::Tensor& x, const torch::Tensor& y) {
     return dp::lm_loss(static_cast<dp::TransformerLMImpl&>(m).forward(x), y);
@@ -86,7 +88,8 @@ void overlapped_equals_step_after_finish(ProcessGroup& pg, Problem p, const std:
   const int W = pg.world_size(), r = pg.rank();
   auto after = Variant::make(pg, p.after), inside = Variant::make(pg, p.inside);
   auto opt = make_optimizer(kind, dp::unique_parameters(*p.after, true));
-  dp::OverlappedOptimizer overlapped(*inside, [&](std::vector<torch::Tensor> ps) { return make_optimizer(kind, std::move(ps)); });
+  dp::OverlappedOptimizer overlapped(
+      *inside, [&](std::vector<torch::Tensor> ps) { return make_optimizer(kind, std::move(ps)); });
   for (int s = 0; s < 3; ++s) {
     auto [gx, gy] = p.batch(s);
     const int64_t B = gx.size(0) / (K * W);
@@ -149,27 +152,33 @@ TYPED_TEST(OverlapOptimizerContract, TransformerBitIdentical) {
 // trains like one process on the CS336 scenario. Its mutant, the same DDP also stepped once more after
 // finish as a plain DDP loop would, is refused: two SGD steps per step are not one.
 dp::MakeStrategy overlapped(double cap_mb) {
-  return [cap_mb](ProcessGroup& g, std::shared_ptr<torch::nn::Module> m, const dp::MakeOptimizer& opt)
-             -> std::unique_ptr<dp::Strategy> {
+  return [cap_mb](ProcessGroup& g, std::shared_ptr<torch::nn::Module> m,
+                  const dp::MakeOptimizer& opt) -> std::unique_ptr<dp::Strategy> {
     return std::make_unique<dp::OverlappedOptimizerDdp>(std::make_unique<BucketedDdp>(g, std::move(m), cap_mb), opt);
   };
 }
 struct SteppedTwice : dp::testing::WrappedStrategy {
   SteppedTwice(std::unique_ptr<dp::Strategy> inner, std::unique_ptr<torch::optim::Optimizer> extra)
       : WrappedStrategy(std::move(inner)), extra(std::move(extra)) {}
-  void step() override { inner_->step(); extra->step(); }
+  void step() override {
+    inner_->step();
+    extra->step();
+  }
   std::unique_ptr<torch::optim::Optimizer> extra;
 };
 
 TEST(OverlapOptimizer, Cs336ScenarioEqualsOneProcess) {
   run_ranks(2, [](ProcessGroup& pg) { dp::check_cs336_scenario(pg, "tied", overlapped(0.0001)); });
-  EXPECT_THROW(run_ranks(2, [](ProcessGroup& pg) {
-                 dp::check_cs336_scenario(pg, "tied", [](ProcessGroup& g, std::shared_ptr<torch::nn::Module> m,
-                                                         const dp::MakeOptimizer& opt) -> std::unique_ptr<dp::Strategy> {
-                   auto inner = overlapped(0.0001)(g, m, opt);
-                   return std::make_unique<SteppedTwice>(std::move(inner), opt(dp::unique_parameters(*m)));
-                 });
-               }),
+  EXPECT_THROW(run_ranks(2,
+                         [](ProcessGroup& pg) {
+                           dp::check_cs336_scenario(pg, "tied",
+                                                    [](ProcessGroup& g, std::shared_ptr<torch::nn::Module> m,
+                                                       const dp::MakeOptimizer& opt) -> std::unique_ptr<dp::Strategy> {
+                                                      auto inner = overlapped(0.0001)(g, m, opt);
+                                                      return std::make_unique<SteppedTwice>(
+                                                          std::move(inner), opt(dp::unique_parameters(*m)));
+                                                    });
+                         }),
                dp::CheckFailed);
 }
 
@@ -197,7 +206,10 @@ TEST(OverlapOptimizer, EachBucketStepsBeforeTheNextIsAwaited) {
     dp::CommHook base = dp::allreduce_hook();
     ddp.register_comm_hook([&](ProcessGroup& g, torch::Tensor& bucket, const std::string& label) {
       auto w = base(g, bucket, label);
-      w.then = [then = w.then, &log, label] { then(); log.push_back("arrived " + label); };
+      w.then = [then = w.then, &log, label] {
+        then();
+        log.push_back("arrived " + label);
+      };
       return w;
     });
     size_t k = 0;
@@ -224,7 +236,9 @@ TEST(OverlapOptimizer, MisuseIsRefused) {
   run_ranks(2, [](ProcessGroup& pg) {
     auto [model, x] = make_local(pg.rank());
     BucketedDdp ddp(pg, model, 0.0001);
-    auto sgd = [](std::vector<torch::Tensor> ps) { return std::make_unique<torch::optim::SGD>(ps, torch::optim::SGDOptions(0.1)); };
+    auto sgd = [](std::vector<torch::Tensor> ps) {
+      return std::make_unique<torch::optim::SGD>(ps, torch::optim::SGDOptions(0.1));
+    };
     EXPECT_THROW(dp::OverlappedOptimizer(ddp, nullptr), std::logic_error);
     model->forward(x).pow(2).mean().backward();  // buckets on the wire now
     try {

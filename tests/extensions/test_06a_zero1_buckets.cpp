@@ -30,7 +30,9 @@ TEST(BucketedZero1, EveryBucketLeavesDuringBackward) {
     for (size_t b = 0; b < opt.num_buckets(); ++b) {
       const auto& L = opt.layout(b);
       require(L.padded % 3 == 0 && L.padded - L.numel < 3 && L.chunk * 3 == L.padded, "an even cut");
-      numel += L.numel, chunks += L.chunk, padded += L.padded;
+      numel += L.numel;
+      chunks += L.chunk;
+      padded += L.padded;
     }
     require(numel == m->cfg.num_parameters(), "every parameter in one bucket");
     const auto& x = twins.tokens;
@@ -95,7 +97,8 @@ TEST(BucketedZero1, ForwardOnWeightsInFlightAndTwoBackwardsThrow) {
 TEST(BucketedZero1, RefusesParametersItCannotFlattenAndBadCaps) {
   run_ranks(1, [](ProcessGroup& pg) {
     auto d = torch::zeros({3}, torch::dtype(torch::kFloat64).requires_grad(true));
-    expect_usage_error([&] { dp::BucketedZero1(pg, {d}, local_factory("sgd")); }, {"BucketedZero1", "not a float32 leaf"});
+    expect_usage_error([&] { dp::BucketedZero1(pg, {d}, local_factory("sgd")); },
+                       {"BucketedZero1", "not a float32 leaf"});
     auto leaf = torch::zeros({3}, torch::requires_grad());
     expect_usage_error([&] { dp::BucketedZero1(pg, {leaf}, local_factory("sgd"), 0.0); }, {"bucket"});
   });

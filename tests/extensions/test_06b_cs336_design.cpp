@@ -128,8 +128,8 @@ TEST(ShardedOptimizer, FourRanksOverToyModelOneRankOwnsNothing) {
     auto opt = ShardedOptimizer::make<optim::AdamW>(pg, p.shd->parameters(), optim::AdamWOptions(0.1));
     const auto named = dp::unique_named_parameters(*p.shd);
     // Trainable sizes: fc1.weight 100, fc2.fc.weight 500, fc3.weight 250 -> ranks 2, 0, 1; rank 3 owns none.
-    std::map<std::string, int> want{{"no_grad_fixed_param", -1}, {"fc1.weight", 2}, {"fc2.fc.weight", 0},
-                                    {"fc2.fc.bias", -1}, {"fc3.weight", 1}};
+    std::map<std::string, int> want{
+        {"no_grad_fixed_param", -1}, {"fc1.weight", 2}, {"fc2.fc.weight", 0}, {"fc2.fc.bias", -1}, {"fc3.weight", 1}};
     for (const auto& [name, t] : named) require(opt.owner_of(t) == want[name], "owner of " + name);
     auto shares = opt.shares();
     require(shares[3].params == 0 && shares[0].elements == 500 && shares[1].bytes == 1000, "shares");

@@ -1,10 +1,10 @@
 // Extension 06c: checkpoints of a sharded optimizer must resume training exactly at any world size, and a
 // damaged file or another model must be refused by name. Ranks run as threads (run_ranks).
+#include "common/model/params.hpp"
 #include "extensions/06c_checkpoints/checkpoint.hpp"
 #include "tests/stages/sharded_opt_support.hpp"
 #include "tests/support/expect.hpp"
 #include "tests/support/files.hpp"
-#include "common/model/params.hpp"
 
 #include <gtest/gtest.h>
 

@@ -2,13 +2,13 @@
 // (every unit cut anew, padding included), agree with the whole state assembled from its files, and refuse,
 // on every rank and before changing anything, a damaged file, a save that did not finish, files of two saves,
 // another model and another optimizer. Ranks run as threads (run_ranks).
+#include "common/model/data.hpp"
+#include "common/model/params.hpp"
+#include "common/model/transformer.hpp"
 #include "extensions/07b_sharded_checkpoints/sharded_checkpoint.hpp"
 #include "tests/support/expect.hpp"
 #include "tests/support/files.hpp"
 #include "tests/support/ranks.hpp"
-#include "common/model/data.hpp"
-#include "common/model/params.hpp"
-#include "common/model/transformer.hpp"
 
 #include <gtest/gtest.h>
 
@@ -39,15 +39,18 @@ struct Trained {
       model = dp::TransformerLM(cfg);
     }
     fsdp = std::make_unique<dp::Fsdp>(pg, model.ptr(), model->units());
-    if (sgd) opt = std::make_unique<torch::optim::SGD>(fsdp->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-    else opt = std::make_unique<torch::optim::AdamW>(fsdp->parameters(), torch::optim::AdamWOptions(1e-2));
+    if (sgd)
+      opt = std::make_unique<torch::optim::SGD>(fsdp->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    else
+      opt = std::make_unique<torch::optim::AdamW>(fsdp->parameters(), torch::optim::AdamWOptions(1e-2));
   }
   void train(ProcessGroup& pg, int steps) {
     for (int i = 0; i < steps; ++i) {
       auto [x, y] = dp::token_batch(12, 16, model->cfg.vocab_size, 3, i);
       opt->zero_grad();
       dp::lm_loss(model->forward_units(dp::shard_rows(x, pg.rank(), pg.world_size()), fsdp->runner()),
-                  dp::shard_rows(y, pg.rank(), pg.world_size())).backward();
+                  dp::shard_rows(y, pg.rank(), pg.world_size()))
+          .backward();
       fsdp->finish_gradient_synchronization();
       opt->step();
     }
@@ -63,7 +66,8 @@ FullState save_from_two_ranks(const std::string& dir, uint64_t seed = 1, int64_t
     Trained t(pg, seed);
     t.train(pg, 2);
     auto info = dp::save_sharded_checkpoint(dir, pg, *t.model, *t.fsdp, *t.opt, step, {{"preset", "nano"}});
-    EXPECT_EQ(info.files, 2 * static_cast<int64_t>(t.fsdp->unit_count()) + 2);  // per unit 2 chunks; replicated; metadata
+    EXPECT_EQ(info.files,
+              2 * static_cast<int64_t>(t.fsdp->unit_count()) + 2);  // per unit 2 chunks; replicated; metadata
     auto s = t.state();
     std::lock_guard<std::mutex> lock(mu);
     if (pg.rank() == 0) saved = s;
@@ -111,7 +115,8 @@ TEST(ShardedCheckpoint, LoadsBitForBitAtAnyWorldSize) {
   run_ranks(1, [&](ProcessGroup& pg) {
     Trained t(pg, 5);
     EXPECT_EQ(dp::first_difference(saved, dp::consolidate_sharded_checkpoint(
-                                              dir.path.string(), dp::unique_named_parameters(*t.model, true))), "");
+                                              dir.path.string(), dp::unique_named_parameters(*t.model, true))),
+              "");
   });
 }
 
@@ -138,7 +143,8 @@ TEST(ShardedCheckpoint, ResumedStepEqualsTheUninterruptedOne) {
     dp::save_sharded_checkpoint(dir.path.string(), pg, *run.model, *run.fsdp, *run.opt, 2);
     Trained fresh(pg, 5);
     dp::load_sharded_checkpoint(dir.path.string(), pg, *fresh.model, *fresh.fsdp, *fresh.opt);
-    run.train(pg, 1), fresh.train(pg, 1);
+    run.train(pg, 1);
+    fresh.train(pg, 1);
     EXPECT_EQ(dp::first_difference(run.state(), fresh.state()), "");
   });
 }

@@ -42,8 +42,8 @@ inline std::string net_skip_reason() {
   return "";
 }
 
-#define SKIP_WITHOUT_NET()                                                  \
-  do {                                                                      \
+#define SKIP_WITHOUT_NET()                                                                             \
+  do {                                                                                                 \
     if (const std::string why = ::launcher_test::net_skip_reason(); !why.empty()) GTEST_SKIP() << why; \
   } while (0)
 
@@ -56,8 +56,8 @@ inline std::string without_leftover_notes(const std::string& err) {
   std::istringstream in(err);
   std::string kept;
   for (std::string line; std::getline(in, line);) {
-    const bool note = line.rfind("ddp_launch: removed network namespace dpnet", 0) == 0 &&
-                      line.size() > 9 && line.compare(line.size() - 9, 9, " is gone)") == 0;
+    const bool note = line.rfind("ddp_launch: removed network namespace dpnet", 0) == 0 && line.size() > 9 &&
+                      line.compare(line.size() - 9, 9, " is gone)") == 0;
     if (!note) kept += line + "\n";
   }
   return kept;

@@ -102,9 +102,7 @@ void wait_for_everyone(int world) {
   for (int i = 0; i < 1000 && count_pid_files() < 2 * world; ++i) sleep_s(0.01);
 }
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // `probe net`: what the rank sees of its network namespace, and one TCP connection to rank 0.
 int net_mode(int rank, int world, double hold_s) {
@@ -196,9 +194,9 @@ int main(int argc, char** argv) {
   const auto arg = [&](int i) { return argc > i ? std::atoi(argv[i]) : 0; };
 
   if (mode == "env") {
-    for (const char* key : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                            "MASTER_PORT", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                            "DP_LAUNCHER"}) {
+    for (const char* key :
+         {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+          "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "DP_LAUNCHER"}) {
       const char* v = std::getenv(key);
       std::printf("%s=%s\n", key, v ? v : "<unset>");
     }
@@ -218,7 +216,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (mode == "elastic" || mode == "stopself") {
-    const auto show = [](const char* key) { const char* v = std::getenv(key); return v ? v : "<unset>"; };
+    const auto show = [](const char* key) {
+      const char* v = std::getenv(key);
+      return v ? v : "<unset>";
+    };
     std::printf("STORE=%s MIN=%s RESTART=%s\n", show("DP_ELASTIC_STORE"), show("DP_ELASTIC_MIN"), show("DP_RESTART"));
     std::fflush(stdout);
     record_pid("rank" + std::to_string(rank) + "." + show("DP_RESTART"), ::getpid());

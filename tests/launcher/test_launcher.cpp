@@ -337,7 +337,9 @@ TEST(LauncherElastic, DeadRankIsSurvivedAndReplacedInItsSlot) {
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("ddp_launch: rank 1 was killed by signal 9 (SIGKILL); elastic: 2 ranks go on, and a "
-                       "replacement starts in its slot (restart 1 of 1)"), std::string::npos) << r.err;
+                       "replacement starts in its slot (restart 1 of 1)"),
+            std::string::npos)
+      << r.err;
   EXPECT_NE(r.out.find("[rank 1/3] STORE=/tmp/ddp_launch_elastic."), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("MIN=2 RESTART=1\n"), std::string::npos) << "the replacement knows it is one: " << r.out;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 4) << "3 first processes + 1 replacement: " << r.out;
@@ -349,8 +351,8 @@ TEST(LauncherElastic, DeadRankIsSurvivedAndReplacedInItsSlot) {
 
 TEST(LauncherElastic, ReplacementStartsAfterTheRestartDelay) {
   Sandbox box;
-  const Result r = run(box, {"--elastic", "--nproc", "2", "--max-restarts", "1", "--restart-delay", "0.6", "--",
-                             kProbe, "elastic", "1", "1.2"});
+  const Result r = run(box, {"--elastic", "--nproc", "2", "--max-restarts", "1", "--restart-delay", "0.6", "--", kProbe,
+                             "elastic", "1", "1.2"});
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("a replacement starts in its slot in 0.6 s (restart 1 of 1)"), std::string::npos) << r.err;
@@ -364,7 +366,8 @@ TEST(LauncherElastic, WithoutRestartsTheOthersFinishAlone) {
   const Result r = run(box, {"--elastic", "--nproc", "3", "--", kProbe, "elastic", "2", "0.5"});
   ASSERT_FALSE(r.timed_out);
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.err.find("rank 2 was killed by signal 9 (SIGKILL); elastic: 2 ranks go on\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank 2 was killed by signal 9 (SIGKILL); elastic: 2 ranks go on\n"), std::string::npos)
+      << r.err;
   EXPECT_EQ(r.out.find("RESTART=1"), std::string::npos) << r.out;
   expect_all_gone(box, 3);
 }
@@ -405,7 +408,8 @@ TEST(LauncherElastic, BadValuesExit2) {
   expect_refused({"--max-restarts", "1", "--", kProbe, "env"}, "--max-restarts only applies to elastic mode");
   expect_refused({"--elastic", "--nproc", "3", "--min-nproc", "4", "--", kProbe, "env"},
                  "--min-nproc must be 1..3, got '4'; it counts ranks, so use 1 .. --nproc (3)");
-  expect_refused({"--elastic", "--max-restarts", "-1", "--", kProbe, "env"}, "--max-restarts must be 0..1000, got '-1'");
+  expect_refused({"--elastic", "--max-restarts", "-1", "--", kProbe, "env"},
+                 "--max-restarts must be 0..1000, got '-1'");
   expect_refused({"--elastic", "--nnodes", "2", "--", kProbe, "env"}, "--elastic works on one node");
   expect_refused({"--restart-delay", "1", "--", kProbe, "env"}, "--restart-delay only applies to elastic mode");
   expect_refused({"--elastic", "--restart-delay", "later", "--", kProbe, "env"}, "--restart-delay expects seconds");

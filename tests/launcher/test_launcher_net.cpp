@@ -156,7 +156,8 @@ TEST(LauncherNet, SetupFailureHalfWayTearsDown) {
   const Result r = finish(run);
   EXPECT_EQ(r.code, 1) << r.err;
   const std::string tag = "dpnet" + std::to_string(run.pid);
-  EXPECT_NE(r.err.find("ddp_launch: error: network setup failed: 'tc -n " + tag + "-r0 qdisc add dev dpnet0 root tbf "
+  EXPECT_NE(r.err.find("ddp_launch: error: network setup failed: 'tc -n " + tag +
+                       "-r0 qdisc add dev dpnet0 root tbf "
                        "rate 1000000000bit"),
             std::string::npos)
       << r.err;
@@ -293,8 +294,8 @@ TEST(LauncherNetUsage, HelpExplainsNet) {
   Sandbox box;
   const Result r = run(box, {"--help"});
   EXPECT_EQ(r.code, 0);
-  for (const char* text : {"--net RATE", "--net-subnet", "--net-delay", "--net-cleanup", "GLOO_SOCKET_IFNAME",
-                           "DP_NET", "198.18.0.0/15", "two real machines", "need no simulation"}) {
+  for (const char* text : {"--net RATE", "--net-subnet", "--net-delay", "--net-cleanup", "GLOO_SOCKET_IFNAME", "DP_NET",
+                           "198.18.0.0/15", "two real machines", "need no simulation"}) {
     EXPECT_NE(r.out.find(text), std::string::npos) << text;
   }
 }

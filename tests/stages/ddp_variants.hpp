@@ -10,11 +10,11 @@
 #pragma once
 
 #include "common/dist/dist.hpp"
+#include "extensions/05b_arrival_order/arrival_order_ddp.hpp"
 #include "stages/02_naive_ddp/naive_ddp.hpp"
 #include "stages/03_flat/flat_ddp.hpp"
 #include "stages/04_overlap/overlap_ddp.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
-#include "extensions/05b_arrival_order/arrival_order_ddp.hpp"
 
 #include "common/base/libtorch.hpp"
 

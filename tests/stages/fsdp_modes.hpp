@@ -21,7 +21,8 @@ struct FsdpMode {
   }
   static constexpr bool reshard = Reshard;
 };
-using FsdpModes = ::testing::Types<FsdpMode<false, true>, FsdpMode<false, false>, FsdpMode<true, true>, FsdpMode<true, false>>;
+using FsdpModes =
+    ::testing::Types<FsdpMode<false, true>, FsdpMode<false, false>, FsdpMode<true, true>, FsdpMode<true, false>>;
 /// Names the typed tests "float32Reshard", "bfloat16Keep", ...
 struct FsdpModeNames {
   template <typename T>

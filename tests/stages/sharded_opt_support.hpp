@@ -1,11 +1,11 @@
-// What the ZeRO-1 suites (test_zero1.cpp; extension 06's test_06c_checkpoints.cpp, test_06b_cs336_design.cpp) share: the optimizers of
-// the tests, the CS336 model pairs and batches, parameter groups and the bit-for-bit comparison.
+// What the ZeRO-1 suites (test_zero1.cpp; extension 06's test_06c_checkpoints.cpp, test_06b_cs336_design.cpp) share:
+// the optimizers of the tests, the CS336 model pairs and batches, parameter groups and the bit-for-bit comparison.
 #pragma once
 
+#include "common/dist/runtime.hpp"
 #include "common/harness/ddp_check.hpp"
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
-#include "common/dist/runtime.hpp"
 #include "common/model/transformer.hpp"
 #include "extensions/06a_zero1_buckets/bucketed_zero1.hpp"
 #include "extensions/06b_cs336_design/sharded_optimizer.hpp"
@@ -47,9 +47,11 @@ inline std::unique_ptr<optim::Optimizer> plain_optimizer(const std::string& kind
   return std::make_unique<optim::SGD>(std::move(groups), static_cast<optim::SGDOptions&>(*d));
 }
 
-// The generic construction: ShardedOptimizer with a function that builds the local optimizer.
-inline MakeLocalOptimizer local_factory(const std::string& kind, double lr = 0.1) {
-  return [kind, lr](Groups groups) { return plain_optimizer(kind, std::move(groups), lr); };
+// The generic construction: a design with the MakeOptimizer that builds its local optimizer.
+inline MakeOptimizer local_factory(const std::string& kind, double lr = 0.1) {
+  return [kind, lr](std::vector<torch::Tensor> params) {
+    return plain_optimizer(kind, Groups{optim::OptimizerParamGroup(std::move(params))}, lr);
+  };
 }
 
 struct Batch {
@@ -155,8 +157,9 @@ struct Cs336Design {
   ProcessGroup& pg;
   std::unique_ptr<ShardedOptimizer> opt;
   Cs336Design(ProcessGroup& g, const std::vector<torch::Tensor>& params, const std::string& kind, double lr)
-      : pg(g), opt(std::make_unique<ShardedOptimizer>(g, Groups{optim::OptimizerParamGroup(params)},
-                                                      local_factory(kind, lr))) {}
+      : pg(g),
+        opt(std::make_unique<ShardedOptimizer>(g, Groups{optim::OptimizerParamGroup(params)},
+                                               local_factory(kind, lr))) {}
   void zero_grad() { opt->zero_grad(); }
   void step_replicated() { opt->step(); }
   void step_ddp() {  // the design's own DDP part: all-reduce every gradient, divide by N
@@ -190,7 +193,10 @@ inline torch::Tensor flatten_padded(const std::vector<torch::Tensor>& grads, int
 }
 inline void unflatten_into(const torch::Tensor& flat, const std::vector<torch::Tensor>& grads) {
   int64_t off = 0;
-  for (auto g : grads) g.copy_(flat.narrow(0, off, g.numel()).view(g.sizes())), off += g.numel();
+  for (auto g : grads) {
+    g.copy_(flat.narrow(0, off, g.numel()).view(g.sizes()));
+    off += g.numel();
+  }
 }
 
 struct Zero1Design {
@@ -210,7 +216,8 @@ struct Zero1Design {
   // reduce-scatter + all-gather, an all-reduce whose sum is ZeRO-1's.
   static void replicated_average(ProcessGroup& pg, const std::vector<torch::Tensor>& grads) {
     const int W = pg.world_size();
-    for (auto g : grads) g.copy_(torch::stack(std::vector<torch::Tensor>(W, g.reshape({-1}))).sum(0).div_(W).view(g.sizes()));
+    for (auto g : grads)
+      g.copy_(torch::stack(std::vector<torch::Tensor>(W, g.reshape({-1}))).sum(0).div_(W).view(g.sizes()));
   }
   static void ddp_average(ProcessGroup& pg, const std::vector<torch::Tensor>& grads) {
     const int W = pg.world_size();

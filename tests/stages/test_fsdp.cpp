@@ -5,12 +5,12 @@
 // Transformer: extension 07a's test.)
 // One typed suite runs every body in the four modes (fp32/bf16 x reshard after forward or not); ranks
 // are threads (run_ranks).
-#include "common/measure/cli.hpp"  // parse_compute_dtype
+#include "common/comm/grad_hooks.hpp"
 #include "common/harness/ddp_check.hpp"
+#include "common/measure/cli.hpp"     // parse_compute_dtype
 #include "common/measure/memory.hpp"  // tensor_bytes
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
-#include "common/comm/grad_hooks.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 #include "stages/07_fsdp/strategies.hpp"
 #include "tests/stages/fsdp_modes.hpp"
@@ -70,7 +70,7 @@ TYPED_TEST(FsdpContract, ShardsOnlyBetweenSteps) {
       EXPECT_EQ(lin->weight.storage().nbytes(), 0u);
     EXPECT_EQ(model->embedding->weight.storage().nbytes(), 0u);
     EXPECT_EQ(fsdp.gathered_bytes(), 0);
-    EXPECT_EQ(fsdp.sharded_parameters(), 29376 - 64 - 128);  // all but the two RMSNorm gains
+    EXPECT_EQ(fsdp.sharded_parameters(), 29376 - 64 - 128);                      // all but the two RMSNorm gains
     EXPECT_EQ(dp::tensor_bytes(fsdp.parameters()), 4 * (29184 / 2 + 64 + 128));  // 29,184 split evenly, norms whole
     auto full = fsdp.gather_full_parameters();
     auto want = dp::unique_named_parameters(*rank0, true);
@@ -118,7 +118,10 @@ TYPED_TEST(FsdpContract, PrefetchAndCollectiveCounts) {
     std::vector<int64_t> launched_at_start;
     auto run = fsdp.runner();
     dp::UnitRunner spy = [&](size_t u, const std::function<torch::Tensor()>& body) {
-      return run(u, [&] { launched_at_start.push_back(fsdp.all_gathers()); return body(); });
+      return run(u, [&] {
+        launched_at_start.push_back(fsdp.all_gathers());
+        return body();
+      });
     };
     auto tokens = torch::randint(0, 100, {2, 8});
     model->forward_units(tokens, spy).to(torch::kFloat32).sum().backward();
@@ -129,8 +132,10 @@ TYPED_TEST(FsdpContract, PrefetchAndCollectiveCounts) {
     EXPECT_EQ(fsdp.all_reduces(), 1);
     EXPECT_EQ(fsdp.gathered_bytes(), 0);
     const int64_t e = TypeParam::options().compute_dtype == torch::kFloat32 ? 4 : 2;
-    if (TypeParam::reshard) EXPECT_EQ(fsdp.peak_gathered_bytes(), (8192 + 8192) * e);  // fc1 and fc2 units
-    else EXPECT_EQ(fsdp.peak_gathered_bytes(), 29184 * e);  // every unit, from forward to backward
+    if (TypeParam::reshard)
+      EXPECT_EQ(fsdp.peak_gathered_bytes(), (8192 + 8192) * e);  // fc1 and fc2 units
+    else
+      EXPECT_EQ(fsdp.peak_gathered_bytes(), 29184 * e);  // every unit, from forward to backward
   });
 }
 

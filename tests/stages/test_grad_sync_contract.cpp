@@ -3,11 +3,11 @@
 // training on the whole batch after every step, frozen parameters never move, and all ranks end equal
 // (dp::check_toy_mlp_experiment and dp::check_cs336_scenario make the comparisons). Ranks that built
 // different models are refused at construction. Last, the checks themselves must be able to fail.
-#include "common/harness/ddp_check.hpp"
 #include "common/contract/grad_sync.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/harness/ddp_check.hpp"
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
-#include "common/dist/runtime.hpp"
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/support/ranks.hpp"
 
@@ -52,8 +52,8 @@ class GradSyncContract : public ::testing::Test {
 // and 0.01 MB: 3, 3 and 1 buckets for ToyModel, 4, 4 and 1 for the tied model), and at 0.0005 MB, where
 // the MLP's tensors fill 4 buckets of 1 to 3 tensors.
 // BucketedArrival<500>: the same, rebuilt in arrival order after the first of the 5 steps.
-using Variants = ::testing::Types<Naive, Flat, Overlap, Bucketed<1600>, Bucketed<100>, Bucketed<10000>,
-                                  Bucketed<500>, BucketedArrival<500>>;
+using Variants = ::testing::Types<Naive, Flat, Overlap, Bucketed<1600>, Bucketed<100>, Bucketed<10000>, Bucketed<500>,
+                                  BucketedArrival<500>>;
 TYPED_TEST_SUITE(GradSyncContract, Variants);
 
 // World 4 splits CS336's 20 rows into 5 per rank and the MLP's 100 into 25 (the checks refuse a world
@@ -250,13 +250,12 @@ TEST(CheckCanFail, WaitOnTheWrongHandleIsCaught) {
 TEST(CheckCanFail, AverageOffBy1e4IsCaught) {
   for (const char* model : {"toy", "tied"})
     EXPECT_THROW(run_ranks(2, [&](ProcessGroup& pg) { dp::check_cs336_scenario(pg, model, make<SlightlyOffAverage>); }),
-                 dp::CheckFailed) << model;
+                 dp::CheckFailed)
+        << model;
   EXPECT_THROW(run_ranks(2, [&](ProcessGroup& pg) { dp::check_toy_mlp_experiment(pg, make<SlightlyOffAverage>); }),
                dp::CheckFailed);
 }
-TEST(CheckCanFail, MissingBroadcastIsCaught) {
-  expect_hint(failures(make<NoBroadcast>), "hint [not-broadcast]");
-}
+TEST(CheckCanFail, MissingBroadcastIsCaught) { expect_hint(failures(make<NoBroadcast>), "hint [not-broadcast]"); }
 
 // ToyModel's frozen fc2.fc.bias is drawn from the RNG, so it differs across ranks until broadcast: the check
 // names it. (Its other frozen parameter, no_grad_fixed_param, is the constant {2, 2} on every rank and

@@ -3,11 +3,11 @@
 // inside the guard, each mean loss divided by K, must train exactly like one process
 // stepping on all K * B * W rows at once: SGD and AdamW, 2 and 4 ranks, K = 1, 2, 4, on CS336's toy and
 // tied models and on a small Transformer. Then what the guard does and refuses. Ranks are threads.
+#include "common/dist/runtime.hpp"
 #include "common/harness/ddp_check.hpp"
+#include "common/measure/tolerance.hpp"
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
-#include "common/dist/runtime.hpp"
-#include "common/measure/tolerance.hpp"
 #include "common/model/transformer.hpp"
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/support/fixtures.hpp"
@@ -40,7 +40,8 @@ constexpr double kAdamLr = 1e-2, kAdamBeta2 = 0.999, kAdamEps = 1e-8, kSgdLr = 0
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, std::vector<torch::Tensor> params) {
   if (kind == "adamw")
     return std::make_unique<torch::optim::AdamW>(
-        std::move(params), torch::optim::AdamWOptions(kAdamLr).betas({0.9, kAdamBeta2}).eps(kAdamEps).weight_decay(0.1));
+        std::move(params),
+        torch::optim::AdamWOptions(kAdamLr).betas({0.9, kAdamBeta2}).eps(kAdamEps).weight_decay(0.1));
   return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(kSgdLr).momentum(kMomentum));
 }
 
@@ -73,8 +74,12 @@ Problem toy_problem(const std::string& name) {
   auto ref = dp::make_toy_model(name);
   auto ddp = dp::make_toy_model(name);
   dp::copy_parameters(*ddp, *ref);
-  p.ref = ref, p.ddp = ddp;
-  for (int s = 0; s < kSteps; ++s) p.inputs.push_back(torch::rand({32, dp::kToyIn})), p.targets.push_back(torch::rand({32, dp::kToyOut}));
+  p.ref = ref;
+  p.ddp = ddp;
+  for (int s = 0; s < kSteps; ++s) {
+    p.inputs.push_back(torch::rand({32, dp::kToyIn}));
+    p.targets.push_back(torch::rand({32, dp::kToyOut}));
+  }
   p.loss = [](torch::nn::Module& m, const torch::Tensor& x, const torch::Tensor& y) {
     return torch::mse_loss(static_cast<dp::ToyBase&>(m).forward(x), y);
   };
@@ -92,7 +97,8 @@ Problem transformer_problem() {
   auto ref = dp::TransformerLM(cfg);
   auto ddp = dp::TransformerLM(cfg);
   dp::copy_parameters(*ddp, *ref);
-  p.ref = ref.ptr(), p.ddp = ddp.ptr();
+  p.ref = ref.ptr();
+  p.ddp = ddp.ptr();
   for (int s = 0; s < kSteps; ++s) {
     auto tokens = torch::randint(0, cfg.vocab_size, {16, 9}, torch::kInt64);
     p.inputs.push_back(tokens.narrow(1, 0, 8).contiguous());
@@ -139,8 +145,8 @@ void accumulation_equals_one_process(ProcessGroup& pg, Problem p, const std::str
     ref_opt->zero_grad();
     p.loss(*p.ref, p.inputs[s], p.targets[s]).backward();
     const auto ref_params = dp::unique_parameters(*p.ref, true);
-    const double dg = roundings(p, p.inputs[s].size(0), K, W) * dp::unit_roundoff(torch::kFloat32) *
-                      dp::max_abs_grad(ref_params);
+    const double dg =
+        roundings(p, p.inputs[s].size(0), K, W) * dp::unit_roundoff(torch::kFloat32) * dp::max_abs_grad(ref_params);
     adam_bound.add_step(ref_params, dg);
     G = std::max(G, dp::max_abs_grad(ref_params));
     ref_opt->step();
@@ -151,12 +157,13 @@ void accumulation_equals_one_process(ProcessGroup& pg, Problem p, const std::str
         dp::max_abs(dp::unique_parameters(*p.ref, true)));
     for (size_t i = 0; i < a.size(); ++i) {
       const double diff = (a[i].second - b[i].second).abs().max().item<double>();
-      const double ratio = opt_kind == "adamw" ? adam_bound.worst_ratio({b[i].second}, {a[i].second}, i)
-                                               : diff / sgd_bound;
+      const double ratio =
+          opt_kind == "adamw" ? adam_bound.worst_ratio({b[i].second}, {a[i].second}, i) : diff / sgd_bound;
       if (ratio > 1)
-        throw dp::CheckFailed(fmt::format("{}, {} ranks, K = {}, step {}: {} differs from one process by {:.3g}, {:.3g} "
-                                          "times its rounding bound (largest value {:.3g})", opt_kind, W, K, s,
-                                          a[i].first, diff, ratio, a[i].second.abs().max().item<double>()));
+        throw dp::CheckFailed(
+            fmt::format("{}, {} ranks, K = {}, step {}: {} differs from one process by {:.3g}, {:.3g} "
+                        "times its rounding bound (largest value {:.3g})",
+                        opt_kind, W, K, s, a[i].first, diff, ratio, a[i].second.abs().max().item<double>()));
     }
     if (!dp::parameters_identical_across_ranks(pg, *p.ddp)) throw dp::CheckFailed("ranks disagree");
   }

@@ -30,8 +30,8 @@ TEST(RingAllReduce, EqualsAllReduceAtEveryWorldSizeAndLength) {
           dp::ring_all_reduce(pg, mine);
           pg.all_reduce(library);
           ASSERT_TRUE(torch::equal(mine, library))
-              << "world " << world << ", rank " << pg.rank() << ", " << n << " elements of "
-              << c10::toString(dtype) << ": " << (mine != library).sum().item<int64_t>() << " differ";
+              << "world " << world << ", rank " << pg.rank() << ", " << n << " elements of " << c10::toString(dtype)
+              << ": " << (mine != library).sum().item<int64_t>() << " differ";
         }
       }
     });
@@ -59,13 +59,16 @@ void mistaken_ring(ProcessGroup& pg, torch::Tensor& t, bool add, bool all_gather
   auto step = [&](int out, int in, int tag) {
     auto into = incoming.narrow(0, 0, chunk[in].numel());
     dp::Work recv = pg.recv_async(into, (r + W - 1) % W, tag), send = pg.send_async(chunk[out], (r + 1) % W, tag);
-    recv.wait(), send.wait();
+    recv.wait();
+    send.wait();
     return into;
   };
   for (int s = 0; s < W - 1; ++s) {
     const int out = (r - s + W) % W, in = (r - s - 1 + W) % W;
-    if (add) chunk[in].add_(step(out, in, s));
-    else chunk[in].copy_(step(out, in, s));
+    if (add)
+      chunk[in].add_(step(out, in, s));
+    else
+      chunk[in].copy_(step(out, in, s));
   }
   for (int s = 0; all_gather && s < W - 1; ++s) {
     const int out = (r + 1 - s + W) % W, in = (r - s + W) % W;

@@ -3,9 +3,9 @@
 // do is in test_grad_sync_contract.cpp, what every hook-driven one must do in test_hook_contract.cpp.
 // Ranks are threads.
 #include "common/base/c10d_compat.hpp"
+#include "common/dist/runtime.hpp"
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
-#include "common/dist/runtime.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 #include "stages/05_bucketed/buckets.hpp"
 #include "tests/support/fixtures.hpp"

@@ -6,18 +6,18 @@
 // rank, at 1 to 4 ranks; and what a strategy says of itself (calls, bytes held and sent, a description)
 // agrees with the accounting. Last, mutants (a skipped synchronisation, gradients summed and not
 // averaged, a wrong shard, weights not broadcast, bf16 compute not declared) must each be caught.
-#include "common/measure/accounting.hpp"
-#include "common/harness/ddp_check.hpp"
 #include "common/contract/grad_sync.hpp"
+#include "common/contract/strategy.hpp"
+#include "common/dist/runtime.hpp"
+#include "common/harness/ddp_check.hpp"
+#include "common/measure/accounting.hpp"
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
-#include "common/dist/runtime.hpp"
-#include "common/contract/strategy.hpp"
-#include "stages/06_sharded_opt/strategies.hpp"
-#include "stages/07_fsdp/strategies.hpp"
 #include "extensions/05c_optimizer_overlap/overlapped_optimizer.hpp"
 #include "extensions/06a_zero1_buckets/bucketed_zero1.hpp"
 #include "extensions/06b_cs336_design/cs336_design.hpp"
+#include "stages/06_sharded_opt/strategies.hpp"
+#include "stages/07_fsdp/strategies.hpp"
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/stages/fsdp_modes.hpp"
 #include "tests/support/expect.hpp"
@@ -41,16 +41,19 @@ using dp::MakeStrategy;
 using dp::ProcessGroup;
 
 // Each type: `make()` its dp::MakeStrategy; `shards_state`, `shards_params`: whether the optimizer
-// state, and the parameters with their gradients, are split over the ranks (what bytes() must show).
+// state, and the parameters with their gradients, are split over the ranks (what bytes() must show);
+// `buffers`: what it keeps for communication between steps (buffer_bytes()), in units of 4P at N = 2.
 template <typename V>
 struct Ddp {  // a DDP variant of stages 02-05 (ddp_variants.hpp), its GradSync and one optimizer
   static MakeStrategy make() { return dp::ddp_strategy(V::make); }
   static constexpr bool shards_state = false, shards_params = false;
+  static constexpr double buffers = 0.0;  // stage 03's flat buffer lives for one step
 };
 struct Bucketed05 {  // stage 05's bucketed_ddp_strategy() (what stages 08 and 09 train with): micro-batches
   // accumulate with no communication (set_requires_gradient_sync(false) reaches the buckets)
   static MakeStrategy make() { return dp::bucketed_ddp_strategy(0.01); }
   static constexpr bool shards_state = false, shards_params = false;
+  static constexpr double buffers = 1.0;  // the buckets: a copy of every gradient
 };
 struct OverlappedOptimizer {  // extension 05c: each bucket's parameters stepped as the bucket arrives
   static MakeStrategy make() {
@@ -60,23 +63,28 @@ struct OverlappedOptimizer {  // extension 05c: each bucket's parameters stepped
     };
   }
   static constexpr bool shards_state = false, shards_params = false;
+  static constexpr double buffers = 1.0;
 };
 // Stage 06 at a 10 kB bucket cap (ToyFSDPModel's 117 kB in 5 buckets: several collectives per step).
 struct Cs336 {
   static MakeStrategy make() { return dp::cs336_strategy(0.01); }
   static constexpr bool shards_state = true, shards_params = false;
+  static constexpr double buffers = 1.0;  // stage 05's buckets
 };
 struct Zero1 {
   static MakeStrategy make() { return dp::zero1_strategy(); }
   static constexpr bool shards_state = true, shards_params = false;
+  static constexpr double buffers = 1.5;  // the all-to-all's receive buffer (4P) and the chunk's gradient (4P/N)
 };
 struct Zero1Buckets {
   static MakeStrategy make() { return dp::bucketed_zero1_strategy(0.01); }
   static constexpr bool shards_state = true, shards_params = false;
+  static constexpr double buffers = 1.5;
 };
 struct Zero1BucketsOverlap {  // the all-gathers wait for the next forward's units
   static MakeStrategy make() { return dp::bucketed_zero1_strategy(0.01, /*overlap_gathers=*/true); }
   static constexpr bool shards_state = true, shards_params = false;
+  static constexpr double buffers = 1.5;
 };
 // Stage 07, freeing each unit after its forward (ZeRO-3) or keeping it until backward; computing in fp32,
 // or in bf16 (compute_dtype(): the check's reference then computes in bf16 too).
@@ -84,6 +92,7 @@ template <typename Mode>  // dp::testing::FsdpMode<bf16, reshard>
 struct Fsdp {
   static MakeStrategy make() { return dp::fsdp_strategy(Mode::options()); }
   static constexpr bool shards_state = true, shards_params = true;
+  static constexpr double buffers = 0.0;  // its gathered units are transient: gathered_peak_bytes()
 };
 using dp::testing::FsdpMode;
 
@@ -93,8 +102,8 @@ using dp::testing::run_ranks;
 
 template <typename S>
 class StrategyContract : public ::testing::Test {};
-using Strategies = ::testing::Types<Ddp<Naive>, Ddp<Flat>, Ddp<Overlap>, Bucketed05, OverlappedOptimizer,
-                                    Cs336, Zero1, Zero1Buckets, Zero1BucketsOverlap, Fsdp<FsdpMode<false, true>>,
+using Strategies = ::testing::Types<Ddp<Naive>, Ddp<Flat>, Ddp<Overlap>, Bucketed05, OverlappedOptimizer, Cs336, Zero1,
+                                    Zero1Buckets, Zero1BucketsOverlap, Fsdp<FsdpMode<false, true>>,
                                     Fsdp<FsdpMode<false, false>>, Fsdp<FsdpMode<true, true>>>;
 TYPED_TEST_SUITE(StrategyContract, Strategies);
 
@@ -106,7 +115,8 @@ TYPED_TEST(StrategyContract, TrainsLikeOneProcess) {
     run_ranks(world, [](ProcessGroup& pg) {
       const bool other = pg.world_size() == 3;
       dp::StrategyCheck c;
-      c.steps = other ? 5 : 3, c.seed = other ? 1 : 0;
+      c.steps = other ? 5 : 3;
+      c.seed = other ? 1 : 0;
       const dp::Margin m = dp::check_strategy(pg, TypeParam::make(), c);
       EXPECT_LE(m.ratio(), 0.5) << "within the bound, but with less than a factor 2 of margin";
     });
@@ -117,7 +127,9 @@ TYPED_TEST(StrategyContract, TrainsLikeOneProcess) {
 TYPED_TEST(StrategyContract, AccumulatesLikeOneProcess) {
   run_ranks(2, [](ProcessGroup& pg) {
     dp::StrategyCheck c;
-    c.steps = 2, c.seed = 2, c.accumulate = 2;
+    c.steps = 2;
+    c.seed = 2;
+    c.accumulate = 2;
     const dp::Margin m = dp::check_strategy(pg, TypeParam::make(), c);
     EXPECT_LE(m.ratio(), 0.5) << "within the bound, but with less than a factor 2 of margin";
   });
@@ -138,9 +150,9 @@ TYPED_TEST(StrategyContract, PassesCs336FsdpCorrectness) {
 // and extension 06a: they reduce-scatter inside step(), so no rank ever holds the averaged gradient whole.
 template <typename S>
 class GradientSyncContract : public ::testing::Test {};
-using SyncedAfterBackward = ::testing::Types<Ddp<Naive>, Ddp<Flat>, Ddp<Overlap>, Bucketed05, OverlappedOptimizer,
-                                             Cs336, Fsdp<FsdpMode<false, true>>, Fsdp<FsdpMode<false, false>>,
-                                             Fsdp<FsdpMode<true, true>>>;
+using SyncedAfterBackward =
+    ::testing::Types<Ddp<Naive>, Ddp<Flat>, Ddp<Overlap>, Bucketed05, OverlappedOptimizer, Cs336,
+                     Fsdp<FsdpMode<false, true>>, Fsdp<FsdpMode<false, false>>, Fsdp<FsdpMode<true, true>>>;
 TYPED_TEST_SUITE(GradientSyncContract, SyncedAfterBackward);
 
 TYPED_TEST(GradientSyncContract, GradientsAveragedAfterBackward) {
@@ -252,9 +264,10 @@ TYPED_TEST(StrategyContract, FullStateResumesAnywhere) {
 TEST(StateFile, AnySchemeAnyWorldSizeAndRefusals) {
   dp::testing::TempDir dir("state_file");
   const std::string path = dir.file("state.ckpt");
-  const dp::FullState saved = state_after_two_steps(dp::zero1_strategy(), 41, [&](ProcessGroup& pg, const dp::FullState& s) {
-    dp::save_state_file(path, pg, {{"step", 2}}, s);
-  });
+  const dp::FullState saved =
+      state_after_two_steps(dp::zero1_strategy(), 41, [&](ProcessGroup& pg, const dp::FullState& s) {
+        dp::save_state_file(path, pg, {{"step", 2}}, s);
+      });
   const auto like = dp::unique_named_parameters(*seeded_model(0), true);
   run_ranks(3, [&](ProcessGroup& pg) {
     auto model = seeded_model(42);
@@ -272,10 +285,11 @@ TEST(StateFile, AnySchemeAnyWorldSizeAndRefusals) {
   auto other = like;
   other.back().second = torch::zeros({3});
   dp::testing::expect_usage_error([&] { dp::load_state_file(path, other); }, {"another model", other.back().first});
-  dp::testing::expect_usage_error([&] { dp::load_state_file(path, like, [](const nlohmann::json&) {
-                                    throw dp::UsageError("refused by its metadata");
-                                  }); },
-                                  {"refused by its metadata"});
+  dp::testing::expect_usage_error(
+      [&] {
+        dp::load_state_file(path, like, [](const nlohmann::json&) { throw dp::UsageError("refused by its metadata"); });
+      },
+      {"refused by its metadata"});
   std::filesystem::create_directories(path + ".tmp");  // the temporary file cannot be created
   run_ranks(2, [&](ProcessGroup& pg) {
     dp::testing::expect_usage_error([&] { dp::save_state_file(path, pg, {}, saved); }, {"cannot write checkpoint"});
@@ -327,6 +341,16 @@ TYPED_TEST(StrategyContract, AccountsForItself) {
     const auto d = s->describe();
     EXPECT_FALSE(d.empty());
     EXPECT_EQ(d.find('\n'), std::string::npos) << d;
+    // Buffers kept for communication: as the type says, within the same 2% (padding, replicated norms).
+    EXPECT_NEAR(s->buffer_bytes(), TypeParam::buffers * 4.0 * P, 0.02 * 4.0 * P) << d;
+    // Weights gathered whole for compute: FSDP's, at least one unit's and never more than the whole model
+    // in fp32 (4P bytes); nothing where every rank keeps whole parameters.
+    if (TypeParam::shards_params) {
+      EXPECT_GT(s->gathered_peak_bytes(), 0.0) << d;
+      EXPECT_LE(s->gathered_peak_bytes(), 4.0 * P) << d;
+    } else {
+      EXPECT_EQ(s->gathered_peak_bytes(), 0.0) << d;
+    }
   });
 }
 
@@ -371,7 +395,7 @@ struct OwnShardOnly : Mutant {
     for (size_t i = 0; i < params.size(); ++i) {
       auto flat = params[i].view(-1), old = before[i].view(-1);
       const int64_t n = flat.numel(), a = std::clamp(lo - off, int64_t{0}, n), b = std::clamp(hi - off, int64_t{0}, n);
-      flat.narrow(0, 0, a).copy_(old.narrow(0, 0, a));      // before the share: as before the step
+      flat.narrow(0, 0, a).copy_(old.narrow(0, 0, a));          // before the share: as before the step
       flat.narrow(0, b, n - b).copy_(old.narrow(0, b, n - b));  // after it: the same
       off += n;
     }
@@ -488,7 +512,8 @@ TEST(StrategyContractCanFail, NotBroadcast) {
   expect_caught(mutant_of<NotBroadcast>(dp::zero1_strategy()), "hint [not-broadcast]");
 }
 TEST(StrategyContractCanFail, ComputeDtypeHidden) {
-  expect_caught(mutant_of<ComputeDtypeHidden>(Fsdp<FsdpMode<true, true>>::make()), "differs from single-process training");
+  expect_caught(mutant_of<ComputeDtypeHidden>(Fsdp<FsdpMode<true, true>>::make()),
+                "differs from single-process training");
 }
 TEST(StrategyContractCanFail, StateForgotten) {
   for (const auto& make : {dp::zero1_strategy(), dp::fsdp_strategy({})}) {

@@ -38,7 +38,8 @@ TEST(Corpus, EveryTwentiethBlockIsHeldOut) {
     dp::load_corpus(path, 1, 4096);
     ADD_FAILURE() << "a held-out text shorter than one window was accepted";
   } catch (const dp::UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("4096 held out, too little for --batch 1 and --context 4096"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("4096 held out, too little for --batch 1 and --context 4096"),
+              std::string::npos)
         << e.what();
   }
   EXPECT_THROW(dp::load_corpus(temp_path("missing"), 1, 1), dp::UsageError);
@@ -92,10 +93,10 @@ TEST(Sampler, SameGlobalBatchForEveryWorldSize) {
       EXPECT_EQ(joined, want) << "step " << step << ", " << W << " ranks";
     }
   }
-  EXPECT_NE(one.global_ids(0), one.global_ids(one.steps_per_epoch()));  // a new shuffle each epoch
+  EXPECT_NE(one.global_ids(0), one.global_ids(one.steps_per_epoch()));            // a new shuffle each epoch
   EXPECT_NE(DistributedSampler(n, G, 6, 0, 1).global_ids(0), one.global_ids(0));  // the seed matters
-  EXPECT_THROW(DistributedSampler(n, 10, 5, 0, 4), dp::UsageError);   // 10 sequences over 4 ranks
-  EXPECT_THROW(DistributedSampler(n, 104, 5, 0, 1), dp::UsageError);  // more than the corpus holds
+  EXPECT_THROW(DistributedSampler(n, 10, 5, 0, 4), dp::UsageError);               // 10 sequences over 4 ranks
+  EXPECT_THROW(DistributedSampler(n, 104, 5, 0, 1), dp::UsageError);              // more than the corpus holds
 }
 
 // A checkpoint resumes only the run it was written by: another model, batch or data is refused by name;
@@ -107,15 +108,19 @@ TEST(LmCheckpoint, RoundTripAndRefusals) {
     s.params = {{"w", torch::randn({3, 2})}, {"b", torch::randn({4})}};
     for (const auto& [name, p] : s.params) {
       dp::ParamState st;
-      st.present = true, st.step = 7;
+      st.present = true;
+      st.step = 7;
       st.tensors = {{"exp_avg", torch::randn(p.sizes())}, {"exp_avg_sq", torch::rand(p.sizes())}};
       s.optimizer.push_back(st);
     }
-    nlohmann::json cfg = {{"preset", "tiny"}, {"batch", 16}, {"world_size", 2}, {"accumulate", 1}, {"sync", "ddp"},
-                          {"steps", 20}};
+    nlohmann::json cfg = {{"preset", "tiny"}, {"batch", 16},   {"world_size", 2},
+                          {"accumulate", 1},  {"sync", "ddp"}, {"steps", 20}};
     dp::save_lm_checkpoint(path, pg, {20, cfg, {{"train", {{0, 5.5, 0.1}}}}}, s);
     auto other = cfg;
-    other["world_size"] = 1, other["accumulate"] = 2, other["sync"] = "fsdp";  // the same batch, split otherwise
+    // the same batch, split otherwise
+    other["world_size"] = 1;
+    other["accumulate"] = 2;
+    other["sync"] = "fsdp";
     auto [meta, got] = dp::load_lm_checkpoint(path, other, s.params);
     EXPECT_EQ(meta.step, 20);
     for (size_t i = 0; i < 2; ++i) {

@@ -38,7 +38,9 @@ class ShardedDesign : public ::testing::Test {};
 using Designs = ::testing::Types<Cs336Design, Zero1Design, BucketedZero1Design>;
 struct DesignNames {
   template <typename T>
-  static std::string GetName(int) { return T::name; }
+  static std::string GetName(int) {
+    return T::name;
+  }
 };
 TYPED_TEST_SUITE(ShardedDesign, Designs, DesignNames);
 
@@ -63,8 +65,9 @@ void cs336_models(const std::string& model, const std::string& kind, int world) 
       Design::replicated_average(pg, grads_of(*p.ref));
       ref->step();
       shd.step_replicated();
-      require_within_ulps(*p.ref, *p.shd, 0, fmt::format("{} {} {} W={} rank {} step {}", Design::name, model,
-                                                           kind, world, pg.rank(), step + 1));
+      require_within_ulps(
+          *p.ref, *p.shd, 0,
+          fmt::format("{} {} {} W={} rank {} step {}", Design::name, model, kind, world, pg.rank(), step + 1));
     }
     size_t k = 0;
     for (auto& t : dp::unique_parameters(*p.shd))
@@ -115,9 +118,9 @@ void transformer_ddp(const std::string& kind, int world) {
       sharded.zero_grad();
       backward(shd, tokens[step]);
       sharded.step_ddp();
-      require_within_ulps(*ref, *shd, 0,
-                          fmt::format("{} transformer {} W={} rank {} step {}", Design::name, kind, world,
-                                      pg.rank(), step + 1));
+      require_within_ulps(
+          *ref, *shd, 0,
+          fmt::format("{} transformer {} W={} rank {} step {}", Design::name, kind, world, pg.rank(), step + 1));
     }
     require(dp::parameters_identical_across_ranks(pg, *shd), "ranks disagree");
   });

@@ -1,9 +1,9 @@
 // train_probe: a short bucketed-DDP training run that prints a fingerprint of the final parameters,
 // so two launches (for example 1 node x 4 ranks and 2 nodes x 2 ranks) can be compared exactly.
+#include "common/dist/runtime.hpp"
 #include "common/model/data.hpp"
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
-#include "common/dist/runtime.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
 
 #include <functional>

@@ -25,7 +25,12 @@ LocalMlp make_local(int rank);
 /// 2 heads. Small enough for many steps at 4 ranks, deep enough for several buckets and a real backward.
 inline TransformerConfig tiny_lm_config() {
   TransformerConfig c;
-  c.vocab_size = 64, c.context_length = 8, c.d_model = 16, c.d_ff = 32, c.num_layers = 2, c.num_heads = 2;
+  c.vocab_size = 64;
+  c.context_length = 8;
+  c.d_model = 16;
+  c.d_ff = 32;
+  c.num_layers = 2;
+  c.num_heads = 2;
   return c;
 }
 

@@ -31,8 +31,8 @@ namespace {
 
 struct Case {
   std::string name, codes = "0", regex;
-  double timeout_s = 90;                       // expect_exit.sh's bound
-  std::vector<std::string> env, args;          // args without the program: argv[0] stays this program's
+  double timeout_s = 90;               // expect_exit.sh's bound
+  std::vector<std::string> env, args;  // args without the program: argv[0] stays this program's
 };
 
 // What common/dist/runtime.cpp's flush_and_exit does, here without linking the program's libraries.
@@ -57,15 +57,24 @@ std::vector<Case> read_cases(const std::string& path) {
   for (std::string line; std::getline(in, line);) {
     const auto sp = line.find(' ');
     const std::string key = line.substr(0, sp), value = sp == std::string::npos ? "" : line.substr(sp + 1);
-    if (key == "case") c = Case(), c.name = value, open = true;
-    else if (!open) refuse(fmt::format("{}: '{}' outside a case", path, line));
-    else if (key == "codes") c.codes = value;
-    else if (key == "timeout") c.timeout_s = std::stod(value);
-    else if (key == "regex") c.regex = value;
-    else if (key == "env") c.env.push_back(value);
-    else if (key == "arg") c.args.push_back(value);
-    else if (key == "end") cases.push_back(c), open = false;
-    else refuse(fmt::format("{}: unknown line '{}'", path, line));
+    if (key == "case")
+      c = Case(), c.name = value, open = true;
+    else if (!open)
+      refuse(fmt::format("{}: '{}' outside a case", path, line));
+    else if (key == "codes")
+      c.codes = value;
+    else if (key == "timeout")
+      c.timeout_s = std::stod(value);
+    else if (key == "regex")
+      c.regex = value;
+    else if (key == "env")
+      c.env.push_back(value);
+    else if (key == "arg")
+      c.args.push_back(value);
+    else if (key == "end")
+      cases.push_back(c), open = false;
+    else
+      refuse(fmt::format("{}: unknown line '{}'", path, line));
   }
   if (open) refuse(fmt::format("{}: the last case has no 'end'", path));
   return cases;
@@ -166,8 +175,10 @@ void serve_fork_cases(int& argc, char**& argv) {
   const int threads = threads_of_this_process();
   const bool exec = threads > 1;  // a fork copies only the calling thread
   if (exec)
-    fmt::print("{} runs {} threads before main() (OpenBLAS starts its pool at load time unless "
-               "OPENBLAS_NUM_THREADS=1): each case executes it again, one start-up each\n", argv[0], threads);
+    fmt::print(
+        "{} runs {} threads before main() (OpenBLAS starts its pool at load time unless "
+        "OPENBLAS_NUM_THREADS=1): each case executes it again, one start-up each\n",
+        argv[0], threads);
   int ran = 0, failed = 0;
   for (const Case& c : cases) {
     if (filter && !matches(filter, c.name)) continue;
@@ -217,10 +228,14 @@ void serve_fork_cases(int& argc, char**& argv) {
     for (pid_t p : left) kill(p, SIGKILL);
 
     std::string why;
-    if (timed_out) why = fmt::format("timed out after {:.0f} s", c.timeout_s);
-    else if (!code_is_one_of(rc, c.codes)) why = fmt::format("expected exit code {}, got {}", c.codes, rc);
-    else if (!matches(c.regex, out)) why = fmt::format("output does not match /{}/", c.regex);
-    else if (!left.empty()) why = fmt::format("{} process(es) left running after it returned", left.size());
+    if (timed_out)
+      why = fmt::format("timed out after {:.0f} s", c.timeout_s);
+    else if (!code_is_one_of(rc, c.codes))
+      why = fmt::format("expected exit code {}, got {}", c.codes, rc);
+    else if (!matches(c.regex, out))
+      why = fmt::format("output does not match /{}/", c.regex);
+    else if (!left.empty())
+      why = fmt::format("{} process(es) left running after it returned", left.size());
     if (why.empty()) {
       fmt::print("ok   {} ({:.2f} s): exit {}, output matches, nothing left running\n", c.name, took, rc);
       continue;

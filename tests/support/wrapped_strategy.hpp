@@ -22,6 +22,8 @@ class WrappedStrategy : public Strategy {
   int64_t calls_per_step() const override { return inner_->calls_per_step(); }
   TrainingBytes bytes() const override { return inner_->bytes(); }
   double sent_bytes_per_step() const override { return inner_->sent_bytes_per_step(); }
+  double buffer_bytes() const override { return inner_->buffer_bytes(); }
+  double gathered_peak_bytes() const override { return inner_->gathered_peak_bytes(); }
   std::string describe() const override { return "mutant of " + inner_->describe(); }
   torch::ScalarType compute_dtype(const torch::nn::Module& m) const override { return inner_->compute_dtype(m); }
   std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override { return inner_->full_parameters(); }

@@ -54,8 +54,10 @@ CommandResult run_command(const std::vector<std::string>& argv) {
   char buf[4096];
   for (;;) {
     const ssize_t n = ::read(pipe_fds[0], buf, sizeof(buf));
-    if (n > 0) result.output.append(buf, static_cast<std::size_t>(n));
-    else if (n == 0 || errno != EINTR) break;
+    if (n > 0)
+      result.output.append(buf, static_cast<std::size_t>(n));
+    else if (n == 0 || errno != EINTR)
+      break;
   }
   ::close(pipe_fds[0]);
   int status = 0;

@@ -24,7 +24,7 @@ namespace {
 
 const std::string kNetnsDir = "/run/netns";  // where `ip netns add` mounts named namespaces
 const std::string kPrefix = "dpnet";
-const std::string kBridge = "dpnet-br";      // inside the bridge namespace
+const std::string kBridge = "dpnet-br";  // inside the bridge namespace
 
 // Token bucket sizing (tbf). burst: bytes the bucket holds, i.e. how much may leave at once after an
 // idle moment. It should hold the largest packet -- with segmentation offload a veth can hand tbf
@@ -185,8 +185,13 @@ void Network::shape(const std::string& ns, const std::string& dev, bool with_del
   const double bytes_per_s = static_cast<double>(spec_.rate_bit_s) / 8;
   const auto burst = static_cast<long long>(std::max(bytes_per_s * kBurstSeconds, kMinBurstBytes));
   const auto limit = burst + static_cast<long long>(bytes_per_s * kQueueSeconds);
-  std::vector<std::string> tbf{"tbf", "rate", fmt::format("{}bit", spec_.rate_bit_s), "burst", std::to_string(burst),
-                               "limit", std::to_string(limit)};
+  std::vector<std::string> tbf{"tbf",
+                               "rate",
+                               fmt::format("{}bit", spec_.rate_bit_s),
+                               "burst",
+                               std::to_string(burst),
+                               "limit",
+                               std::to_string(limit)};
   std::vector<std::string> cmd{"tc", "-n", ns, "qdisc", "add", "dev", dev};
   if (with_delay) {
     // netem delays every packet, then hands it to its child, the tbf. netem's limit counts packets: it

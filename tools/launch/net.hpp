@@ -84,8 +84,8 @@ class Network {
 
   NetSpec spec_;
   int nproc_;
-  std::string tag_;                  // "dpnet<pid>"
-  std::vector<std::string> created_; // namespaces in creation order, removed in reverse
+  std::string tag_;                   // "dpnet<pid>"
+  std::vector<std::string> created_;  // namespaces in creation order, removed in reverse
   std::vector<int> fds_;
 };
 

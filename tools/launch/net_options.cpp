@@ -53,13 +53,24 @@ uint64_t parse_rate(const std::string& text) {
     const char* name;
     double bits;
   };
-  static const Unit kUnits[] = {
-      {"bit", 1},         {"kbit", 1e3},          {"mbit", 1e6},          {"gbit", 1e9},
-      {"tbit", 1e12},     {"kibit", 1024.0},      {"mibit", 1048576.0},   {"gibit", 1073741824.0},
-      {"tibit", 1099511627776.0},                 {"bps", 8},             {"kbps", 8e3},
-      {"mbps", 8e6},      {"gbps", 8e9},          {"tbps", 8e12},         {"kibps", 8 * 1024.0},
-      {"mibps", 8 * 1048576.0},                   {"gibps", 8 * 1073741824.0},
-      {"tibps", 8 * 1099511627776.0}};
+  static const Unit kUnits[] = {{"bit", 1},
+                                {"kbit", 1e3},
+                                {"mbit", 1e6},
+                                {"gbit", 1e9},
+                                {"tbit", 1e12},
+                                {"kibit", 1024.0},
+                                {"mibit", 1048576.0},
+                                {"gibit", 1073741824.0},
+                                {"tibit", 1099511627776.0},
+                                {"bps", 8},
+                                {"kbps", 8e3},
+                                {"mbps", 8e6},
+                                {"gbps", 8e9},
+                                {"tbps", 8e12},
+                                {"kibps", 8 * 1024.0},
+                                {"mibps", 8 * 1048576.0},
+                                {"gibps", 8 * 1073741824.0},
+                                {"tibps", 8 * 1099511627776.0}};
   const Unit* found = nullptr;
   for (const Unit& u : kUnits) {
     if (unit == u.name) found = &u;
@@ -98,9 +109,10 @@ void parse_subnet(const std::string& text, int hosts, NetSpec& spec) {
   // Every rank needs an address; the network and broadcast addresses are nobody's.
   const uint64_t room = len >= 31 ? 0 : (uint64_t{1} << (32 - len)) - 2;
   if (room < static_cast<uint64_t>(hosts)) {
-    throw UsageError(fmt::format("--net-subnet '{}' has room for {} hosts, but --nproc {} needs {}; use a shorter "
-                                 "prefix (a larger network), {}",
-                                 text, room, hosts, hosts, example));
+    throw UsageError(
+        fmt::format("--net-subnet '{}' has room for {} hosts, but --nproc {} needs {}; use a shorter "
+                    "prefix (a larger network), {}",
+                    text, room, hosts, hosts, example));
   }
   spec.subnet = net;
   spec.prefix_len = len;
@@ -136,9 +148,10 @@ void check_net_prerequisites() {
   }
   for (const char* tool : {"ip", "tc"}) {
     if (find_in_path(tool).empty()) {
-      throw UsageError(fmt::format("--net needs '{}' (iproute2), which is not on PATH; apt-get install iproute2, "
-                                   "or add /usr/sbin or /sbin to PATH",
-                                   tool));
+      throw UsageError(
+          fmt::format("--net needs '{}' (iproute2), which is not on PATH; apt-get install iproute2, "
+                      "or add /usr/sbin or /sbin to PATH",
+                      tool));
     }
   }
 }

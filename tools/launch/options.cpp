@@ -6,8 +6,8 @@
 
 #include "net.hpp"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -250,13 +250,15 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
     throw UsageError("--free-ports and --net-cleanup each do one thing and exit; give one of them per call");
   if (!free_ports_s.empty()) {
     out.free_ports = parse_int("--free-ports", free_ports_s, 1, 64, "e.g. --free-ports 1");
-    if (!rest.empty()) throw UsageError("--free-ports prints ports and exits, it runs no program; drop '" +
-                                        rest.front() + "' and what follows");
+    if (!rest.empty())
+      throw UsageError("--free-ports prints ports and exits, it runs no program; drop '" + rest.front() +
+                       "' and what follows");
     return true;
   }
   if (out.net_cleanup) {
-    if (!rest.empty()) throw UsageError("--net-cleanup removes leftovers and exits, it runs no program; drop '" +
-                                        rest.front() + "' and what follows");
+    if (!rest.empty())
+      throw UsageError("--net-cleanup removes leftovers and exits, it runs no program; drop '" + rest.front() +
+                       "' and what follows");
     return true;
   }
   if (rest.empty()) {
@@ -288,13 +290,15 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
   if (!net_s.empty()) {
     // Checked in this order so that one message names the first real problem.
     if (out.nnodes > 1) {
-      throw UsageError(fmt::format("--net cannot be used with --nnodes {}: two real machines need no simulation; "
-                                   "--net simulates a cluster on one machine, so drop --net or --nnodes",
-                                   out.nnodes));
+      throw UsageError(
+          fmt::format("--net cannot be used with --nnodes {}: two real machines need no simulation; "
+                      "--net simulates a cluster on one machine, so drop --net or --nnodes",
+                      out.nnodes));
     }
     if (master_opt->count() > 0) {
-      throw UsageError("--master-addr cannot be used with --net: rank 0's address in the simulated network is the "
-                       "master address; drop --master-addr");
+      throw UsageError(
+          "--master-addr cannot be used with --net: rank 0's address in the simulated network is the "
+          "master address; drop --master-addr");
     }
     out.net.rate_bit_s = parse_rate(net_s);
     out.net.rate_text = net_s;
@@ -309,8 +313,10 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
 
   if (out.elastic) {
     if (out.nnodes > 1)
-      throw UsageError(fmt::format("--elastic works on one node (its store is a file on this machine), not with "
-                                   "--nnodes {}; drop --nnodes or --elastic", out.nnodes));
+      throw UsageError(
+          fmt::format("--elastic works on one node (its store is a file on this machine), not with "
+                      "--nnodes {}; drop --nnodes or --elastic",
+                      out.nnodes));
     if (!min_nproc_s.empty())
       out.min_nproc = parse_int("--min-nproc", min_nproc_s, 1, out.nproc,
                                 fmt::format("it counts ranks, so use 1 .. --nproc ({})", out.nproc));
@@ -318,9 +324,10 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
       out.max_restarts = parse_int("--max-restarts", max_restarts_s, 0, 1000, "e.g. --max-restarts 1");
     if (!restart_delay_s.empty()) out.restart_delay_s = parse_seconds("--restart-delay", restart_delay_s);
   } else if (!min_nproc_s.empty() || !max_restarts_s.empty() || !restart_delay_s.empty()) {
-    throw UsageError(fmt::format("{} only applies to elastic mode; add --elastic",
-                                 !min_nproc_s.empty() ? "--min-nproc" : !max_restarts_s.empty() ? "--max-restarts"
-                                                                                                : "--restart-delay"));
+    throw UsageError(fmt::format("{} only applies to elastic mode; add --elastic", !min_nproc_s.empty() ? "--min-nproc"
+                                                                                   : !max_restarts_s.empty()
+                                                                                       ? "--max-restarts"
+                                                                                       : "--restart-delay"));
   }
 
   // The command that reproduces this run, as the ranks' results record it next to their numbers.
@@ -349,7 +356,10 @@ std::string openblas_coretype_for_this_cpu() {
     const std::string saved = had ? had : "";
     ::setenv("OPENBLAS_NUM_THREADS", "1", 1);
     void* lib = ::dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
-    if (had) ::setenv("OPENBLAS_NUM_THREADS", saved.c_str(), 1); else ::unsetenv("OPENBLAS_NUM_THREADS");
+    if (had)
+      ::setenv("OPENBLAS_NUM_THREADS", saved.c_str(), 1);
+    else
+      ::unsetenv("OPENBLAS_NUM_THREADS");
     if (!lib) return std::string();  // another BLAS, or none: nothing to choose
     using CoreName = char* (*)();
     auto corename = reinterpret_cast<CoreName>(::dlsym(lib, "openblas_get_corename"));

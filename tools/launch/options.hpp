@@ -11,36 +11,36 @@ namespace ddp_launch {
 
 // --net: every rank in a network namespace of its own behind a rate-limited link (net.hpp).
 struct NetSpec {
-  std::string rate_text;          // the rate as given, lower-cased ("1gbit"); exported as DP_NET
-  uint64_t rate_bit_s = 0;        // the same in bits per second; 0: no simulated network
-  uint32_t subnet = 0xC6120000;   // network address in host byte order: 198.18.0.0 (RFC 2544)
-  int prefix_len = 15;            // 198.18.0.0/15
-  double delay_ms = 0;            // --net-delay: added one-way delay in milliseconds; 0: none
+  std::string rate_text;         // the rate as given, lower-cased ("1gbit"); exported as DP_NET
+  uint64_t rate_bit_s = 0;       // the same in bits per second; 0: no simulated network
+  uint32_t subnet = 0xC6120000;  // network address in host byte order: 198.18.0.0 (RFC 2544)
+  int prefix_len = 15;           // 198.18.0.0/15
+  double delay_ms = 0;           // --net-delay: added one-way delay in milliseconds; 0: none
   bool enabled() const { return rate_bit_s > 0; }
 };
 
 // Everything the launcher needs to know, already validated: every field holds a usable value.
 struct LaunchOptions {
-  int nproc = 2;                        // ranks on this node (LOCAL_WORLD_SIZE)
-  int nnodes = 1;                       // nodes taking part
-  int node_rank = 0;                    // this node's index (GROUP_RANK)
+  int nproc = 2;      // ranks on this node (LOCAL_WORLD_SIZE)
+  int nnodes = 1;     // nodes taking part
+  int node_rank = 0;  // this node's index (GROUP_RANK)
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;                  // resolved: never 0 after parsing
-  double timeout_s = 5.0;               // grace between SIGTERM and SIGKILL
-  bool prefix = true;                   // tag each output line with "[rank r/W] "
-  int threads = 1;                      // intra-op threads per rank
-  std::vector<std::string> command;     // PROGRAM ARGS...
-  NetSpec net;                          // --net, --net-subnet, --net-delay
-  bool net_cleanup = false;             // --net-cleanup: remove leftovers of dead launchers, then exit
-  int free_ports = 0;                   // --free-ports N: print N free ports (pick_free_port), then exit
-  std::string launch_command;           // this launcher's whole command line, shell-quoted (DP_LAUNCH_COMMAND)
+  int master_port = 0;               // resolved: never 0 after parsing
+  double timeout_s = 5.0;            // grace between SIGTERM and SIGKILL
+  bool prefix = true;                // tag each output line with "[rank r/W] "
+  int threads = 1;                   // intra-op threads per rank
+  std::vector<std::string> command;  // PROGRAM ARGS...
+  NetSpec net;                       // --net, --net-subnet, --net-delay
+  bool net_cleanup = false;          // --net-cleanup: remove leftovers of dead launchers, then exit
+  int free_ports = 0;                // --free-ports N: print N free ports (pick_free_port), then exit
+  std::string launch_command;        // this launcher's whole command line, shell-quoted (DP_LAUNCH_COMMAND)
   // --elastic: a failed rank no longer stops the others (stage 09); --max-restarts starts a new process
   // in its place, up to K times in all. The ranks meet in a store file the launcher owns (DP_ELASTIC_STORE).
   bool elastic = false;
-  int min_nproc = 1;                    // --min-nproc: exported as DP_ELASTIC_MIN; the program stops below it
-  int max_restarts = 0;                 // --max-restarts: replacements the launcher may start in all
-  double restart_delay_s = 0;           // --restart-delay: seconds between a failure and its replacement
-  std::string elastic_store;            // the store file; set by the supervisor before the first rank starts
+  int min_nproc = 1;           // --min-nproc: exported as DP_ELASTIC_MIN; the program stops below it
+  int max_restarts = 0;        // --max-restarts: replacements the launcher may start in all
+  double restart_delay_s = 0;  // --restart-delay: seconds between a failure and its replacement
+  std::string elastic_store;   // the store file; set by the supervisor before the first rank starts
 
   int world_size() const { return nnodes * nproc; }
   int global_rank(int local_rank) const { return node_rank * nproc + local_rank; }

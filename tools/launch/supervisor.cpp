@@ -96,12 +96,12 @@ struct Rank {
   Rank(int local_rank, int global_rank, const std::string& tag)
       : local(local_rank), global(global_rank), out(STDOUT_FILENO, tag), err(STDERR_FILENO, tag) {}
   int local, global;
-  int restarts = 0;     // --elastic: processes this slot had before the current one
-  bool left_out = false;  // --elastic: stopped (SIGSTOP) when the run finished, so killed by us: not news
+  int restarts = 0;              // --elastic: processes this slot had before the current one
+  bool left_out = false;         // --elastic: stopped (SIGSTOP) when the run finished, so killed by us: not news
   bool restart_pending = false;  // --elastic: a replacement starts at restart_at
   std::chrono::steady_clock::time_point restart_at{};
-  pid_t pid = -1;       // also the id of its process group
-  bool reaped = true;   // true until it is started, so a rank that never ran is not waited for
+  pid_t pid = -1;      // also the id of its process group
+  bool reaped = true;  // true until it is started, so a rank that never ran is not waited for
   int out_fd = -1, err_fd = -1;
   LineForwarder out, err;
 };
@@ -149,12 +149,12 @@ class Supervisor {
   sig_atomic_t signals_handled_ = 0;
   int exit_code_ = 0;
   // --elastic
-  std::string store_dir_;        // holds the store file; removed when the Supervisor is destroyed
+  std::string store_dir_;  // holds the store file; removed when the Supervisor is destroyed
   int restarts_used_ = 0;
-  bool finished_ = false;        // a rank exited 0: the run is over
+  bool finished_ = false;  // a rank exited 0: the run is over
   Clock::time_point finish_deadline_{};
-  int last_failure_code_ = 0;    // the code of the last failure (what ended the run, if nothing finished it)
-  int late_failure_code_ = 0;    // a failure after the run finished: the launcher's exit code
+  int last_failure_code_ = 0;  // the code of the last failure (what ended the run, if nothing finished it)
+  int late_failure_code_ = 0;  // a failure after the run finished: the launcher's exit code
 
  public:
   ~Supervisor() {
@@ -227,8 +227,8 @@ void Supervisor::reap() {
         while (r.err_fd >= 0 && pump(r.err_fd, r.err)) {
         }
         exit_code_ = kUsageErrorCode;
-        say(fmt::format("rank {} exited with code {} (a usage error; the failure above followed from it)",
-                        r.global, exit_code_));
+        say(fmt::format("rank {} exited with code {} (a usage error; the failure above followed from it)", r.global,
+                        exit_code_));
         break;
       }
       if (opts_.elastic && phase_ == Phase::Running && ok && !finished_) {
@@ -241,8 +241,8 @@ void Supervisor::reap() {
         if (WIFEXITED(status))
           elastic_failure(r, WEXITSTATUS(status), fmt::format("exited with code {}", WEXITSTATUS(status)));
         else
-          elastic_failure(r, 128 + WTERMSIG(status), fmt::format("was killed by signal {} ({})", WTERMSIG(status),
-                                                                  signal_name(WTERMSIG(status))));
+          elastic_failure(r, 128 + WTERMSIG(status),
+                          fmt::format("was killed by signal {} ({})", WTERMSIG(status), signal_name(WTERMSIG(status))));
         break;
       }
       failed_ = true;
@@ -294,8 +294,8 @@ void Supervisor::elastic_failure(Rank& r, int code, const std::string& what) {
                   opts_.restart_delay_s > 0 ? fmt::format(" in {:g} s", opts_.restart_delay_s) : std::string(),
                   restarts_used_, opts_.max_restarts));
   r.restart_pending = true;
-  r.restart_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(opts_.restart_delay_s));
+  r.restart_at =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts_.restart_delay_s));
   elastic_tick();  // starts it now when there is no delay
 }
 
@@ -416,8 +416,8 @@ int Supervisor::run() {
   if (opts_.net.enabled()) net_ = std::make_unique<Network>(opts_.net, opts_.nproc);
   if (opts_.elastic) {
     char tmpl[] = "/tmp/ddp_launch_elastic.XXXXXX";
-    if (!::mkdtemp(tmpl)) throw std::runtime_error(fmt::format("cannot create the elastic store's directory: {}",
-                                                               std::strerror(errno)));
+    if (!::mkdtemp(tmpl))
+      throw std::runtime_error(fmt::format("cannot create the elastic store's directory: {}", std::strerror(errno)));
     store_dir_ = tmpl;
     opts_.elastic_store = store_dir_ + "/store";
   }
