@@ -108,7 +108,7 @@ for part in $parts; do
         "${C[@]}" --net 1gbit --fp16 "${X[@]}" --python build-venv/torch2/bin/python --our-bin build-torch2/bin \
             --json $R/torch_ddp_tiny_1gbit_torch2.json
       else
-        echo "(skipped: PyTorch 2.x comparison: needs build-venv/torch2 and build-torch2/bin; see README)"
+        echo "(skipped: PyTorch 2.x comparison: needs build-venv/torch2 and build-torch2/bin; see docs/building.md)"
       fi
     else
       echo "(skipped: the PyTorch comparison runs on simulated links: root and iproute2)"

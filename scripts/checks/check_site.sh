@@ -21,7 +21,7 @@ PY=/usr/bin/python3; [ -x $PY ] || PY=python3
 # Every page of README.md and docs/*.md, by its Doxygen name (docs/tolerances.md has no {#name}: md_docs_tolerances).
 pages=(index start_here stage01 stage02 stage03 stage04 stage05 stage05_measured ext05 ext05a ext05b ext05c ext05d
        stage06 stage06_alltoall ext06 ext06a ext06b ext06c ext06d stage07 ext07 ext07b stage08 stage08_measured stage09
-       launching results gpu cs336_map accounting debugging md_docs_tolerances workbook)
+       launching results gpu cs336_map accounting debugging md_docs_tolerances workbook building)
 failed=0
 for p in "${pages[@]}"; do
   f=$(realpath "$html/$p.html")

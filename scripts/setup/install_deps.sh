@@ -4,7 +4,7 @@
 set -euo pipefail
 packages=(
   g++ cmake ninja-build            # GCC (the asan preset's compiler, nvcc's host compiler) and the build tools
-  clang                            # the presets' compiler: clean builds about a third shorter than with g++ (README)
+  clang                            # the presets' compiler: clean builds about a third shorter than with g++ (docs/building.md)
   clang-format                     # the format the tree follows (.clang-format; ctest format_clang checks it)
   lld                              # LLVM's linker: links LibTorch programs several times faster than GNU ld
   libtorch-dev libgloo-dev         # LibTorch 1.13 (CPU) with c10d and Gloo
