@@ -26,13 +26,20 @@ PY=/usr/bin/python3; [ -x $PY ] || PY=python3
 # 1 Gbit/s link, ddp_launch --net) when this machine allows it, so that communication costs wall time
 # as on a cluster; otherwise over loopback, where it is CPU work competing with backward.
 NET=${TOUR_NET:-1gbit}
+# Each rank on cores of its own, as each owns a GPU on a cluster (ddp_launch --cpus-per-rank), where the machine
+# has a core per rank: the single process the speed-ups are read against then runs on as many cores as one
+# rank, so N ranks have N times its compute and the ceiling is N. TOUR_PIN=0 shares the cores instead.
+NP=${NPROC:-2}
+PIN=""
+cores=$(nproc)
+if [ "${TOUR_PIN:-1}" = 1 ] && [ "$cores" -ge "$NP" ]; then PIN="--cpus-per-rank $((cores / NP))"; fi
 if [ "$NET" != none ] && [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v tc >/dev/null; then
-  L="./build/bin/ddp_launch --nproc ${NPROC:-2} --net $NET --"
-  LE="./build/bin/ddp_launch --elastic --nproc ${NPROC:-2} --max-restarts 1 --net $NET --"
+  L="./build/bin/ddp_launch --nproc $NP $PIN --net $NET --"
+  LE="./build/bin/ddp_launch --elastic --nproc $NP $PIN --max-restarts 1 --net $NET --"
   link="a simulated $NET link per rank"
 else
-  L="./build/bin/ddp_launch --nproc ${NPROC:-2} --"
-  LE="./build/bin/ddp_launch --elastic --nproc ${NPROC:-2} --max-restarts 1 --"
+  L="./build/bin/ddp_launch --nproc $NP $PIN --"
+  LE="./build/bin/ddp_launch --elastic --nproc $NP $PIN --max-restarts 1 --"
   link="loopback"
   [ "$NET" = none ] || echo "tour: running over loopback: the simulated network (ddp_launch --net) needs root and iproute2 (ip, tc)"
 fi

@@ -10,6 +10,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -82,6 +83,13 @@ int configure_cpu_threads() {
   }
   torch::set_num_threads(n);
   return n;
+}
+
+int cpus_per_rank() { return env_positive("DP_CPUS_PER_RANK"); }
+
+int single_process_threads() {
+  const int pinned = cpus_per_rank();
+  return pinned > 0 ? pinned : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 void set_cpu_threads(int n) {

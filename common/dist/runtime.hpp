@@ -36,6 +36,15 @@ int configure_cpu_threads();
 /// single-process step with every core between data-parallel steps that use a share of them.
 void set_cpu_threads(int n);
 
+/// K when the launcher pinned each rank to K cores of its own (ddp_launch --cpus-per-rank K, DP_CPUS_PER_RANK),
+/// as each rank owns a GPU on a cluster; 0 when the ranks share the machine's cores.
+int cpus_per_rank();
+
+/// Threads for one process that stands for the whole job in a benchmark (the single-process step data
+/// parallelism must beat): cpus_per_rank() where the ranks are pinned, so that N ranks have N times its
+/// compute; otherwise every core of the machine.
+int single_process_threads();
+
 /// Times a 512x512 float matmul and looks at which BLAS library is loaded. With Debian's reference
 /// BLAS (about 2 GFLOP/s instead of tens), or below `warn_below` GFLOP/s, it prints a warning with the
 /// remedy (install libopenblas0-pthread). Also warns when OpenBLAS fell back to its Prescott kernels on a CPU

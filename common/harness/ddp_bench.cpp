@@ -186,13 +186,15 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
       trace::set_recording(false);
       if (i == 0) maybe_inject_fault(pg.rank());  // hardening tests: a rank dies or hangs mid-training
       const double f = time_flat_allreduce(pg, all_grads, timed);
-      // Rank 0 trains the whole global batch alone with every core of its machine, the others wait:
-      // the single-process run that data parallelism must beat, timed in the same round.
+      // Rank 0 trains the whole global batch alone, the others wait: the single-process run that data
+      // parallelism must beat, timed in the same round. On every core of its machine; or, where each rank
+      // owns K cores (ddp_launch --cpus-per-rank K, as a GPU per rank), on rank 0's K cores, so that N ranks
+      // have N times its compute.
       pg.barrier();
       Timer solo_t(pg.device());
       if (solo) {
         const int mine = torch::get_num_threads();
-        set_cpu_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+        set_cpu_threads(single_process_threads());
         solo->step(gx.to(pg.device()), gy.to(pg.device()), pg.device(), false, i);
         set_cpu_threads(mine);
       }
@@ -282,6 +284,8 @@ void print_bench_header(const ProcessGroup& pg, const BenchConfig& cfg) {
 
 void record(Results& results, const BenchRun& run, const BenchConfig& cfg, int world) {
   results.meta["link"] = link_description();
+  results.meta["single_process_threads"] = single_process_threads();
+  if (cpus_per_rank() > 0) results.meta["cpus_per_rank"] = cpus_per_rank();
   results.meta["steps_requested"] = run.steps_requested;
   results.meta["cut_by_budget"] = run.cut_by_budget;
   results.meta["flat_allreduce_samples_s"] = run.flat_allreduce;
@@ -340,9 +344,10 @@ void record(Results& results, const BenchRun& run, const BenchConfig& cfg, int w
            row.overlap.empty() ? "" : fmt::format("  overlap {:.2f}", summarize(row.overlap).median));
   }
   print0(
-      "  one flat all-reduce of all gradients: {:.3f} s [{:.3f}-{:.3f}]; one process, whole batch, all cores: "
+      "  one flat all-reduce of all gradients: {:.3f} s [{:.3f}-{:.3f}]; one process, whole batch, {}: "
       "{:.3f} s [{:.3f}-{:.3f}]",
-      flat.median, flat.min, flat.max, single.median, single.min, single.max);
+      flat.median, flat.min, flat.max, count_of(single_process_threads(), "thread"), single.median, single.min,
+      single.max);
 }
 
 std::string ddp_table(const Results& results) {

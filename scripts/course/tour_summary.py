@@ -3,7 +3,7 @@
 
 Overlap efficiency: the share of one flat all-reduce's time (or of backward, if shorter) that the
 stage hid behind backward, measured in the same run; speedup: the single-process step (whole batch,
-all cores, same run) over the stage's step. Step times and exposed communication come from each stage's own run; "vs no-comm" compares a stage
+all cores, or one rank's cores where each rank has its own: ddp_launch --cpus-per-rank; same run) over the stage's step. Step times and exposed communication come from each stage's own run; "vs no-comm" compares a stage
 with the no-communication step measured in the same run, "vs stage 02" compares across the tour's runs
 (same model, batch and machine, a few minutes apart). Memory per rank counts the bytes of parameters,
 gradients and AdamW state held by each rank, from its tensors (the common benchmark's Strategy::bytes()).
@@ -78,6 +78,16 @@ def main(d):
     print("|" + "---|" * len(head))
     for r in out:
         print("| " + " | ".join(r) + " |")
+    pinned = [(s, doc) for s, doc in ((s, load(d, s)) for s in ("02", "03", "04", "05")) if doc and doc.get("cpus_per_rank")]
+    if pinned:
+        doc = pinned[0][1]
+        k, n = doc["cpus_per_rank"], doc["rows"][0].get("world_size", 2)
+        print(f"\nspeedup vs 1 process: each rank ran on {k} core{'s' if k > 1 else ''} of its own (ddp_launch "
+              f"--cpus-per-rank {k}), and so did the single process: the ceiling is {n}, the no-communication "
+              f"step's speed-up; what communication costs is the rest.")
+    else:
+        print("\nspeedup vs 1 process: the ranks shared the machine's cores with each other and the single process "
+              "had them all, so the ceiling is below the number of ranks (run with a core per rank for N).")
 
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else "build/tour")

@@ -67,6 +67,11 @@ def ceiling_note(doc):
     w, c = base[0]["world_size"], speedup(doc, base[0])
     if w < 2:
         return None
+    if doc.get("cpus_per_rank"):  # ddp_launch --cpus-per-rank K: each rank owns K cores, as it would a GPU
+        k = doc["cpus_per_rank"]
+        return (f"Speed-up = one process's median step / the row's median step; the process ran on {k} "
+                f"core{'s' if k > 1 else ''}, as each rank did (`ddp_launch --cpus-per-rank {k}`), so the "
+                f"ceiling is {w}, and the no-communication row's {c:.2f} is how near this run came to it.")
     gpu = "device" in base[0]  # scripts/machines/gpu_check.sh: the ranks share one GPU
     shared = "one GPU" if gpu else f"same {doc['machine'].split(', ')[1]}"
     return (f"Speed-up = one process's median step / the row's median step. Its ceiling here is the "
@@ -95,7 +100,10 @@ def ddp_table(doc):
     notes = []
     if "single_process_samples_s" in doc:
         sp = doc["single_process_samples_s"]
-        notes.append(f"One process, whole global batch, all {doc['machine'].split(', ')[1]}: "
+        k = doc.get("cpus_per_rank")
+        where = (f"on {k} core{'s' if k > 1 else ''} as each rank" if k
+                 else f"all {doc['machine'].split(', ')[1]}")
+        notes.append(f"One process, whole global batch, {where}: "
                      f"{np.median(sp):.3f} s per step [{min(sp):.3f}-{max(sp):.3f}]. "
                      f"One flat all-reduce of all gradients: {np.median(doc['flat_allreduce_samples_s']):.3f} s "
                      f"[{min(doc['flat_allreduce_samples_s']):.3f}-{max(doc['flat_allreduce_samples_s']):.3f}] "

@@ -22,6 +22,8 @@
 //                                    rank R's first process kills itself (SIGKILL); every other process,
 //                                    replacements included, sleeps S seconds and exits with C (default 0)
 //   launch_probe stopself R S        rank R stops itself (SIGSTOP); the others sleep S seconds, exit 0
+//   launch_probe cpus                print the cores it may run on (CPUS=0,1, from sched_getaffinity),
+//                                    DP_CPUS_PER_RANK and OMP_NUM_THREADS
 //   launch_probe blas                load OpenBLAS (libopenblas.so.0) as a program that multiplies matrices
 //                                    would, print OPENBLAS_CORETYPE, the kernels it chose (BLAS_CORE=, "none"
 //                                    without OpenBLAS) and whether the CPU has AVX2 and FMA (AVX2=1)
@@ -36,6 +38,7 @@
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -200,6 +203,19 @@ int main(int argc, char** argv) {
       const char* v = std::getenv(key);
       std::printf("%s=%s\n", key, v ? v : "<unset>");
     }
+    return 0;
+  }
+  if (mode == "cpus") {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    std::string cpus;
+    if (::sched_getaffinity(0, sizeof(set), &set) == 0)
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) cpus += (cpus.empty() ? "" : ",") + std::to_string(c);
+    const char* k = std::getenv("DP_CPUS_PER_RANK");
+    const char* t = std::getenv("OMP_NUM_THREADS");
+    std::printf("CPUS=%s\nDP_CPUS_PER_RANK=%s\nOMP_NUM_THREADS=%s\n", cpus.c_str(), k ? k : "<unset>",
+                t ? t : "<unset>");
     return 0;
   }
   if (mode == "blas") {

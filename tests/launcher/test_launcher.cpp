@@ -249,6 +249,40 @@ void expect_refused(const std::vector<std::string>& args, const std::string& nee
 }
 }  // namespace
 
+// --cpus-per-rank K: each rank on K cores of its own, as each owns a GPU on a cluster. Rank i gets the i-th K of
+// the cores the launcher may use, K threads, and DP_CPUS_PER_RANK; without the flag every rank may use every core.
+TEST(LauncherCpus, EachRankOnCoresOfItsOwn) {
+  const std::vector<int> usable = ddp_launch::usable_cpus();
+  if (usable.size() < 2) GTEST_SKIP() << "one usable core: nothing to divide between two ranks";
+  Sandbox box;
+  const Result r = run(box, {"--nproc", "2", "--cpus-per-rank", "1", "--", kProbe, "cpus"});
+  ASSERT_FALSE(r.timed_out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto ranks = parse_env(r.out);
+  ASSERT_EQ(ranks.size(), 2u) << r.out;
+  for (const auto& [rank, env] : ranks) {
+    EXPECT_EQ(env.at("CPUS"), std::to_string(usable[static_cast<std::size_t>(rank)])) << "rank " << rank;
+    EXPECT_EQ(env.at("DP_CPUS_PER_RANK"), "1");
+    EXPECT_EQ(env.at("OMP_NUM_THREADS"), "1");
+  }
+  std::string all;
+  for (int c : usable) all += (all.empty() ? "" : ",") + std::to_string(c);
+  const auto shared = parse_env(run(box, {"--nproc", "2", "--", kProbe, "cpus"}).out);
+  ASSERT_EQ(shared.size(), 2u);
+  for (const auto& [rank, env] : shared) {
+    EXPECT_EQ(env.at("CPUS"), all) << "unpinned rank " << rank;
+    EXPECT_EQ(env.at("DP_CPUS_PER_RANK"), "<unset>");
+  }
+}
+
+TEST(LauncherCpus, RefusesMoreCoresThanItMayUse) {
+  const int usable = static_cast<int>(ddp_launch::usable_cpus().size());
+  expect_refused({"--nproc", "2", "--cpus-per-rank", std::to_string(usable), "--", kProbe, "cpus"},
+                 "needs " + std::to_string(2 * usable) + " cores");
+  expect_refused({"--nproc", "1", "--cpus-per-rank", "0", "--", kProbe, "cpus"}, "'0'");
+  expect_refused({"--nproc", "1", "--cpus-per-rank", "1", "--threads", "2", "--", kProbe, "cpus"}, "--threads 2");
+}
+
 TEST(LauncherUsage, BadValuesExit2) {
   expect_refused({"--nproc", "0", "--", kProbe, "env"}, "'0'");
   expect_refused({"--nproc", "-3", "--", kProbe, "env"}, "'-3'");

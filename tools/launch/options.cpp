@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -48,6 +49,8 @@ const char* kFooter = R"(Environment given to every rank (the same contract as t
   OMP_WAIT_POLICY   PASSIVE unless set (spinning OpenMP threads slow a multi-threaded rank ~3x here)
   OPENBLAS_CORETYPE SkylakeX or Haswell unless set, where OpenBLAS does not know this CPU and fell back to its
                     Prescott kernels (about 4x slower matmuls here)
+  DP_CPUS_PER_RANK  K with --cpus-per-rank K: local rank i runs on the i-th K of the launcher's cores only, with K
+                    threads (as each rank owns a GPU); the benchmarks time their single process on K cores too
   DP_LAUNCHER=1     tells the program it was started by this launcher
   DP_LAUNCH_COMMAND this launcher's command line (programs record it beside their results)
 
@@ -209,6 +212,10 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
       ->type_name("SECONDS");
   app.add_option("--threads", threads_s, "threads per rank (default: online cores / nproc, at least 1)")
       ->type_name("T");
+  std::string cpus_per_rank_s;
+  app.add_option("--cpus-per-rank", cpus_per_rank_s,
+                 "pin each rank to K cores of its own with K threads, as a GPU per rank (nproc x K <= cores)")
+      ->type_name("K");
   app.add_flag("--no-prefix", no_prefix, "print the ranks' lines without the [rank r/W] tag");
   auto* master_opt = app.get_option("--master-addr");
   app.add_option("--net", net_s, "each rank in its own network namespace, linked at RATE each way (e.g. 1gbit)")
@@ -340,7 +347,44 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
   const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
   out.threads = threads_s.empty() ? static_cast<int>(std::max(1L, cores / out.nproc))
                                   : parse_int("--threads", threads_s, 1, 4096, "e.g. --threads 1");
+  if (!cpus_per_rank_s.empty()) {
+    // A core per rank (or K) as a GPU per rank on a cluster: the ranks never share one, so N ranks have N
+    // times one rank's compute, and the benchmarks' single process is measured on K cores as well.
+    const int usable = static_cast<int>(usable_cpus().size());
+    out.cpus_per_rank = parse_int("--cpus-per-rank", cpus_per_rank_s, 1, 4096, "e.g. --cpus-per-rank 1");
+    if (out.nproc * out.cpus_per_rank > usable)
+      throw UsageError(fmt::format(
+          "--cpus-per-rank {} with --nproc {} needs {} cores of its own and this launcher may use {}; use "
+          "--cpus-per-rank {} or fewer ranks, or leave it out to share the cores",
+          out.cpus_per_rank, out.nproc, out.nproc * out.cpus_per_rank, usable, std::max(1, usable / out.nproc)));
+    if (!threads_s.empty() && out.threads != out.cpus_per_rank)
+      throw UsageError(
+          fmt::format("--threads {} with --cpus-per-rank {}: a pinned rank runs one thread per core "
+                      "it owns; leave --threads out",
+                      out.threads, out.cpus_per_rank));
+    out.threads = out.cpus_per_rank;
+  }
   return true;
+}
+
+std::vector<int> usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  if (cpus.empty())  // no mask to read: every online core
+    for (long c = 0; c < std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)); ++c) cpus.push_back(static_cast<int>(c));
+  return cpus;
+}
+
+std::vector<int> cpus_of_rank(const LaunchOptions& o, int local_rank) {
+  if (o.cpus_per_rank <= 0) return {};
+  const std::vector<int> all = usable_cpus();
+  const auto first = all.begin() + static_cast<std::ptrdiff_t>(local_rank) * o.cpus_per_rank;
+  return std::vector<int>(first, first + o.cpus_per_rank);
 }
 
 // OpenBLAS picks its kernels when it loads, from the CPU's model number. Debian 12's OpenBLAS (0.3.21) does not
@@ -390,6 +434,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
     auto it = env.find(key);
     if (it == env.end() || it->second.empty()) env[key] = std::to_string(o.threads);
   }
+  if (o.cpus_per_rank > 0) env["DP_CPUS_PER_RANK"] = std::to_string(o.cpus_per_rank);
   env["RANK"] = std::to_string(o.global_rank(local_rank));
   env["LOCAL_RANK"] = std::to_string(local_rank);
   env["WORLD_SIZE"] = std::to_string(o.world_size());

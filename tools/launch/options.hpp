@@ -25,10 +25,14 @@ struct LaunchOptions {
   int nnodes = 1;     // nodes taking part
   int node_rank = 0;  // this node's index (GROUP_RANK)
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;               // resolved: never 0 after parsing
-  double timeout_s = 5.0;            // grace between SIGTERM and SIGKILL
-  bool prefix = true;                // tag each output line with "[rank r/W] "
-  int threads = 1;                   // intra-op threads per rank
+  int master_port = 0;     // resolved: never 0 after parsing
+  double timeout_s = 5.0;  // grace between SIGTERM and SIGKILL
+  bool prefix = true;      // tag each output line with "[rank r/W] "
+  int threads = 1;         // intra-op threads per rank
+  // --cpus-per-rank K: local rank i runs on the i-th K of the cores this launcher may use, with K threads, as
+  // each rank owns a GPU on a cluster; exported as DP_CPUS_PER_RANK (the benchmarks' single process then uses
+  // K cores too). 0: not pinned, the ranks share every core.
+  int cpus_per_rank = 0;
   std::vector<std::string> command;  // PROGRAM ARGS...
   NetSpec net;                       // --net, --net-subnet, --net-delay
   bool net_cleanup = false;          // --net-cleanup: remove leftovers of dead launchers, then exit
@@ -63,6 +67,13 @@ int pick_free_port(const std::vector<int>& taken = {}, bool kernel_fallback = tr
 // Parses argv. Returns false when the caller should exit 0 at once (--help was printed).
 // Throws UsageError for anything malformed or out of range.
 bool parse_options(int argc, char** argv, LaunchOptions& out);
+
+// The cores this launcher may run on (its affinity mask, in increasing order): what --cpus-per-rank divides.
+std::vector<int> usable_cpus();
+
+// With --cpus-per-rank K, the K cores of local rank `local_rank` (the (local_rank)-th K of usable_cpus());
+// empty when the ranks are not pinned.
+std::vector<int> cpus_of_rank(const LaunchOptions& opts, int local_rank);
 
 // The kernels OpenBLAS should use on this CPU (OPENBLAS_CORETYPE) when it does not know the CPU's model and
 // fell back to its Prescott ones, else "". Computed once per launcher.

@@ -17,7 +17,7 @@
 namespace ddp_launch {
 
 Child spawn_rank(const std::vector<std::string>& command, std::vector<std::string> env, int stdin_fd, int rank,
-                 int netns_fd) {
+                 int netns_fd, const std::vector<int>& cpus) {
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0) {
     say(fmt::format("cannot create pipes for rank {}: {}", rank, std::strerror(errno)));
@@ -36,6 +36,9 @@ Child spawn_rank(const std::vector<std::string>& command, std::vector<std::strin
   for (const auto& s : command) argv.push_back(const_cast<char*>(s.c_str()));
   argv.push_back(nullptr);
   const pid_t launcher = ::getpid();
+  cpu_set_t cpu_set;
+  CPU_ZERO(&cpu_set);
+  for (int c : cpus) CPU_SET(c, &cpu_set);
 
   // Signals stay blocked across fork(), so the launcher's handlers never run in the child before it
   // has put the default ones back (handled signals reset on exec anyway; ignored ones would not).
@@ -58,6 +61,11 @@ Child spawn_rank(const std::vector<std::string>& command, std::vector<std::strin
     if (netns_fd >= 0 && ::setns(netns_fd, CLONE_NEWNET) != 0) {
       const int e = errno;
       ::dprintf(STDERR_FILENO, "ddp_launch: cannot enter the rank's network namespace: %s\n", std::strerror(e));
+      ::_exit(126);
+    }
+    if (!cpus.empty() && ::sched_setaffinity(0, sizeof(cpu_set), &cpu_set) != 0) {
+      const int e = errno;
+      ::dprintf(STDERR_FILENO, "ddp_launch: cannot pin the rank to its cores: %s\n", std::strerror(e));
       ::_exit(126);
     }
     ::execvpe(argv[0], argv.data(), envp.data());

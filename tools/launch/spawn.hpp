@@ -19,8 +19,9 @@ struct Child {
 // the launcher dies. If exec fails, the child says why on its stderr and exits 127. On a failure in
 // the launcher itself (no pipes, no fork) a message naming `rank` is printed and pid is -1.
 // With `netns_fd` >= 0 (--net) the child enters that network namespace before exec; if it cannot,
-// it says so and exits 126.
+// it says so and exits 126. With `cpus` not empty (--cpus-per-rank) the child runs on those cores only
+// (sched_setaffinity before exec); if it cannot, it says so and exits 126.
 Child spawn_rank(const std::vector<std::string>& command, std::vector<std::string> env, int stdin_fd, int rank,
-                 int netns_fd = -1);
+                 int netns_fd = -1, const std::vector<int>& cpus = {});
 
 }  // namespace ddp_launch

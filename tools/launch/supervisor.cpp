@@ -183,7 +183,8 @@ bool Supervisor::start(Rank& r) {
   using Vars = std::vector<std::pair<std::string, std::string>>;
   auto env = rank_environment(opts_, r.local, net_ ? net_->rank_env(r.local) : Vars{}, r.restarts);
   const int netns = net_ ? net_->netns_fd(r.local) : -1;
-  const Child child = spawn_rank(opts_.command, std::move(env), devnull_, r.global, netns);
+  const Child child =
+      spawn_rank(opts_.command, std::move(env), devnull_, r.global, netns, cpus_of_rank(opts_, r.local));
   if (child.pid < 0) return false;
   r.pid = child.pid;
   r.reaped = false;
