@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draws the four pictures of the course's ideas into docs/figures/.
+"""Draws the six pictures of the course's ideas into docs/figures/.
 
     /usr/bin/python3 scripts/pages/figures.py           # writes docs/figures/*.png (about 2 s)
     /usr/bin/python3 scripts/pages/figures.py --check   # draws them into a temporary folder (ctest docs_figures_render)
@@ -19,13 +19,19 @@ What it draws, and from what:
   fsdp_unit_life.png    one measured step of stage 07's FSDP (variant "fsdp"), rank 0, from
                         docs/results/ext07a_small_1gbit.trace.json.gz: per unit its all-gathers, its forward
                         (waiting for the gather, then computing), its backward and its reduce-scatter.
+  grads_after_or_during.png  one measured step of stage 02's naive DDP and one of stage 04's overlap, rank 0,
+                        from docs/results/stage05_tiny_1gbit.trace.json.gz: the phases, then every gradient's
+                        all-reduce in launch order: after backward (02), or from its hook during backward (04).
+  zero1_step.png        ZeRO-1's step over N = 4 ranks: what each rank holds of the flat buffer after backward,
+                        the reduce-scatter, the step of its chunk and the all-gather, and the bytes it sends,
+                        2(N-1)/N x 4P. Arithmetic, not measured.
 
 The traces are read with scripts/dplib/trace.py (the reader scripts/trace/timeline.py uses); the step drawn is the
 round whose step took the median time on rank 0, as timeline.py picks it. Nothing is random, so two runs
 draw the same pictures (the bytes may differ between matplotlib versions).
 
-Correct output: "wrote docs/figures/NAME.png (W x H px)" for each of the four and exit 0; with --check,
-"figures.py --check: all 4 figures render" and exit 0, or one line per figure that failed (its name and why)
+Correct output: "wrote docs/figures/NAME.png (W x H px)" for each of the six and exit 0; with --check,
+"figures.py --check: all 6 figures render" and exit 0, or one line per figure that failed (its name and why)
 and exit 1.
 """
 import argparse
@@ -352,8 +358,113 @@ def fsdp_unit_life(out):
             f"prefetch overlapped compute in {len(prefetch)}/{len(units) - 1} units")
 
 
+# ---- 5. after backward, or during it: stages 02 and 04 ------------------------------------------
+def grads_after_or_during(out):
+    plt = pyplot()
+    from matplotlib.patches import Patch
+    name = "stage05_tiny_1gbit.trace.json.gz"
+    panels = [("naive (stage 02)", "stage 02: every gradient all-reduced after backward, one call each"),
+              ("overlap (stage 04)", "stage 04: each gradient's all-reduce launched by its hook, during backward")]
+    fig, axes = plt.subplots(2, 1, figsize=(WIDTH, 7.4), sharex=True)
+    notes, right = [], 0.0
+    drawn = []
+    for ax, (variant, title) in zip(axes, panels):
+        step, v, rnd, ms = median_step(name, variant)
+        calls = sorted((c for c in step.comms if c.args.get("op") == "all_reduce"), key=lambda c: c.ts)
+        if not calls:
+            raise tl.TraceError(f"{v}, round {rnd}: no all-reduces on rank 0")
+        (b0, b1), = tl.union([(p.ts, p.end) for p in step.phase("backward")])
+        during = sum(1 for c in calls if b0 <= c.ts <= b1)
+        drawn.append((ax, step, v, rnd, ms, calls, b0, b1, during, title))
+        right = max(right, ms(max(step.end, max(c.end for c in calls))))
+    for ax, step, v, rnd, ms, calls, b0, b1, during, title in drawn:
+        ax.axvspan(ms(b0), ms(b1), color=PHASE["backward"], alpha=0.12, zorder=0)
+        for p in sorted(step.phases, key=lambda p: -p.dur):
+            ax.barh(0, p.dur / 1e3, left=ms(p.ts), height=2.4, color=PHASE.get(p.name, "k"), zorder=2)
+        for i, c in enumerate(calls, start=3):
+            ax.barh(i, max(c.dur / 1e3, 0.3), left=ms(c.ts), height=0.8, color=GATHER, zorder=2)
+        ax.set_yticks([0, 3, 2 + len(calls)])
+        ax.set_yticklabels(["compute (rank 0)", "1st all-reduce", f"{len(calls)}th"], fontsize=8)
+        ax.set_ylim(3 + len(calls), -1.6)
+        ax.grid(axis="x", color="#DDDDDD", linewidth=0.5, zorder=0)
+        ax.set_axisbelow(True)
+        ax.set_title(f"{title}\n{len(calls)} all-reduces, {during} launched during backward; the median step "
+                     f"(round {rnd}): {step.dur / 1e3:.0f} ms", fontsize=9.5)
+        notes.append(f"{v} round {rnd}: step {step.dur / 1e3:.0f} ms, {during}/{len(calls)} launched during backward")
+    axes[-1].set_xlim(0, right * 1.01)
+    axes[-1].set_xlabel("time since the step's start (ms); rows: the gradients' all-reduces in launch order")
+    handles = [Patch(color=PHASE[p], label=p) for p in PHASE]
+    handles += [Patch(color=GATHER, label="one gradient's all-reduce, launch to completion"),
+                Patch(color=PHASE["backward"], alpha=0.12, label="backward, across all rows")]
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    fig.suptitle("One measured step, rank 0: tiny Transformer, 2 ranks, simulated 1 Gbit/s link (both ranks "
+                 "start from rank 0's broadcast weights)", fontsize=10)
+    fig.subplots_adjust(left=0.14, right=0.98, top=0.88, bottom=0.15, hspace=0.32)
+    fig.savefig(out, dpi=DPI)
+    plt.close(fig)
+    return "; ".join(notes)
+
+
+# ---- 6. ZeRO-1's step: reduce-scatter, step a chunk, all-gather --------------------------------
+def zero1_step(out):
+    plt = pyplot()
+    from matplotlib.patches import Patch, Rectangle
+    n = 4
+    colour = ["#4C72B0", "#DD8452", "#55A868", "#C44E52"]
+    # What each rank holds of the flat buffer (chunk c of N) after each phase: "mine" = its own local gradient
+    # or the weights before the step, "sum" = summed over the N ranks, "new" = updated weights.
+    phases = [
+        ("1. after backward", "its own gradient, every chunk", lambda r, c: ("grad", 0.35, "//")),
+        ("2. reduce-scatter", "chunk r summed over the ranks", lambda r, c: ("sum", 1.0, None) if c == r else None),
+        ("3. step chunk r", "with AdamW's state for chunk r only", lambda r, c: ("new", 1.0, None) if c == r else None),
+        ("4. all-gather", "every updated chunk, everywhere", lambda r, c: ("new", 1.0, None)),
+    ]
+    fig, ax = plt.subplots(figsize=(WIDTH, 4.6))
+    gap = 0.6
+    for j, (head, sub, held) in enumerate(phases):
+        x0 = j * (n + gap)
+        ax.text(x0 + n / 2, -0.95, head, ha="center", va="bottom", fontsize=10.5, fontweight="bold")
+        ax.text(x0 + n / 2, -0.62, sub, ha="center", va="bottom", fontsize=8.5)
+        for r in range(n):
+            for c in range(n):
+                h = held(r, c)
+                if h is None:
+                    ax.add_patch(Rectangle((x0 + c + 0.05, r - 0.42), 0.9, 0.84, facecolor="white",
+                                           edgecolor="#CCCCCC", linewidth=0.8))
+                    continue
+                kind, alpha, hatch = h
+                ax.add_patch(Rectangle((x0 + c + 0.05, r - 0.42), 0.9, 0.84, facecolor=colour[c], alpha=alpha,
+                                       hatch=hatch, edgecolor="black" if kind == "new" else "white",
+                                       linewidth=2.0 if kind == "new" else 0.8))
+                ax.text(x0 + c + 0.5, r, {"grad": "g", "sum": "sum", "new": "w'"}[kind], ha="center", va="center",
+                        fontsize=8, color="black" if kind == "grad" else "white", fontweight="bold")
+    ax.set_xlim(-0.2, len(phases) * (n + gap) - gap + 0.2)
+    ax.set_ylim(n - 0.45, -1.05)
+    ax.set_yticks(range(n))
+    ax.set_yticklabels([f"rank {r}" for r in range(n)])
+    ax.set_xticks([])
+    for side in ("top", "right", "bottom", "left"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(length=0)
+    ring = accounting.ring(n)
+    ax.set_title(f"ZeRO-1's step over N = {n} ranks: the flat buffer of P parameters in {n} chunks "
+                 f"(arithmetic, not a measurement)", fontsize=11, pad=34)
+    handles = [Patch(facecolor="#999999", alpha=0.35, hatch="//", edgecolor="white", label="g: this rank's gradient"),
+               Patch(facecolor="#999999", label="sum: the chunk's gradient summed over the ranks"),
+               Patch(facecolor="#999999", edgecolor="black", linewidth=2.0, label="w': the chunk's updated weights")]
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8.5, frameon=False, bbox_to_anchor=(0.5, 0.08))
+    fig.text(0.5, 0.035, f"Each rank sends (N-1)/N x 4P bytes in the reduce-scatter and as much in the all-gather: "
+             f"2(N-1)/N x 4P = {2 * ring:g} x 4P for N = {n},\nDDP's all-reduce cut in two around the step; "
+             f"between steps a rank keeps 1/N of AdamW's state.", ha="center", va="center", fontsize=9.5,
+             fontweight="bold")
+    fig.subplots_adjust(left=0.08, right=0.99, top=0.80, bottom=0.23)
+    fig.savefig(out, dpi=DPI)
+    plt.close(fig)
+
+
 FIGURES_DRAWN = {"ring_allreduce": ring_allreduce, "buckets_timeline": buckets_timeline,
-                 "zero_memory": zero_memory, "fsdp_unit_life": fsdp_unit_life}
+                 "zero_memory": zero_memory, "fsdp_unit_life": fsdp_unit_life,
+                 "grads_after_or_during": grads_after_or_during, "zero1_step": zero1_step}
 
 
 def png_size(path):
@@ -368,7 +479,7 @@ def png_size(path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true",
-                    help="draw into a temporary folder; exit 1 unless all four are PNGs of a sane size")
+                    help="draw into a temporary folder; exit 1 unless all of them are PNGs of a sane size")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = tmp if args.check else FIGURES
