@@ -17,6 +17,11 @@ range of the rounds. Two variants differ only when the interval of their per-rou
 
 Numbers in prose are generated too (`<!-- n:FILE EXPR | FORMAT -->VALUE<!-- /n -->`, see NUMBER below), and
 --check fails on a measured-looking number in prose that no marker writes and no word in its sentence explains.
+A comparison of measurements is checked the same way: `<!-- claim:FILE EXPR -->the words<!-- /claim -->` holds
+only while EXPR (over docs/results/FILE.json, as for numbers) is true, and a comparative ("faster than",
+"slowest", ...) in a paragraph that quotes a measured number must stand inside such a marker (see CLAIM).
+
+    python3 scripts/pages/make_tables.py --self-test   # the claim check catches a contradicted and an unmarked claim
 """
 import functools, pathlib, re, sys
 
@@ -379,6 +384,70 @@ def number(name, body):
     return fmt.format(*v) if isinstance(v, (tuple, list)) else fmt.format(v)
 
 
+# A comparison of measurements in words: `<!-- claim:FILE EXPR -->the words<!-- /claim -->`. EXPR is evaluated as a
+# number's is; the claim stands while it is true, and make_tables fails naming the page and the words when new
+# results contradict them. A comparative in a paragraph that quotes a measured number (an n: marker) must stand in
+# one: "faster than", "fastest", "slower than", "slowest" (not "the slowest rank", which names whose time is shown).
+CLAIM = re.compile(r"<!-- claim:([\w.-]+) (.+?) -->(.*?)<!-- /claim -->", re.S)
+COMPARATIVE = re.compile(r"\b(?:faster|slower|quicker)\s+than\b|\b(?:fastest|slowest)\b(?!\s+ranks?\b)", re.I)
+
+
+def claim_holds(name, expr):
+    if not (RESULTS / f"{name}.json").exists():
+        raise ValueError(f"docs/results/{name}.json is missing")
+    # The names as globals, so that a comprehension in EXPR sees them too; the repository's own pages only.
+    return bool(eval(expr, {"__builtins__": {}, **number_env(name)}))
+
+
+def claims(md, text):
+    """What is wrong with the claims of one page: a claim its results contradict (or that cannot be evaluated),
+    and a comparative beside a measured number that no claim marker checks."""
+    out = []
+    for m in CLAIM.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        words = " ".join(m.group(3).split())[:120]
+        try:
+            if not claim_holds(m.group(1), m.group(2)):
+                out.append(f"{md}:{line}: the results contradict \"{words}\" ({m.group(1)}.json: {m.group(2)} is false)")
+        except Exception as e:
+            out.append(f"{md}:{line}: the claim \"{words}\" cannot be checked: {e!r}")
+    bare = re.sub(r"<!-- table:([\w.-]+) -->.*?<!-- /table:\1 -->", lambda m: "\n" * m.group(0).count("\n"), text,
+                  flags=re.S)
+    bare = CLAIM.sub(lambda m: "C" + "\n" * m.group(0).count("\n"), bare)
+    bare = re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), bare, flags=re.S)
+    for start, para, header in paragraphs(bare):
+        if header is not None or "<!-- n:" not in para:
+            continue
+        plain = NUMBER.sub("N", para)
+        for m in COMPARATIVE.finditer(re.sub(r"`[^`]*`", " ", plain)):
+            out.append(f"{md}:{start}: '{m.group(0)}' compares measurements unchecked: wrap the words in "
+                       f"<!-- claim:FILE EXPR -->...<!-- /claim -->")
+    return out
+
+
+def self_test():
+    """A page with a contradicted claim and one with an unmarked comparative must fail; a true claim passes.
+    Run over a real results file (lm_speed.json), as the pages' claims are."""
+    fsdp = 'med(find(sync="fsdp", world_size=2, link="simulated 1gbit link per rank")["step_s"])'
+    ddp2 = 'med(find(sync="ddp, 2 MB buckets", world_size=2, link="simulated 1gbit link per rank")["step_s"])'
+    number = f"<!-- n:lm_speed {fsdp} | {{:.3f}} -->0.289<!-- /n -->"
+    cases = {
+        "a true claim": (f"FSDP took {number} s, <!-- claim:lm_speed {ddp2} < {fsdp} -->slower than DDP with 2 MB "
+                         f"buckets<!-- /claim -->.", 0),
+        "a contradicted claim": (f"FSDP took {number} s, <!-- claim:lm_speed {fsdp} < {ddp2} -->the fastest of "
+                                 f"all<!-- /claim -->.", 1),
+        "an unmarked comparative": (f"FSDP took {number} s, the fastest of the three.", 1),
+        "the slowest rank is a name, not a claim": (f"The slowest rank's step, {number} s.", 0),
+    }
+    wrong = [name for name, (text, n) in cases.items() if len(claims("page.md", text)) != n]
+    if wrong:
+        print(f"make_tables --self-test: FAIL: {', '.join(wrong)}")
+        return 1
+    print(f"make_tables --self-test: PASS: {len(cases)} cases (a contradicted claim and an unmarked comparative "
+          f"caught; a true claim and 'the slowest rank' let through)")
+    return 0
+
+
 # What reads as a measured number in prose: a decimal (0.812, x1.43) or a percentage. Versions (LibTorch 1.13.1,
 # Python 3.11) are not; a number that is arithmetic, cited or a setting says so in its sentence (the words below).
 MEASURED = re.compile(r"(?<![\w.\-/])[x×~]?\d+\.\d+(?![\d.]*\d)(?:\s?%)?|(?<![\w.])\d+\s?%")
@@ -438,7 +507,7 @@ def paragraphs(text):
 
 def main(check, only):
     pattern = re.compile(r"(<!-- table:([\w.-]+) -->\n).*?(<!-- /table:\2 -->)", re.S)
-    stale, loose = [], []
+    stale, loose, wrong_claims = [], [], []
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     if only:  # some pages only: make_tables.py [--check] docs/05_bucketed.md ...
         unknown = [o for o in only if not any(pathlib.Path(o).resolve() == p for p in pages)]
@@ -463,12 +532,13 @@ def main(check, only):
         new = NUMBER.sub(num, new)
         # A line that starts with `<!--` inside a paragraph starts an HTML block on a Git host (CommonMark), which
         # shows the rest of the line raw: a marker that a line break left at a line's start joins the line above.
-        new = re.sub(r"(\S)[ \t]*\n[ \t]*(<!-- n:)", r"\1 \2", new)
+        new = re.sub(r"(\S)[ \t]*\n[ \t]*(<!-- (?:n|claim):)", r"\1 \2", new)
+        wrong_claims += claims(md.relative_to(ROOT), new)
         if check:
             loose += unsourced(md.relative_to(ROOT), new)
             loose += [f"{md.relative_to(ROOT)}:{i}: a number marker starts the line (a Git host shows that line as raw "
                       f"HTML): begin the sentence with a word" for i, line in enumerate(new.splitlines(), 1)
-                      if line.lstrip().startswith("<!-- n:")]
+                      if line.lstrip().startswith(("<!-- n:", "<!-- claim:"))]
         if new != text:
             stale.append(str(md.relative_to(ROOT)))
             if not check:
@@ -477,6 +547,12 @@ def main(check, only):
     if check and stale:
         print("make_tables --check: these pages differ from docs/results/*.json: " + ", ".join(stale)
               + "; run python3 scripts/pages/make_tables.py", file=sys.stderr)
+        return 1
+    if wrong_claims:
+        print("\n".join(wrong_claims), file=sys.stderr)
+        print(f"make_tables: {len(wrong_claims)} claim(s) in prose are contradicted by docs/results/*.json or not "
+              f"checked: reword them to what the results show, or mark them with <!-- claim:FILE EXPR -->",
+              file=sys.stderr)
         return 1
     if check and loose:
         print("\n".join(loose), file=sys.stderr)
@@ -491,4 +567,6 @@ def main(check, only):
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if "--self-test" in args:
+        sys.exit(self_test())
     sys.exit(main("--check" in args, [a for a in args if a != "--check"]))
