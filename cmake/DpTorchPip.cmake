@@ -17,8 +17,8 @@ if(NOT EXISTS "${DP_TORCH_PYTHON}")
                       "  bash scripts/setup/install_torch2.sh\n"
                       "or pass -DDP_TORCH_PYTHON=/path/to/python of an environment that has torch 2.x.")
 endif()
-execute_process(
-  COMMAND "${DP_TORCH_PYTHON}" -c
+execute_process(  # with pip's build isolation undone: pip install ./python builds for the torch of its Python
+  COMMAND ${CMAKE_COMMAND} -E env --unset=PYTHONPATH --unset=PYTHONNOUSERSITE "${DP_TORCH_PYTHON}" -c
     "import os, torch; print(torch.__version__.split('+')[0]); print(os.path.dirname(torch.__file__)); print(int(torch.compiled_with_cxx11_abi())); print(torch.version.cuda or '')"
   OUTPUT_VARIABLE _dp_out RESULT_VARIABLE _dp_rc ERROR_VARIABLE _dp_err OUTPUT_STRIP_TRAILING_WHITESPACE)
 if(NOT _dp_rc EQUAL 0)

@@ -16,8 +16,7 @@ namespace {
 
 // Every rank compares its parameter count and shapes with rank 0's; all ranks vote, so they all throw
 // together and none is left waiting in a collective.
-void verify_same_model(ProcessGroup& pg, torch::nn::Module& module) {
-  auto params = unique_named_parameters(module);
+void verify_same_model(ProcessGroup& pg, const std::vector<std::pair<std::string, torch::Tensor>>& params) {
   auto counts = pg.all_gather(static_cast<double>(params.size()));
   for (int r = 0; r < pg.world_size(); ++r)
     if (counts[r] != counts[0])
@@ -52,19 +51,23 @@ void verify_same_model(ProcessGroup& pg, torch::nn::Module& module) {
 }  // namespace
 
 // [broadcast]
-void broadcast_parameters(ProcessGroup& pg, torch::nn::Module& module) {
+void broadcast_parameters(ProcessGroup& pg, const ModelTensors& model) {
   // Different models on different ranks would pair unrelated tensors in the collectives below (a hang,
   // or garbage): compare every parameter's shape with rank 0's first and fail with a clear message.
-  verify_same_model(pg, module);
+  verify_same_model(pg, model.parameters);
   // Launch every broadcast, then wait: one round trip of latency instead of one per tensor.
   // detach() shares storage with the parameter, so the broadcast writes into the model itself.
   std::vector<Work> pending;
   std::vector<torch::Tensor> tensors;
-  for (auto& p : unique_parameters(module)) tensors.push_back(p.detach());
-  for (auto& b : module.buffers()) tensors.push_back(b.detach());
+  for (const auto& named : model.parameters) tensors.push_back(named.second.detach());
+  for (const auto& b : model.buffers) tensors.push_back(b.detach());
   for (auto& t : tensors) pending.push_back(pg.broadcast_async(t, 0));
   for (auto& w : pending) w.wait();
 }
 // [broadcast]
+
+void broadcast_parameters(ProcessGroup& pg, torch::nn::Module& module) {
+  broadcast_parameters(pg, ModelTensors{unique_named_parameters(module), module.buffers()});
+}
 
 }  // namespace dp

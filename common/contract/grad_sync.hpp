@@ -3,6 +3,7 @@
 #pragma once
 
 #include "common/dist/dist.hpp"
+#include "common/model/params.hpp"  // ModelTensors
 
 #include "common/base/libtorch.hpp"
 
@@ -90,5 +91,7 @@ MakeGradSync make_grad_sync() {
 /// same shape); otherwise every rank throws dp::UsageError naming the first mismatch, before any
 /// collective could pair unrelated tensors. Collective: every rank of `pg` must call it.
 void broadcast_parameters(ProcessGroup& pg, torch::nn::Module& module);
+/// The same for a model given as tensors (a Python nn.Module's, through the package in python/).
+void broadcast_parameters(ProcessGroup& pg, const ModelTensors& model);
 
 }  // namespace dp

@@ -85,6 +85,7 @@ struct ProcessGroup::Impl {
   compat::StorePtr store;
   compat::CommPtr comm;
   std::string where;                                 // "gloo rank 1/4" for messages
+  bool adopted = false;                              // comm belongs to its maker (Python): never shut it down
   std::unique_ptr<detail::ExchangeQueue> exchanges;  // Gloo's all-to-alls, one at a time (made on first use)
   // The correctness checks' record of asynchronous collectives (track_async); hooks launch from
   // autograd's threads, hence the lock.
@@ -275,6 +276,23 @@ ProcessGroup ProcessGroup::init_from_env(const DistOptions& opts) {
         env.rank, env.master_addr, env.master_port, opts.timeout.count() / 1000.0, msg, env.world_size));
   }
   return init_with_store(store, env.rank, env.world_size, opts);
+}
+
+ProcessGroup ProcessGroup::adopt(std::shared_ptr<void> backend, int rank, int world, const std::string& name,
+                                 torch::Device device) {
+  auto* comm = static_cast<compat::CommPtr*>(backend.get());
+  if (!comm || !*comm) throw UsageError("ProcessGroup::adopt: no backend given");
+  ProcessGroup pg;
+  pg.impl_ = std::make_unique<Impl>();
+  pg.impl_->comm = *comm;
+  pg.impl_->adopted = true;
+  pg.impl_->where = fmt::format("{} rank {}/{}", name, rank, world);
+  pg.rank_ = rank;
+  pg.world_ = world;
+  pg.backend_ = name;
+  pg.device_ = device;
+  pg.timeout_ = DistOptions{}.timeout;  // for this layer's own waits; the backend keeps its maker's timeout
+  return pg;
 }
 
 ProcessGroup::ProcessGroup(ProcessGroup&&) noexcept = default;
@@ -508,7 +526,7 @@ void ProcessGroup::shutdown() {
   if (!impl_) return;
   impl_->exchanges.reset();  // before the backend it sends through
 #ifdef DP_WITH_NCCL
-  if (impl_->comm) compat::shutdown_nccl(impl_->comm);
+  if (impl_->comm && !impl_->adopted) compat::shutdown_nccl(impl_->comm);
 #endif
   impl_->comm.reset();
   impl_->store.reset();

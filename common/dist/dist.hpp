@@ -60,6 +60,13 @@ class ProcessGroup {
   static ProcessGroup init_with_store(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
                                       const DistOptions& opts = {});
 
+  /// Wraps a c10d backend made elsewhere, such as the default group of Python's torch.distributed, which the
+  /// package in python/ hands over: collectives go to it, and shutdown() leaves it to its maker. `backend`
+  /// holds a compat::CommPtr (common/base/c10d_compat.hpp: c10d's type differs between LibTorch 1.13 and 2.x);
+  /// `name` is "gloo" or "nccl", `device` where this rank's tensors live.
+  static ProcessGroup adopt(std::shared_ptr<void> backend, int rank, int world_size, const std::string& name,
+                            torch::Device device);
+
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   const std::string& backend() const { return backend_; }

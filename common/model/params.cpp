@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <stdexcept>
 #include <unordered_set>
 
 namespace dp {
@@ -24,6 +25,11 @@ std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(const
     out.emplace_back(item.key(), p);
   }
   return out;
+}
+
+ModelTensors model_tensors(const std::shared_ptr<torch::nn::Module>& m, const char* who) {
+  if (!m) throw std::invalid_argument(std::string(who) + ": module is null");
+  return {unique_named_parameters(*m), m->buffers(/*recurse=*/true)};
 }
 
 std::vector<torch::Tensor> unique_parameters(const torch::nn::Module& m, bool trainable_only) {

@@ -6,6 +6,7 @@
 #include "common/base/libtorch.hpp"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,6 +29,17 @@ void copy_parameters(torch::nn::Module& dst, const torch::nn::Module& src);
 /// unique_parameters() with the dotted name of each tensor's first registration ("fc2.fc.weight").
 std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(const torch::nn::Module& m,
                                                                            bool trainable_only = false);
+
+/// A model as tensors: its distinct parameters with their dotted names (tied weights once, frozen ones too) and its
+/// buffers, in registration order. What the DDP classes need of a model, whoever built it: model_tensors() of a
+/// C++ module, or a Python nn.Module's named_parameters() and buffers() handed over by the package in python/.
+struct ModelTensors {
+  std::vector<std::pair<std::string, torch::Tensor>> parameters;
+  std::vector<torch::Tensor> buffers;
+};
+
+/// unique_named_parameters() and the buffers of `m`. Throws std::invalid_argument naming `who` when m is null.
+ModelTensors model_tensors(const std::shared_ptr<torch::nn::Module>& m, const char* who);
 
 /// Total number of elements of the tensors (e.g. a model's parameter count).
 int64_t count_elements(const std::vector<torch::Tensor>& tensors);

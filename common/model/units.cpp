@@ -31,4 +31,15 @@ std::vector<std::vector<UnitParameter>> unit_parameters(const torch::nn::Module&
   return out;
 }
 
+std::vector<TensorUnit> tensor_units(const std::shared_ptr<torch::nn::Module>& model, const ModuleUnits& units,
+                                     const std::function<bool(const torch::nn::Module&)>& is_sharded,
+                                     const std::string& who) {
+  if (!model || units.empty()) throw std::invalid_argument(who + ": a model with at least one unit is needed");
+  const auto owned = unit_parameters(*model, units, who);
+  std::vector<TensorUnit> out(units.size());
+  for (size_t u = 0; u < units.size(); ++u)
+    for (const auto& [p, m] : owned[u]) (is_sharded(*m) ? out[u].sharded : out[u].replicated).push_back(p);
+  return out;
+}
+
 }  // namespace dp

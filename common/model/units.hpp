@@ -47,4 +47,16 @@ struct UnitParameter {
 std::vector<std::vector<UnitParameter>> unit_parameters(const torch::nn::Module& model, const ModuleUnits& units,
                                                         const std::string& who);
 
+/// A unit's trainable tensors: those a wrapper shards over the ranks, and those it keeps whole.
+struct TensorUnit {
+  std::vector<torch::Tensor> sharded, replicated;
+};
+
+/// unit_parameters() of each unit, sorted by the module that registers them: sharded where `is_sharded(module)`,
+/// replicated otherwise. Throws what unit_parameters() throws, and std::invalid_argument, the message starting
+/// with `who`, when `model` is null or there are no units.
+std::vector<TensorUnit> tensor_units(const std::shared_ptr<torch::nn::Module>& model, const ModuleUnits& units,
+                                     const std::function<bool(const torch::nn::Module&)>& is_sharded,
+                                     const std::string& who);
+
 }  // namespace dp

@@ -45,10 +45,14 @@ ShardedOptimizer::ShardedOptimizer(ProcessGroup& pg, std::vector<optim::Optimize
     : pg_(&pg), loads_(static_cast<size_t>(pg.world_size()), 0) {
   // The local optimizer starts empty and receives each group's owned part through add_param_group,
   // so the constructor and a later add_param_group follow one code path.
-  local_ = make_local({});
-  if (!local_) throw UsageError("ShardedOptimizer: make_local returned no optimizer");
-  local_->param_groups().clear();  // the empty group a torch::optim optimizer makes of no tensors
-  kind_ = optimizer_kind(*local_);
+  if (make_local) {
+    local_ = make_local({});
+    if (!local_) throw UsageError("ShardedOptimizer: make_local returned no optimizer");
+    local_->param_groups().clear();  // the empty group a torch::optim optimizer makes of no tensors
+    kind_ = optimizer_kind(*local_);
+  } else {
+    kind_ = "external";  // the caller steps owned_parameters() itself, then calls broadcast_from_owners()
+  }
   for (const auto& g : groups) add_param_group(g);
 }
 
@@ -73,7 +77,7 @@ void ShardedOptimizer::add_param_group(const optim::OptimizerParamGroup& group) 
 
   // The dynamic types compared through references taken first: a call inside typeid is evaluated, which Clang
   // warns about (-Wpotentially-evaluated-expression).
-  if (group.has_options()) {
+  if (local_ && group.has_options()) {
     const auto& given = group.options();
     const auto& local = local_->defaults();
     if (typeid(given) != typeid(local))
@@ -101,6 +105,11 @@ void ShardedOptimizer::add_param_group(const optim::OptimizerParamGroup& group) 
   }
 
   // The wrapper remembers the whole group with its options; the local optimizer gets the owned part.
+  if (!local_) {  // no local optimizer: the group is remembered as given
+    local_group_.push_back(-1);
+    groups_.emplace_back(params);
+    return;
+  }
   auto options = group.has_options() ? group.options().clone() : local_->defaults().clone();
   if (mine.empty()) {
     local_group_.push_back(-1);
@@ -114,7 +123,15 @@ void ShardedOptimizer::add_param_group(const optim::OptimizerParamGroup& group) 
 
 // [step]
 void ShardedOptimizer::step() {
+  if (!local_)
+    throw UsageError(
+        "ShardedOptimizer::step: built without a local optimizer; step owned_parameters() "
+        "yourself, then call broadcast_from_owners()");
   local_->step();  // only the owned parameters: same per-tensor arithmetic as the unsharded optimizer
+  broadcast_from_owners();
+}
+
+void ShardedOptimizer::broadcast_from_owners() {
   if (pg_->world_size() == 1) return;
   // Every rank walks the slots in the same order, so the i-th broadcast matches on every rank.
   // detach() aliases the parameter's storage without autograd: the broadcast writes into the model.
@@ -144,6 +161,7 @@ void ShardedOptimizer::zero_grad(bool set_to_none) {
 void ShardedOptimizer::set_lr(size_t g, double lr) {
   if (g >= groups_.size())
     throw UsageError(fmt::format("set_lr: group {} does not exist ({} groups)", g, groups_.size()));
+  if (!local_) throw UsageError("set_lr: this ShardedOptimizer has no local optimizer (set the rate where you step)");
   groups_[g].options().set_lr(lr);
   if (local_group_[g] >= 0) local_->param_groups()[static_cast<size_t>(local_group_[g])].options().set_lr(lr);
 }

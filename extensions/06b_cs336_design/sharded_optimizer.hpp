@@ -52,7 +52,9 @@ class ShardedOptimizer {
   /// `groups`: the parameter groups, as for any torch::optim optimizer. `make_local` (the MakeOptimizer every
   /// Strategy is given) builds this rank's optimizer, called once with no tensors; the empty group a
   /// torch::optim optimizer makes of them is dropped, and the owned part of each group is then added to it,
-  /// its options or, where it brings none, the optimizer's defaults.
+  /// its options or, where it brings none, the optimizer's defaults. An empty `make_local` builds none: the
+  /// caller steps owned_parameters() with an optimizer of its own (the Python package's any torch.optim
+  /// class) and then calls broadcast_from_owners(); step() and set_lr() then throw.
   ShardedOptimizer(ProcessGroup& pg, std::vector<torch::optim::OptimizerParamGroup> groups, MakeOptimizer make_local);
 
   /// The usual way to build one: the local optimizer is an `Opt` (torch::optim::AdamW, Adam, SGD, ...)
@@ -78,6 +80,8 @@ class ShardedOptimizer {
   /// Steps the owned parameters, then broadcasts every parameter from its owner (all broadcasts are
   /// started in the same order on every rank, then all are waited for). A collective: every rank calls it.
   void step();
+  /// step()'s communication: every parameter broadcast from its owner. A collective.
+  void broadcast_from_owners();
   /// Clears the gradients of ALL parameters (not only the owned ones): zeroes them in place, or with
   /// set_to_none drops them (the next backward allocates fresh ones). Local, no communication.
   void zero_grad(bool set_to_none = false);

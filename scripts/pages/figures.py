@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draws the six pictures of the course's ideas into docs/figures/.
+"""Draws the seven pictures of the course's ideas into docs/figures/.
 
     /usr/bin/python3 scripts/pages/figures.py           # writes docs/figures/*.png (about 2 s)
     /usr/bin/python3 scripts/pages/figures.py --check   # draws them into a temporary folder (ctest docs_figures_render)
@@ -30,7 +30,7 @@ The traces are read with scripts/dplib/trace.py (the reader scripts/trace/timeli
 round whose step took the median time on rank 0, as timeline.py picks it. Nothing is random, so two runs
 draw the same pictures (the bytes may differ between matplotlib versions).
 
-Correct output: "wrote docs/figures/NAME.png (W x H px)" for each of the six and exit 0; with --check,
+Correct output: "wrote docs/figures/NAME.png (W x H px)" for each of the seven and exit 0; with --check,
 "figures.py --check: all 6 figures render" and exit 0, or one line per figure that failed (its name and why)
 and exit 1.
 """
@@ -462,9 +462,62 @@ def zero1_step(out):
     plt.close(fig)
 
 
+# ---- 7. The Python package: what crosses from Python to C++ -------------------------------------
+def python_bridge(out):
+    plt = pyplot()
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+    fig, ax = plt.subplots(figsize=(WIDTH, 5.0))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(0, 6.2)
+    ax.axis("off")
+    lanes = [(0.2, 3.1, "#E8F0FA", "Python: your script"), (3.45, 6.55, "#F3F3F3", "autograd (LibTorch), shared"),
+             (6.9, 9.8, "#FBEDE4", "C++: the stages' classes")]
+    for x0, x1, colour, title in lanes:
+        ax.add_patch(FancyBboxPatch((x0, 0.25), x1 - x0, 5.45, boxstyle="round,pad=0.02", facecolor=colour,
+                                    edgecolor="#BBBBBB"))
+        ax.text((x0 + x1) / 2, 5.85, title, ha="center", va="center", fontsize=10.5, fontweight="bold")
+
+    def box(x, y, w, h, text, colour="white", bold=False):
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.03", facecolor=colour, edgecolor="#555555"))
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=8.5,
+                fontweight="bold" if bold else "normal")
+
+    def arrow(a, b, text="", colour="#333333", dy=0.12):
+        ax.add_patch(FancyArrowPatch(a, b, arrowstyle="-|>", mutation_scale=12, color=colour, linewidth=1.3))
+        if text:
+            ax.text((a[0] + b[0]) / 2, (a[1] + b[1]) / 2 + dy, text, ha="center", va="bottom", fontsize=7.5,
+                    color=colour)
+
+    rows = [4.6, 3.4, 2.2, 1.0]  # bottom of each row's boxes
+    box(0.45, rows[0], 2.4, 0.75, "dist.init_process_group('gloo')")
+    box(7.15, rows[0], 2.4, 0.75, "dp::ProcessGroup::adopt(\nyour group's own Gloo backend)")
+    box(0.45, rows[1], 2.4, 0.75, "model = DDPBucketed(model, 25)\n(your nn.Module inside)", "#FFFFFF", True)
+    box(7.15, rows[1], 2.4, 0.75, "BucketedDdp(pg, ModelTensors):\nbroadcast, buckets, hooks", "#FFFFFF", True)
+    box(0.45, rows[2], 2.4, 0.75, "loss = f(model(x))\nloss.backward()")
+    box(3.7, rows[2], 2.6, 0.75, "each parameter's AccumulateGrad\nadds into .grad: one node, one\nTensorImpl, for "
+        "Python and C++")
+    box(7.15, rows[2], 2.4, 0.75, "post-hook: copy .grad into its\nbucket; a full bucket's\nall-reduce starts")
+    box(0.45, rows[3], 2.4, 0.75, "model.finish_gradient_\nsynchronization(); opt.step()")
+    box(7.15, rows[3], 2.4, 0.75, "wait for the last buckets,\ndivide by N, copy into .grad")
+    mid = 0.375
+    arrow((2.85, rows[0] + mid), (7.15, rows[0] + mid), "group._get_backend(cpu) on torch 2.x; the group on 1.13",
+          "#1F5FA8")
+    arrow((2.85, rows[1] + mid), (7.15, rows[1] + mid), "named_parameters(), buffers(): the tensors themselves",
+          "#1F5FA8")
+    arrow((2.85, rows[2] + mid), (3.7, rows[2] + mid))
+    arrow((6.3, rows[2] + mid), (7.15, rows[2] + mid), "hook, no GIL", "#A0522D")
+    arrow((2.85, rows[3] + mid), (7.15, rows[3] + mid), "one call, the GIL released while it waits", "#1F5FA8")
+    ax.set_title("The package: your forward and backward stay PyTorch's; gradients leave through C++ hooks "
+                 "on the same AccumulateGrad nodes", fontsize=10.5)
+    fig.subplots_adjust(left=0.01, right=0.99, top=0.92, bottom=0.02)
+    fig.savefig(out, dpi=DPI)
+    plt.close(fig)
+
+
 FIGURES_DRAWN = {"ring_allreduce": ring_allreduce, "buckets_timeline": buckets_timeline,
                  "zero_memory": zero_memory, "fsdp_unit_life": fsdp_unit_life,
-                 "grads_after_or_during": grads_after_or_during, "zero1_step": zero1_step}
+                 "grads_after_or_during": grads_after_or_during, "zero1_step": zero1_step,
+                 "python_bridge": python_bridge}
 
 
 def png_size(path):

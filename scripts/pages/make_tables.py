@@ -191,6 +191,23 @@ def torch_ddp_table(doc):
     return lines, notes
 
 
+def python_ddp_table(doc):
+    """scripts/bench/python_ddp.py: one Python model with PyTorch's DDP and with ddp_from_scratch's, per bucket cap,
+    alternated step by step in one launch; each ratio is taken step by step against PyTorch's row of the same cap."""
+    head = ["variant", "step (s), median [95% CI]", "tokens/s", "x PyTorch DDP, same cap, per step [95% CI]"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in doc["rows"]:
+        base = next(b for b in doc["rows"] if not b["ours"] and b["cap_mib"] == r["cap_mib"])
+        ratio = "1" if r is base else fmt_ci([x / y for x, y in zip(r["step_samples_s"], base["step_samples_s"])],
+                                             "{:.3f}")
+        lines.append("| " + " | ".join([r["variant"], fmt_ci(r["step_samples_s"], "{:.3f}"),
+                                        f"{r['tokens_per_s']:.0f}", ratio]) + " |")
+    notes = [f"{doc['preset']} ({doc['params']:,} parameters), global batch {doc['global_batch']} x {doc['context']} "
+             f"tokens over {doc['world']} ranks, {doc['link']}; {doc['steps']} timed steps of each after {doc['warmup']}; "
+             f"torch {doc['torch_version']}."]
+    return lines, notes
+
+
 def plain_table(doc, cols):
     present = [c for c in cols if any(c[0] in r for r in doc["rows"])]
     lines = ["| " + " | ".join(h for _, h, _ in present) + " |", "|" + "---|" * len(present)]
@@ -332,6 +349,7 @@ def table(name):
         lines, notes = plain_table(doc, COLUMNS_BY_FILE[name])
     else:
         lines, notes = (torch_ddp_table(doc) if kind == "compare_torch_ddp" else gpu_check_table(doc) if kind == "gpu_check" else
+                        python_ddp_table(doc) if kind == "python_ddp" else
                         ddp_table(doc) if kind not in COLUMNS else plain_table(doc, COLUMNS[kind]))
     # Each row carries the command and machine it came from (older files: the file's own).
     cmds, machines = [], []

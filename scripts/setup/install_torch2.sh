@@ -14,6 +14,8 @@ py="$venv/bin/python"
 have=""
 [ -x "$py" ] && have="$("$py" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)"
 if [ "$have" = "$version" ]; then
+  # pytest: the Python package's suite (tests/python) runs under this venv's torch too
+  "$py" -c 'import pytest' 2>/dev/null || "$py" -m pip install --quiet pytest >&2
   echo "install_torch2: torch $version already in $venv" >&2
   echo "$py"; exit 0
 fi
@@ -23,6 +25,6 @@ echo "install_torch2: installing torch==$version into $venv (first time: a few G
 start=$(date +%s)
 /usr/bin/python3 -m venv "$venv"
 "$py" -m pip install --quiet --upgrade pip >&2
-"$py" -m pip install --quiet "torch==$version" numpy >&2
+"$py" -m pip install --quiet "torch==$version" numpy pytest >&2  # pytest: the Python package's suite
 echo "install_torch2: done in $(( $(date +%s) - start )) s: $("$py" -c 'import torch; print(torch.__version__)')" >&2
 echo "$py"

@@ -9,10 +9,15 @@
 
 namespace dp {
 
-OverlapDdp::OverlapDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m) : module(std::move(m)), pg_(pg) {
-  if (!module) throw std::invalid_argument("OverlapDdp: module is null");
-  broadcast_parameters(pg_, *module);  // every rank starts from rank 0's weights (frozen ones too)
-  for (auto& [name, p] : unique_named_parameters(*module, /*trainable_only=*/true)) {
+OverlapDdp::OverlapDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m)
+    : OverlapDdp(pg, model_tensors(m, "OverlapDdp")) {
+  module = std::move(m);
+}
+
+OverlapDdp::OverlapDdp(ProcessGroup& pg, const ModelTensors& model) : pg_(pg) {
+  broadcast_parameters(pg_, model);  // every rank starts from rank 0's weights (frozen ones too)
+  for (const auto& [name, p] : model.parameters) {
+    if (!p.requires_grad()) continue;  // frozen: broadcast, never hooked
     names_.push_back(name);
     params_.push_back(p);
   }

@@ -34,6 +34,8 @@ class OverlapDdp : public GradSync {
  public:
   /// Broadcasts rank 0's parameters and buffers to every rank, then hooks each unique trainable parameter.
   OverlapDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module);
+  /// The same for a model given as tensors (module stays null): a Python nn.Module's, through python/.
+  OverlapDdp(ProcessGroup& pg, const ModelTensors& model);
   /// Removes the hooks (hooks_, the last member, goes first). Does not wait for collectives still in
   /// flight (they keep their tensors alive). Not copyable (its mutex and hooks are not).
   ~OverlapDdp() override = default;

@@ -11,13 +11,17 @@
 namespace dp {
 
 BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m, double bucket_cap_mb)
-    : module(std::move(m)), pg_(pg), cap_mb_(bucket_cap_mb), hook_(allreduce_hook()) {
-  if (!module) throw std::invalid_argument("BucketedDdp: module is null");
+    : BucketedDdp(pg, model_tensors(m, "BucketedDdp"), bucket_cap_mb) {
+  module = std::move(m);
+}
+
+BucketedDdp::BucketedDdp(ProcessGroup& pg, const ModelTensors& model, double bucket_cap_mb)
+    : pg_(pg), cap_mb_(bucket_cap_mb), hook_(allreduce_hook()) {
   // Check the cap before the broadcast: a bad option fails fast and identically on every rank.
   std::vector<int64_t> bytes;
   std::vector<bool> trainable;
   std::vector<torch::Tensor> hooked_params;
-  for (auto& [name, p] : unique_named_parameters(*module)) {
+  for (const auto& [name, p] : model.parameters) {
     if (p.requires_grad()) {
       hooked_.push_back(params_.size());
       hooked_params.push_back(p);
@@ -28,7 +32,7 @@ BucketedDdp::BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> m,
     trainable.push_back(p.requires_grad());
   }
   assignment_ = assign_buckets(bytes, trainable, cap_mb_);
-  broadcast_parameters(pg_, *module);  // every rank starts from rank 0's weights (frozen ones too)
+  broadcast_parameters(pg_, model);  // every rank starts from rank 0's weights (frozen ones too)
   build_buffers();
   ready_.assign(params_.size(), 0);
   hooks_ = std::make_unique<AccumulateGradHooks>(

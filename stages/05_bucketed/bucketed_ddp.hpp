@@ -40,6 +40,8 @@ class BucketedDdp : public GradSync {
   /// dp::UsageError for a cap that is not positive and finite, std::invalid_argument for a bucket that
   /// would mix dtypes or devices.
   BucketedDdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> module, double bucket_cap_mb);
+  /// The same for a model given as tensors (module stays null): a Python nn.Module's, through python/.
+  BucketedDdp(ProcessGroup& pg, const ModelTensors& model, double bucket_cap_mb);
   /// Removes the hooks (hooks_, the last member, goes first). Does not wait for collectives still in
   /// flight (they keep their tensors alive). Not copyable (its mutex and hooks are not).
   ~BucketedDdp() override = default;

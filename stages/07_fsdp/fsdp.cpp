@@ -29,19 +29,22 @@ std::string fsdp_mode_name(const FsdpOptions& f) {
                      f.reshard_after_forward ? "reshard after forward" : "keep until backward");
 }
 
-// [shard]
 Fsdp::Fsdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const ModuleUnits& units, FsdpOptions opts)
-    : pg_(pg), model_(std::move(model)), opts_(opts) {
-  if (!model_ || units.empty()) throw std::invalid_argument("Fsdp: a model with at least one unit is needed");
-  if (opts_.compute_dtype != torch::kFloat32 && opts_.compute_dtype != torch::kBFloat16)
-    throw UsageError("Fsdp: the compute dtype must be float32 or bfloat16");
-  broadcast_parameters(pg_, *model_);  // every rank starts from rank 0's weights
-  // Sort each unit's trainable parameters: sharded (Linear, Embedding) or replicated (the rest). Every one
-  // must be in exactly one unit; frozen tensors stay whole on every rank.
-  const auto owned = unit_parameters(*model_, units, "Fsdp");
-  units_.resize(units.size());
-  for (size_t u = 0; u < units.size(); ++u)
-    for (const auto& [p, m] : owned[u]) (is_sharded_module(*m) ? units_[u].sharded : units_[u].replicated).push_back(p);
+    : Fsdp(pg, model_tensors(model, "Fsdp"), tensor_units(model, units, is_sharded_module, "Fsdp"), opts) {
+  model_ = std::move(model);
+}
+
+// [shard]
+Fsdp::Fsdp(ProcessGroup& pg, const ModelTensors& model, std::vector<TensorUnit> units, FsdpOptions opts)
+    : pg_(pg), opts_(opts) {
+  if (units.empty()) throw std::invalid_argument("Fsdp: a model with at least one unit is needed");
+  const auto dtype = opts_.compute_dtype;
+  if (dtype != torch::kFloat32 && dtype != torch::kBFloat16 && dtype != torch::kHalf)
+    throw UsageError("Fsdp: the compute dtype must be float32, bfloat16 or float16");
+  broadcast_parameters(pg_, model);  // every rank starts from rank 0's weights
+  for (const auto& [name, p] : model.parameters)
+    if (p.requires_grad()) named_.emplace_back(name, p);
+  for (auto& t : units) units_.push_back(Unit{std::move(t.sharded), std::move(t.replicated)});
 
   // Per unit: one flat fp32 buffer of the sharded tensors, padded to a multiple of N; keep chunk `rank`.
   torch::NoGradGuard no_grad;
@@ -277,7 +280,7 @@ ShardedParams Fsdp::sharding() const {
   ShardedParams s;
   for (const auto& U : units_) s.groups.push_back({U.layout, U.sharded, U.shard});
   for (const auto& U : units_) s.replicated.insert(s.replicated.end(), U.replicated.begin(), U.replicated.end());
-  s.named = unique_named_parameters(*model_, /*trainable_only=*/true);
+  s.named = named_;
   return s;
 }
 

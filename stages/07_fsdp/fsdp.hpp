@@ -6,7 +6,8 @@
 #include "common/comm/grad_hooks.hpp"  // AccumulateGradHooks
 #include "common/comm/shard_comm.hpp"
 #include "common/dist/dist.hpp"
-#include "common/model/units.hpp"       // UnitRunner, ModuleUnits
+#include "common/model/params.hpp"      // ModelTensors
+#include "common/model/units.hpp"       // UnitRunner, ModuleUnits, TensorUnit
 #include "common/state/full_state.hpp"  // ShardedParams
 
 #include "common/base/libtorch.hpp"
@@ -24,7 +25,7 @@ struct FsdpOptions {
   /// them until the unit's backward is done (ZeRO-2-like: one all-gather fewer per unit, more memory).
   /// The last unit is never freed after forward: its backward starts at once.
   bool reshard_after_forward = true;
-  /// dtype of the gathered weights the units compute with: kFloat32 or kBFloat16. The shards the
+  /// dtype of the gathered weights the units compute with: kFloat32, kBFloat16 or kHalf. The shards the
   /// optimizer steps (master weights) and the reduce-scattered gradients are fp32 either way.
   torch::ScalarType compute_dtype = torch::kFloat32;
 };
@@ -52,6 +53,9 @@ class Fsdp {
   /// Broadcasts rank 0's parameters, shards every unit and frees the full weights. Throws
   /// std::invalid_argument when a trainable parameter is in no unit or in two, or units are empty.
   Fsdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const ModuleUnits& units, FsdpOptions opts = {});
+  /// The same for a model given as tensors (a Python nn.Module's, through python/), each trainable one in
+  /// exactly one unit (the module constructor checks that; this one trusts its caller).
+  Fsdp(ProcessGroup& pg, const ModelTensors& model, std::vector<TensorUnit> units, FsdpOptions opts = {});
   virtual ~Fsdp();
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
@@ -127,7 +131,8 @@ class Fsdp {
   double ring_share() const { return double(pg_.world_size() - 1) / pg_.world_size(); }
 
   ProcessGroup& pg_;
-  std::shared_ptr<torch::nn::Module> model_;
+  std::shared_ptr<torch::nn::Module> model_;                  // null when given as tensors
+  std::vector<std::pair<std::string, torch::Tensor>> named_;  // the trainable parameters, named
   FsdpOptions opts_;
   std::vector<Unit> units_;
   std::vector<size_t> unit_of_hook_;   // hook index -> its unit
