@@ -262,6 +262,20 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
   return run;
 }
 
+void add_checkpoint_options(CLI::App& app, BenchConfig& cfg, std::string& dir, bool& resume_only,
+                            const std::string& folder_help, const std::string& resume_help) {
+  cfg.preset = "tiny";
+  cfg.context = 32;
+  cfg.steps = 3;
+  cfg.global_batch = 12;
+  app.add_option("--checkpoint", dir, folder_help)->required();
+  auto* resume = app.add_flag("--resume-only", resume_only, resume_help);
+  app.add_option("--preset", cfg.preset, "Transformer size")->check(CLI::IsMember(TransformerConfig::preset_names()));
+  app.add_option("--steps", cfg.steps, "Steps before the checkpoint (not with --resume-only: one step)")
+      ->check(PositiveInt)
+      ->excludes(resume);
+}
+
 void add_bench_options(CLI::App& app, BenchConfig& cfg) {
   app.add_option("--preset", cfg.preset, "Transformer size: nano, tiny, small, medium, large, xl, 2.7b");
   app.add_option("--batch", cfg.global_batch, "Global batch (sequences per step, split over ranks)")

@@ -93,6 +93,12 @@ void validate_bench_config(BenchConfig& cfg, int world);
 /// `app`; --trace needs the program's --bench flag, which must already be defined.
 void add_bench_options(CLI::App& app, BenchConfig& cfg);
 
+/// The options of a checkpoint program (extensions 06c and 07b), with the defaults of a small run (tiny, 32 tokens,
+/// 3 steps, 12 rows: split over 1-4 or 6 ranks): --checkpoint DIR (required; `folder_help` says what it holds),
+/// --resume-only (`resume_help` says what it does), --preset, and --steps, which --resume-only excludes.
+void add_checkpoint_options(CLI::App& app, BenchConfig& cfg, std::string& dir, bool& resume_only,
+                            const std::string& folder_help, const std::string& resume_help);
+
 /// Prints (rank 0) what is benchmarked: model, parameter count and bytes of parameters, gradients and
 /// AdamW state, batch, context, ranks and the link (loopback, or the rate of a simulated network).
 void print_bench_header(const ProcessGroup& pg, const BenchConfig& cfg);

@@ -61,6 +61,18 @@ torch::nn::Linear make_linear(int64_t d_in, int64_t d_out) {
 
 // --- Configuration --------------------------------------------------------------------------------
 
+TransformerConfig TransformerConfig::toy(int64_t d_model, int64_t context_length) {
+  TransformerConfig c;
+  c.name = "toy";
+  c.vocab_size = 64;
+  c.context_length = context_length;
+  c.d_model = d_model;
+  c.d_ff = 2 * d_model;
+  c.num_layers = 2;
+  c.num_heads = 2;
+  return c;
+}
+
 TransformerConfig TransformerConfig::preset(const std::string& name, int64_t context_length) {
   const std::string key = lowercase(name);
   for (const auto& row : kPresets) {

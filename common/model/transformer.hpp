@@ -29,6 +29,8 @@ struct TransformerConfig {
   /// large (1280/5120/36/20), xl (1600/6400/48/25), 2.7b (2560/10240/32/32), given as
   /// d_model/d_ff/num_layers/num_heads, vocabulary 10,000. Throws dp::UsageError on an unknown name.
   static TransformerConfig preset(const std::string& name, int64_t context_length = 128);
+  /// A toy size for checks that run in seconds: vocabulary 64, 2 layers, 2 heads, d_ff = 2 x d_model.
+  static TransformerConfig toy(int64_t d_model = 16, int64_t context_length = 8);
   /// The preset names, smallest first.
   static std::vector<std::string> preset_names();
 

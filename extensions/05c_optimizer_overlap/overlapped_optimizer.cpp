@@ -111,13 +111,7 @@ void OverlappedOptimizerDdp::load_full_state(const FullState& s) {
 // Transformer, 3 steps.
 void check_overlapped_optimizer(ProcessGroup& pg, const MakeBucketedDdp& make_ddp) {
   // [check overlap]
-  TransformerConfig c;
-  c.vocab_size = 64;
-  c.context_length = 8;
-  c.d_model = 16;
-  c.d_ff = 32;
-  c.num_layers = 2;
-  c.num_heads = 2;
+  const TransformerConfig c = TransformerConfig::toy();
   const auto adamw = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
   torch::manual_seed(3);
   TransformerLM a(c), b(c);

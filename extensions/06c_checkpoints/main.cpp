@@ -67,24 +67,10 @@ struct Run {
 int main(int argc, char** argv) {
   Cli cli("ext06c_checkpoints", "Extension 06c: checkpoints of the sharded optimizer, loadable at any world size");
   BenchConfig cfg;
-  // 12 rows split over 1-4 or 6 ranks
-  cfg.preset = "tiny";
-  cfg.context = 32;
-  cfg.steps = 3;
-  cfg.global_batch = 12;
   std::string dir;
   bool resume_only = false;
-  cli.app().add_option("--checkpoint", dir, "Folder for the checkpoint file (made if missing)")->required();
-  auto* resume =
-      cli.app().add_flag("--resume-only", resume_only,
+  add_checkpoint_options(cli.app(), cfg, dir, resume_only, "Folder for the checkpoint file (made if missing)",
                          "Load the file an earlier run saved (at any world size), train one step, save nothing");
-  cli.app()
-      .add_option("--preset", cfg.preset, "Transformer size")
-      ->check(CLI::IsMember(TransformerConfig::preset_names()));
-  cli.app()
-      .add_option("--steps", cfg.steps, "Steps before the checkpoint (not with --resume-only: one step)")
-      ->check(PositiveInt)
-      ->excludes(resume);
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {

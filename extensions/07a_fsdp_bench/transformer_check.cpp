@@ -40,13 +40,7 @@ double compare_and_resync(const std::vector<std::pair<std::string, torch::Tensor
 }  // namespace
 
 Margin check_transformer_fsdp(ProcessGroup& pg, FsdpOptions opts, int accumulate, uint64_t seed) {
-  TransformerConfig cfg;
-  cfg.vocab_size = 64;
-  cfg.context_length = 16;
-  cfg.d_model = 32;
-  cfg.d_ff = 64;
-  cfg.num_layers = 2;
-  cfg.num_heads = 2;
+  const TransformerConfig cfg = TransformerConfig::toy(/*d_model=*/32, /*context_length=*/16);
   const int W = pg.world_size(), r = pg.rank();
   const int64_t rows = 2, T = cfg.context_length;
   if (accumulate < 1 || rows % accumulate != 0)

@@ -100,24 +100,11 @@ int main(int argc, char** argv) {
   Cli cli("ext07b_sharded_checkpoints",
           "Extension 07b: FSDP's checkpoints written shard by shard, loadable at any world size");
   BenchConfig cfg;
-  // 12 rows split over 1-4 or 6 ranks
-  cfg.preset = "tiny";
-  cfg.context = 32;
-  cfg.steps = 3;
-  cfg.global_batch = 12;
   std::string dir;
   bool resume_only = false;
-  cli.app().add_option("--checkpoint", dir, "Folder of the checkpoint's files (made if missing)")->required();
-  auto* resume = cli.app().add_flag(
-      "--resume-only", resume_only,
-      "Load the folder an earlier run saved (at any world size), check it, train one step, save nothing");
-  cli.app()
-      .add_option("--preset", cfg.preset, "Transformer size")
-      ->check(CLI::IsMember(TransformerConfig::preset_names()));
-  cli.app()
-      .add_option("--steps", cfg.steps, "Steps before the checkpoint (not with --resume-only: one step)")
-      ->check(PositiveInt)
-      ->excludes(resume);
+  add_checkpoint_options(cli.app(), cfg, dir, resume_only, "Folder of the checkpoint's files (made if missing)",
+                         "Load the folder an earlier run saved (at any world size), check it, train one step, "
+                         "save nothing");
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {

@@ -23,16 +23,7 @@ LocalMlp make_local(int rank);
 
 /// The 2-layer Transformer the stage 05 feature tests train: vocabulary 64, 8 tokens, d_model 16, d_ff 32,
 /// 2 heads. Small enough for many steps at 4 ranks, deep enough for several buckets and a real backward.
-inline TransformerConfig tiny_lm_config() {
-  TransformerConfig c;
-  c.vocab_size = 64;
-  c.context_length = 8;
-  c.d_model = 16;
-  c.d_ff = 32;
-  c.num_layers = 2;
-  c.num_heads = 2;
-  return c;
-}
+inline TransformerConfig tiny_lm_config() { return TransformerConfig::toy(); }
 
 /// A fresh ToyMLP with `src`'s parameter values, hooked by nobody: computes a rank's local gradient
 /// without touching a model that a DDP variant is synchronizing.
