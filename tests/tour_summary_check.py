@@ -59,7 +59,22 @@ def main():
             docs[n] = json.load(open(src))
         out = subprocess.run([sys.executable, script, d], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, timeout=30)
+        # The same runs as if pinned (ddp_launch --cpus-per-rank 1): the closing line must then put the ceiling at
+        # the number of ranks, and below it otherwise.
+        pinned_doc = dict(docs["02"], cpus_per_rank=1)
+        with open(os.path.join(d, "stage02.json"), "w") as f:
+            json.dump(pinned_doc, f)
+        pinned = subprocess.run([sys.executable, script, d], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, timeout=30)
     print(out.stdout)
+    ranks = docs["02"]["rows"][0].get("world_size", 2)
+    pinned_line = f"the ceiling is {ranks}, the no-communication step's speed-up"
+    if any(docs[n].get("cpus_per_rank") for n in ("02", "03", "04", "05")):
+        fail("the end-to-end runs were pinned; this check expects them unpinned (it pins a copy itself)")
+    if "the ceiling is below the number of ranks" not in out.stdout or pinned_line in out.stdout:
+        fail("unpinned runs: the closing line must say the ceiling is below the number of ranks")
+    if pinned.returncode != 0 or pinned_line not in pinned.stdout:
+        fail(f"pinned runs (cpus_per_rank 1): the closing line must say {pinned_line!r}; got:\n{pinned.stdout[-400:]}")
     if out.returncode != 0:
         fail(f"{script} exited {out.returncode}")
     rows = table(out.stdout)
@@ -106,7 +121,7 @@ def main():
     fails = [e for e in ev if "recovery_s" in e]
     if not fails or f"failure -> next step done {fails[0]['recovery_s']:.2f} s" not in by["09"][9]:
         fail(f"stage 09: notes {by['09'][9]!r} lack the recovery of the killed rank's generation")
-    print("PASS tour summary: 9 rows, each as computed from its stage's run")
+    print("PASS tour summary: 9 rows, each as computed from its stage's run; the ceiling line follows the pinning")
     return 0
 
 

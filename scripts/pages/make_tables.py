@@ -458,11 +458,19 @@ def self_test():
         "the slowest rank is a name, not a claim": (f"The slowest rank's step, {number} s.", 0),
     }
     wrong = [name for name, (text, n) in cases.items() if len(claims("page.md", text)) != n]
+    # The ceiling note beside the speed-up column, over a real run: N when every rank and the single process had
+    # their own cores (ddp_launch --cpus-per-rank), the no-communication row's speed-up below N otherwise.
+    doc = load("stage05_tiny_1gbit")
+    n = next(r["world_size"] for r in doc["rows"] if r["variant"].startswith("no communication"))
+    unpinned = ceiling_note({k: v for k, v in doc.items() if k != "cpus_per_rank"})
+    pinned = ceiling_note(dict(doc, cpus_per_rank=1))
+    if not (unpinned and f"not {n}:" in unpinned and pinned and f"the ceiling is {n}," in pinned):
+        wrong.append("the ceiling note follows the pinning")
     if wrong:
         print(f"make_tables --self-test: FAIL: {', '.join(wrong)}")
         return 1
     print(f"make_tables --self-test: PASS: {len(cases)} cases (a contradicted claim and an unmarked comparative "
-          f"caught; a true claim and 'the slowest rank' let through)")
+          f"caught; a true claim and 'the slowest rank' let through); the ceiling note follows the pinning")
     return 0
 
 
