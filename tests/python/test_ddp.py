@@ -146,6 +146,16 @@ class OneBucketLeftLocal(dfs.DDPBucketed):
                 p.grad.copy_(local[n])
 
 
+class BucketSentEarly(dfs.DDPBucketed):
+    """A bucket launched before its last gradient arrived (emulated, as the C++ suite's SentBeforeReady does): the
+    first parameter of bucket 0 still held zeros in its slot when the bucket was sent, so its average is zero."""
+
+    def finish_gradient_synchronization(self):
+        super().finish_gradient_synchronization()
+        first = self.buckets[0][0]
+        dict(self.module.named_parameters())[first].grad.zero_()
+
+
 class NoBroadcast(dfs.DDPBucketed):
     """Starts from each rank's own weights (the constructor's broadcast undone)."""
 
@@ -156,7 +166,8 @@ class NoBroadcast(dfs.DDPBucketed):
 
 
 PLANTED = {"missing_division": lambda m: MissingDivision(m, 0.0016), "never_synchronized": NeverSynchronized,
-           "one_bucket_left_local": lambda m: OneBucketLeftLocal(m, 0.0016), "no_broadcast": NoBroadcast}
+           "one_bucket_left_local": lambda m: OneBucketLeftLocal(m, 0.0016), "no_broadcast": NoBroadcast,
+           "bucket_sent_early": lambda m: BucketSentEarly(m, 0.0016)}
 
 
 @pytest.mark.parametrize("kind", sorted(PLANTED))
