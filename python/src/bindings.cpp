@@ -134,6 +134,17 @@ PYBIND11_MODULE(_C, m) {
                                                            dp::MakeOptimizer{});
            }),
            py::keep_alive<1, 2>())
+      // The same with LibTorch's C++ AdamW stepping the owned tensors (step() below): what the suite compares
+      // with Python's AdamW, to see whether the two do the same arithmetic on this torch.
+      .def_static(
+          "with_cpp_adamw",
+          [](dp::ProcessGroup& pg, double lr, double beta1, double beta2, double eps, double weight_decay) {
+            const auto opts = torch::optim::AdamWOptions(lr).betas({beta1, beta2}).eps(eps).weight_decay(weight_decay);
+            return std::make_shared<dp::ShardedOptimizer>(
+                dp::ShardedOptimizer::make<torch::optim::AdamW>(pg, std::vector<torch::Tensor>{}, opts));
+          },
+          py::keep_alive<0, 1>())
+      .def("step", &dp::ShardedOptimizer::step, py::call_guard<py::gil_scoped_release>())
       .def("add_param_group",
            [](dp::ShardedOptimizer& self, const std::vector<at::Tensor>& params) {
              self.add_param_group(torch::optim::OptimizerParamGroup(params));

@@ -110,3 +110,41 @@ def planted(rank, world, which):
 def test_planted_mistakes_are_caught(which):
     with pytest.raises(Exception, match="AssertionError"):
         run_ranks(planted, 2, which)
+
+
+# LibTorch's C++ AdamW and Python's torch.optim.AdamW: the same bits on torch 1.13 (both update the first moment with
+# mul_ and add_); on 2.x Python's uses lerp_, so the two may part in the last bit of a weight. Each step then
+# differs by at most a few roundings of the weights (|w| < 1 here: 2^-23 each), and 10 steps add them up:
+# 10 x 4 x 2^-23 = 4.8e-6. Only the Python-stepping ShardedOptimizer is bit-exact on every torch (above).
+CPP_ADAMW_BOUND = 10 * 4 * 2.0**-23
+
+
+def cpp_adamw_against_python(rank, world):
+    """LibTorch's C++ AdamW stepping the owned tensors (extension 06b's own step) against Python's AdamW."""
+    cls, kwargs = OPTIMIZERS["adamw"]
+    for name, model_cls in MODELS.items():
+        torch.manual_seed(42)
+        model = model_cls()
+        twin = copy.deepcopy(model)
+        plain = cls(model.parameters(), **kwargs)
+        engine = dfs._C.ShardedOptimizer.with_cpp_adamw(dfs._group.process_group(), kwargs["lr"], *kwargs["betas"],
+                                                        kwargs["eps"], kwargs["weight_decay"])
+        engine.add_param_group(list(twin.parameters()))
+        for _ in range(10):
+            x, y = torch.rand(32, 10), torch.rand(32, 5)
+            plain.zero_grad()
+            for p in twin.parameters():
+                p.grad = None
+            ((y - model(x)) ** 2).sum().backward()
+            ((y - twin(x)) ** 2).sum().backward()
+            plain.step()
+            engine.step()
+        for (n, a), b in zip(model.named_parameters(), twin.parameters()):
+            diff = (a - b).abs().max().item()
+            if int(torch.__version__.split(".")[0]) < 2:
+                assert diff == 0, f"{name}: {n}: C++ AdamW differs from Python's by {diff:.3g} on torch 1.13"
+            assert diff <= CPP_ADAMW_BOUND, f"{name}: {n}: C++ AdamW differs from Python's by {diff:.3g}"
+
+
+def test_cpp_adamw_against_pythons():
+    run_ranks(cpp_adamw_against_python, 2)
