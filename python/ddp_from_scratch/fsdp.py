@@ -38,7 +38,8 @@ class FSDP(nn.Module):
         pg = process_group()
         named = list(module.named_parameters())
         for n, p in named:
-            if p.dtype != torch.float32 or p.device.type != "cpu" and torch.distributed.get_backend() == "gloo":
+            on_gloo_off_cpu = p.device.type != "cpu" and torch.distributed.get_backend() == "gloo"
+            if p.dtype != torch.float32 or on_gloo_off_cpu:
                 raise ValueError(f"FSDP: parameter {n} is {p.dtype} on {p.device}; the shards are float32 master "
                                  "weights: build the model in float32 (model.float()), on the CPU for gloo")
         if dtype == torch.float16 and not cpu_computes_float16() and named[0][1].device.type == "cpu":

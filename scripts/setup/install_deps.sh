@@ -15,7 +15,7 @@ packages=(
   python3 python3-matplotlib python3-scipy   # plots, timelines and confidence intervals for the docs
   python3-venv                     # scripts/setup/install_torch2.sh: the pip torch 2.x lives in a venv
   python3-torch                    # PyTorch 1.13's own DDP and all_reduce, the peers of stages 01 and 05
-  python3-dev pybind11-dev python3-pytest   # the Python package (python/, docs/python.md) and its pytest suite
+  python3-pip python3-dev pybind11-dev python3-pytest   # pip install ./python (docs/python.md) and its pytest suite
   iproute2                         # ip and tc: ddp_launch --net builds a simulated network from them
   procps                           # pgrep, used by the tests to look for left-over processes
   fortunes                         # 2.4 MB of English quotations: the text stage 08 learns from
