@@ -8,6 +8,7 @@ import math
 from typing import List, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from . import _C
@@ -80,7 +81,7 @@ class DDPIndividualParameters(_Synchronized):
     def __init__(self, module: nn.Module):
         super().__init__(module)
         pg = process_group()
-        names, params, buffers = _model_tensors(type(self).__name__, module, _backend())
+        names, params, buffers = _model_tensors(type(self).__name__, module, dist.get_backend())
         self._engine = _C.OverlapDdp(pg, names, params, buffers)
 
 
@@ -99,7 +100,7 @@ class DDPBucketed(_Synchronized):
             raise ValueError(f"{who}(bucket_size_mb={bucket_size_mb!r}): must be a positive number of megabytes "
                              "(10^6 bytes; e.g. 25, PyTorch's default), or None for one bucket of unbounded size")
         pg = process_group()
-        names, params, buffers = _model_tensors(who, module, _backend(), one_dtype=True)
+        names, params, buffers = _model_tensors(who, module, dist.get_backend(), one_dtype=True)
         if bucket_size_mb is None:  # larger than the whole model: every trainable gradient in one bucket
             bucket_size_mb = sum(p.numel() * p.element_size() for p in params) / 1e6 + 1.0
         self._engine = _C.BucketedDdp(pg, names, params, buffers, float(bucket_size_mb))
@@ -129,7 +130,3 @@ class _NoSync:
     def __exit__(self, *exc):
         self._engine.set_requires_gradient_sync(self._before)
 
-
-def _backend() -> str:
-    import torch.distributed as dist
-    return dist.get_backend()
