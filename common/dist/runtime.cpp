@@ -36,6 +36,9 @@ int exit_code_of(const std::function<int()>& body) {
   } catch (const UsageError& e) {
     fmt::print(stderr, "{} error: {}\n", log_tag(), e.what());
     return 2;
+  } catch (const CannotContinue& e) {
+    fmt::print(stderr, "{} error: {}\n", log_tag(), e.what());
+    return kCannotContinueCode;
   } catch (const CheckFailed& e) {
     fmt::print(stderr, "{} CHECK FAILED: {}\n", log_tag(), e.what());
     return 1;

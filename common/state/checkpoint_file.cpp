@@ -52,6 +52,13 @@ void write_all(int fd, const char* data, size_t n, const std::string& file) {
 std::string_view CheckpointFile::meta() const { return std::string_view(bytes).substr(kHeaderBytes, meta_size); }
 const char* CheckpointFile::payload() const { return bytes.data() + kHeaderBytes + meta_size; }
 
+std::function<void()>& write_hook() {
+  static std::function<void()> hook;
+  return hook;
+}
+
+void set_checkpoint_write_hook(std::function<void()> hook) { write_hook() = std::move(hook); }
+
 // [atomic_write]
 // PATH is replaced in one step (rename is atomic within a file system): a crash or a full disk leaves
 // either the old checkpoint or the new one, never half of one.
@@ -61,7 +68,10 @@ void write_file_atomically(const std::string& path, const std::vector<const std:
   if (fd < 0)
     throw UsageError(fmt::format("cannot write checkpoint {}: cannot create {}: {}", path, tmp, errno_text()));
   try {
-    for (const auto* part : parts) write_all(fd, part->data(), part->size(), tmp);
+    for (const auto* part : parts) {
+      write_all(fd, part->data(), part->size(), tmp);
+      if (part == parts.front() && write_hook()) write_hook()();
+    }
     if (::fsync(fd) != 0) throw UsageError(fmt::format("cannot write checkpoint {}: fsync: {}", tmp, errno_text()));
   } catch (...) {
     ::close(fd);

@@ -58,6 +58,11 @@ CheckpointFile read_checkpoint_file(const std::string& path, const FileFormat& f
 /// PATH.tmp is removed and dp::UsageError ("cannot write checkpoint PATH: ...") thrown.
 void write_file_atomically(const std::string& path, const std::vector<const std::string*>& parts);
 
+/// Sets what write_file_atomically() calls with PATH.tmp partly written (its first part only): stage 09's
+/// fault point for a process killed in the middle of a checkpoint (the checkpoint before must stay valid).
+/// Empty (the default): nothing.
+void set_checkpoint_write_hook(std::function<void()> hook);
+
 /// Sends `text` from rank `root` to every rank (its length, then its bytes) and returns it on every
 /// rank. A collective. Used to let every rank throw the error that only the writing rank saw.
 std::string broadcast_text(ProcessGroup& pg, const std::string& text, int root);

@@ -33,7 +33,9 @@ SOURCES = (".cpp", ".hpp")
 # .clang-format (issue 76): the others at most 700, stage 05 (the buckets, a first long stage) 600, the
 # capstone, which composes the rest, 1,100. Written plainly the stages grew from their squeezed sizes under
 # the old 650/550 (05: 548 -> 580, 07: 645 -> 686, 09: 650 -> 691): the budget moved, not the lesson.
-SIZE_TARGET = {"05": 600, "08": 1100}
+# Stage 09 holds two levels of fault tolerance, live healing and, when every holder of the state is gone, the
+# checkpoint (issue 82 puts both in the stage: the fallback is what makes the first safe): 691 -> 838, 850.
+SIZE_TARGET = {"05": 600, "08": 1100, "09": 850}
 SIZE_DEFAULT = 700
 
 

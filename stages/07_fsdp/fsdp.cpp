@@ -44,7 +44,11 @@ Fsdp::Fsdp(ProcessGroup& pg, const ModelTensors& model, std::vector<TensorUnit> 
   broadcast_parameters(pg_, model);  // every rank starts from rank 0's weights
   for (const auto& [name, p] : model.parameters)
     if (p.requires_grad()) named_.emplace_back(name, p);
-  for (auto& t : units) units_.push_back(Unit{std::move(t.sharded), std::move(t.replicated)});
+  for (auto& t : units) {
+    Unit& u = units_.emplace_back();
+    u.sharded = std::move(t.sharded);
+    u.replicated = std::move(t.replicated);
+  }
 
   // Per unit: one flat fp32 buffer of the sharded tensors, padded to a multiple of N; keep chunk `rank`.
   torch::NoGradGuard no_grad;

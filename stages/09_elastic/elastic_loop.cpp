@@ -3,6 +3,7 @@
 
 #include "common/base/errors.hpp"
 #include "common/base/format.hpp"
+#include "common/base/hash.hpp"
 #include "common/base/log.hpp"
 #include "common/base/timeline.hpp"
 #include "common/contract/strategy.hpp"
@@ -71,6 +72,25 @@ int64_t heal(ProcessGroup& pg, int source, Strategy& s, int64_t& done, json& cur
 }
 // [heal]
 
+// Every member already holds the state (survivors of one generation, or newcomers that all loaded the
+// checkpoint): nothing is sent. One all-gather checks it: the step and a hash of every parameter and moment.
+void check_same_state(ProcessGroup& pg, Strategy& s, int64_t done) {
+  const FullState st = s.full_state();
+  uint64_t h = kFnv1a64Basis;
+  for (size_t i = 0; i < st.params.size(); ++i) {
+    std::vector<torch::Tensor> ts{st.params[i].second};
+    for (const auto& [name, t] : st.optimizer[i].tensors) ts.push_back(t);
+    for (const auto& t : ts) h = fnv1a64(t.contiguous().data_ptr(), t.nbytes(), h);
+  }
+  const auto all = pg.all_gather(std::vector<double>{double(done), double(h >> 32), double(h & 0xffffffffu)});
+  for (const auto& v : all)
+    if (v != all[0])
+      throw CheckFailed(
+          fmt::format("the members of a generation that needs no heal differ: step {} here, {} on "
+                      "rank 0, or the state's hashes disagree",
+                      done, int64_t(all[0][0])));
+}
+
 // [step]
 // One optimizer step of the global batch; this rank's share of it in K micro-batches. The loss and a
 // hash of the parameters going into the step are gathered before the optimizer steps: a rank whose
@@ -107,6 +127,7 @@ struct Carried {
   std::optional<FullState> state;  // its state between generations (none: the model as built)
   bool has_state = false;          // false: a newcomer, not healed yet
   json curve = {{"train", json::array()}, {"events", json::array()}};
+  int64_t redone = 0;                 // steps trained before a fallback that the checkpoint did not hold
   std::string why = "start";          // why the next generation forms
   double failed_at = -1;              // when the failure happened (step 5 below says how it knows); -1: none
   double seen_s = -1;                 // from the failure to this process seeing it
@@ -127,23 +148,50 @@ void record(const Quorum& q, Carried& c, double t0, double t_quorum, double t_gr
                                {"heal_s", t_healed - t_group},
                                {"heal_bytes", healed}});
   if (c.seen_s >= 0) c.curve["events"].back()["seen_s"] = c.seen_s;
+  if (q.source < 0) c.curve["events"].back()["redone"] = c.redone;
+  const std::string from = q.source < 0 ? std::string("the checkpoint") : q.members[q.source].id;
   timeline::span(fmt::format("round {}", q.round), t0, t_quorum, {{"members", ids}, {"why", c.why}});
   timeline::span("new group", t_quorum, t_group, {{"ranks", q.size()}, {"rank", q.rank}});
-  timeline::span("heal", t_group, t_healed, {{"from", q.members[q.source].id}, {"bytes", healed}});
-  print0(
-      "generation {}: {} ({}) at step {}, {}; round {:.3f} s, group {:.3f} s, state from {} "
-      "({:.2f} MB) {:.3f} s",
-      q.round, count_of(q.size(), "rank"), ids, c.done, c.why, t_quorum - t0, t_group - t_quorum,
-      q.members[q.source].id, healed / 1e6, t_healed - t_group);
+  timeline::span(healed > 0 ? "heal" : "state check", t_group, t_healed, {{"from", from}, {"bytes", healed}});
+  print0("generation {}: {} ({}) at step {}, {}; round {:.3f} s, group {:.3f} s, state {} ({:.2f} MB) {:.3f} s",
+         q.round, count_of(q.size(), "rank"), ids, c.done, c.why, t_quorum - t0, t_group - t_quorum,
+         healed > 0 ? "from " + from : "held by every member, checked", healed / 1e6, t_healed - t_group);
 }
 
+// [checkpoint]
+// Level 0 under level 1: the state on disk, for when nobody alive holds it. Written atomically (rank 0
+// writes PATH.tmp, then renames it over PATH: a kill mid-write leaves the checkpoint before); the store then
+// says this run has one, so that a fallback never loads a file of some other run.
+void save_checkpoint(const RunOptions& r, ProcessGroup& pg, Strategy& s, Membership& members, const Carried& c) {
+  save_lm_checkpoint(r.checkpoint, pg, {c.done, r.config(), c.curve}, s.full_state());
+  if (pg.rank() == 0) members.set_count("saved", c.done);
+  print0("checkpoint step {} written to {}", c.done, r.checkpoint);
+}
+
+// Nobody alive holds the state (every holder died; the round closed with newcomers only): every member
+// loads this run's last checkpoint, and the steps trained since are done again.
+void fall_back(const RunOptions& r, TransformerLM& model, Membership& members, Carried& c) {
+  if (members.count("saved") < 0)
+    throw CannotContinue(fmt::format(
+        "nobody holds the model any more (every process that held it died) and this run has no checkpoint to go "
+        "back to{}; run it with --checkpoint FILE --checkpoint-every N, and a run that loses every holder goes on "
+        "from the last checkpoint",
+        r.checkpoint.empty() ? "" : " yet"));
+  auto [meta, state] = load_lm_checkpoint(r.checkpoint, r.config(), unique_named_parameters(*model, true));
+  c.redone = std::max<int64_t>(0, members.count("done") - meta.step);
+  c.why = fmt::format("nobody held the state: {} loaded, step {}, {} to redo", r.checkpoint, meta.step,
+                      count_of(c.redone, "step"));
+  c.done = meta.step;
+  c.curve = meta.curve;
+  c.state = std::move(state);
+  c.has_state = true;
+}
+// [checkpoint]
+
 // The run's end, in its last generation: the checkpoint, the curve, the merged timeline.
-void finish(const ElasticOptions& o, ProcessGroup& pg, Strategy& s, Carried& c) {
+void finish(const ElasticOptions& o, ProcessGroup& pg, Strategy& s, Membership& members, Carried& c) {
   const RunOptions& r = o.run;
-  if (!r.checkpoint.empty()) {
-    save_lm_checkpoint(r.checkpoint, pg, {c.done, r.config(), c.curve}, s.full_state());
-    print0("checkpoint step {} written to {}", c.done, r.checkpoint);
-  }
+  if (!r.checkpoint.empty()) save_checkpoint(r, pg, s, members, c);
   if (pg.rank() == 0 && !r.curve.empty()) {
     c.curve["config"] = r.config();
     c.curve["command"] = r.command;
@@ -173,6 +221,7 @@ bool train_generation(const ElasticOptions& o, const TextCorpus& corpus, Process
     const double loss = elastic_step(pg, s, model, micro, lr_at(r, c.done), c.done);
     const double now = wall_seconds();
     c.curve["train"].push_back({c.done++, loss, now - t_step});
+    if (q.rank == 0) members.set_count("done", c.done);  // what a fallback to the checkpoint would redo
     timeline::span(fmt::format("step {}", c.done), t_step, now, {{"generation", q.round}, {"ranks", q.size()}});
     if (c.failed_at >= 0) {  // the first step after a failure: how long the survivors were without one
       c.curve["events"].back()["recovery_s"] = now - c.failed_at;
@@ -183,6 +232,8 @@ bool train_generation(const ElasticOptions& o, const TextCorpus& corpus, Process
     }
     if (c.done % every == 0 || c.done == r.steps)
       print0("step {:5d}/{}  loss {:.4f}  on {}", c.done, r.steps, loss, count_of(q.size(), "rank"));
+    if (r.checkpoint_every > 0 && c.done % r.checkpoint_every == 0 && c.done < r.steps)
+      save_checkpoint(r, pg, s, members, c);  // (the last step's is finish()'s)
   }
   return true;
 }
@@ -206,7 +257,9 @@ json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership
     c.curve = meta.curve;
     c.state = std::move(state);
     c.curve["events"] = json::array();
+    members.set_count("saved", c.done);  // a fallback may load it: it is this run's
   }
+  set_checkpoint_write_hook([&] { faults.at(fmt::format("checkpoint{}", c.done)); });
   int64_t generation = -1, joined = 0;       // the last round this process was in; rounds joined
   std::optional<Membership::Claim> claimed;  // a survivor's slot in the next round
   const auto on_claim = [&] {
@@ -224,6 +277,7 @@ json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership
     generation = q.round;
     claimed.reset();
     const double t_quorum = wall_seconds();
+    if (q.source < 0) fall_back(r, model, members, c);  // throws CannotContinue without a checkpoint
     std::unique_ptr<ProcessGroup> pg;
     std::unique_ptr<Strategy> s;
     try {
@@ -233,17 +287,26 @@ json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership
       s = bucketed_ddp_strategy(r.trainer.bucket_mb)(*pg, model.ptr(), make_optimizer);
       if (c.state) s->load_full_state(*c.state);
       const double t_group = wall_seconds();
-      // 3. The heal: everyone takes the source's state.
+      // 3. The heal: everyone takes the source's state; unless every member holds it already (survivors of one
+      // generation, at one step; or newcomers that all loaded the checkpoint).
       bool newcomers = false;
-      for (const auto& m : q.members) newcomers = newcomers || m.fresh();
+      bool same = true;
+      for (const auto& m : q.members) {
+        newcomers = newcomers || m.fresh();
+        same = same && !m.fresh() && m.step == q.members.front().step;
+      }
       if (q.rank == q.source && newcomers) faults.at("heal");
-      const int64_t healed = heal(*pg, q.source, *s, c.done, c.curve);
+      int64_t healed = 0;
+      if (q.source < 0 || same)
+        check_same_state(*pg, *s, c.done);
+      else
+        healed = heal(*pg, q.source, *s, c.done, c.curve);
       c.has_state = true;
       record(q, c, t0, t_quorum, t_group, wall_seconds(), healed);
       if (q.size() < o.min_ranks) {
         std::string saved;
         if (!r.checkpoint.empty()) {
-          save_lm_checkpoint(r.checkpoint, *pg, {c.done, r.config(), c.curve}, s->full_state());
+          save_checkpoint(r, *pg, *s, members, c);
           saved = fmt::format("; checkpoint of step {} written to {} (stage 08 or 09 resumes it with --resume)", c.done,
                               r.checkpoint);
         }
@@ -255,7 +318,7 @@ json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership
       if (train_generation(o, corpus, *pg, *s, model, q, members, faults, c)) {
         members.close_run(c.done);  // a replacement still on its way is told, rather than left waiting
         faults.at("over");          // (tests/elastic.py's "late": survivors that pause here meet a late replacement)
-        finish(o, *pg, *s, c);
+        finish(o, *pg, *s, members, c);
         pg->shutdown();
         return c.curve;
       }
@@ -266,6 +329,8 @@ json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership
     } catch (const CheckFailed&) {
       throw;
     } catch (const BelowMinRanks&) {
+      throw;
+    } catch (const CannotContinue&) {
       throw;
     } catch (const std::exception& e) {
       // 5. A collective failed: a peer died, or hung past --timeout. What this rank committed is `done` steps.

@@ -8,8 +8,10 @@
 // the step. A replacement the launcher starts (--max-restarts) waits in the store; the members notice it
 // at their next step boundary, form a generation with it, and send it the model, AdamW's moments, the
 // step and the curve. The global batch never changes (each generation splits it over its members), so
-// the loss curve is the uninterrupted run's, whatever happens. Only DDP can do this: with ZeRO-1 or FSDP a
-// dead rank's shard is gone, and --sync zero1|fsdp is refused.
+// the loss curve is the uninterrupted run's, whatever happens. When every holder of the state has died (a
+// round of newcomers only) they load the run's last checkpoint (--checkpoint-every) and redo the steps
+// since; without one the run cannot go on (exit 3; ddp_launch starts no more replacements). Only DDP can do
+// this: with ZeRO-1 or FSDP a dead rank's shard is gone, and --sync zero1|fsdp is refused.
 //
 // Run it:
 //   ./build/bin/ddp_launch --elastic --nproc 3 -- ./build/bin/stage09_elastic          # nothing fails
@@ -24,7 +26,8 @@
 //
 // What it leaves: one node (the store is a file; across machines it would be a TCP store in a process
 // that trains nothing, as torchrun's agent or torchft's lighthouse); replicated state only (HSDP would
-// heal a shard from its replica group); a failure costs a redone step, never the work since a checkpoint.
+// heal a shard from its replica group); a failure costs a redone step, and the work since the last
+// checkpoint only when every holder is gone.
 #include "common/base/timeline.hpp"
 #include "common/dist/launch_env.hpp"
 #include "common/dist/runtime.hpp"
@@ -58,7 +61,11 @@ int main(int argc, char** argv) {
       .add_option("--sync", r.trainer.sync, "ddp only (zero1 and fsdp are refused: a dead rank's shard is gone)")
       ->check(CLI::IsMember(sync_names()));
   cli.app().add_option("--checkpoint", r.checkpoint,
-                       "Checkpoint file: written at the end, or when too few ranks are left");
+                       "Checkpoint file: written at the end, when too few ranks are left, and with "
+                       "--checkpoint-every; loaded when nobody alive holds the state");
+  cli.app()
+      .add_option("--checkpoint-every", r.checkpoint_every, "Save every N steps (needs --checkpoint)")
+      ->check(PositiveInt);
   cli.app().add_flag("--resume", r.resume, "Start from --checkpoint (stage 08's or this stage's)");
   cli.app().add_option("--curve", r.curve, "Write the loss curve and the membership changes as JSON");
   std::optional<int> min_ranks;  // default: ddp_launch's --min-nproc (DP_ELASTIC_MIN), else 1

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -15,10 +17,29 @@
 #include <tuple>
 
 namespace dp {
+namespace {
+
+// A round's close as its closer wrote it, "<count> [<slot>...]": the first `count` slots are in, but for
+// those the closer knew dead (a member that claimed, then died: a group with it could never form).
+struct Close {
+  int count = -1;
+  std::vector<int> dead;
+  bool in(int slot) const { return slot < count && std::find(dead.begin(), dead.end(), slot) == dead.end(); }
+};
+
+Close parse_close(const std::string& text) {
+  std::istringstream in(text);
+  Close c;
+  in >> c.count;
+  for (int slot; in >> slot;) c.dead.push_back(slot);
+  return c;
+}
+
+}  // namespace
 
 Membership::Membership(const std::string& path, std::string id, int max_members, std::chrono::milliseconds settle,
                        std::chrono::milliseconds timeout)
-    : id_(std::move(id)), max_members_(max_members), settle_(settle), timeout_(timeout) {
+    : id_(std::move(id)), dead_(path + ".dead"), max_members_(max_members), settle_(settle), timeout_(timeout) {
   // LibTorch 1.13's FileStore waits for the file to exist before reading it: create it (empty) first.
   std::ofstream(path, std::ios::app);
   // numWorkers -1: no process removes the file on exit (they come and go); the launcher owns it.
@@ -38,6 +59,31 @@ void Membership::throw_if_over() {
 int64_t Membership::first_open_round(int64_t from) {
   while (store_->check({key(from, "closed")})) ++from;
   return from;
+}
+
+void Membership::set_count(const std::string& name, int64_t value) {
+  store_->set("count/" + name, store_bytes(std::to_string(value)));
+}
+int64_t Membership::count(const std::string& name) {
+  return store_->check({"count/" + name}) ? std::stoll(store_text(store_->get("count/" + name))) : -1;
+}
+
+Member Membership::member(int64_t round, int slot) {
+  std::istringstream in(store_text(store_->get(key(round, fmt::format("m{}", slot)))));
+  Member m;
+  in >> m.step >> m.generation >> m.id;
+  return m;
+}
+
+bool Membership::dead(const std::string& id) const { return std::filesystem::exists(dead_ + "/" + id); }
+
+std::vector<std::string> Membership::generation_ids(int64_t round) {
+  std::vector<std::string> ids;
+  if (round < 0 || !store_->check({key(round, "closed")})) return ids;
+  const Close c = parse_close(store_text(store_->get(key(round, "closed"))));
+  for (int i = 0; i < c.count; ++i)
+    if (c.in(i)) ids.push_back(member(round, i).id);
+  return ids;
 }
 
 bool Membership::someone_waiting(int64_t round) {
@@ -70,18 +116,37 @@ Quorum Membership::join(Claim c, const std::function<void()>& on_claim) {
     const int64_t r = c.round;
     const int idx = c.slot;
     const double settle = std::chrono::duration<double>(r == 0 ? timeout_ : settle_).count();
-    int seen = idx + 1, closed = -1;
-    while (closed < 0) {
+    const std::vector<std::string> latest = generation_ids(r - 1);  // empty: no generation before (round 0)
+    std::vector<Member> in;                                         // the claimants seen so far, slot order
+    Close closed;
+    while (closed.count < 0) {
       throw_if_over();
       if (store_->check({key(r, "closed")})) {
-        closed = std::stoi(store_text(store_->get(key(r, "closed"))));
+        closed = parse_close(store_text(store_->get(key(r, "closed"))));
         break;
       }
-      while (store_->check({key(r, fmt::format("m{}", seen))})) ++seen;
+      while (store_->check({key(r, fmt::format("m{}", in.size()))}))
+        in.push_back(member(r, static_cast<int>(in.size())));
+      const int seen = static_cast<int>(in.size());
+      // Every member of the latest generation is here or dead (the launcher marks each process that ended):
+      // nobody else is coming, so the round need not wait out the settle time. Without a member with state
+      // it starts the settle clock instead, for the other replacements on their way.
+      bool all_in = !latest.empty();
+      bool with_state = false;
+      for (const auto& m : in) with_state = with_state || (!m.fresh() && !dead(m.id));
+      for (const auto& id : latest) {
+        const bool here = std::any_of(in.begin(), in.end(), [&](const Member& m) { return m.id == id; });
+        all_in = all_in && (here || dead(id));
+      }
+      if (all_in && !with_state)
+        store_->compareSet(key(r, "t0"), {}, store_bytes(fmt::format("{:.3f}", wall_seconds())));
       const bool settled =
           store_->check({key(r, "t0")}) && wall_seconds() - std::stod(store_text(store_->get(key(r, "t0")))) >= settle;
-      if (seen >= max_members_ || settled) {  // close with the count seen; the first close wins
-        closed = std::stoi(store_text(store_->compareSet(key(r, "closed"), {}, store_bytes(std::to_string(seen)))));
+      if (seen >= max_members_ || settled || (all_in && with_state)) {  // close with the count seen; the first wins
+        std::string close = std::to_string(seen);
+        for (int i = 0; i < seen; ++i)
+          if (dead(in[i].id)) close += " " + std::to_string(i);
+        closed = parse_close(store_text(store_->compareSet(key(r, "closed"), {}, store_bytes(close))));
         break;
       }
       if (std::chrono::steady_clock::now() > deadline)
@@ -91,23 +156,21 @@ Quorum Membership::join(Claim c, const std::function<void()>& on_claim) {
                         r, std::chrono::duration<double>(patience).count()));
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    if (idx >= closed) continue;  // closed before this slot: wait in the next round
+    if (!closed.in(idx)) continue;  // closed before this slot: wait in the next round
 
     std::vector<std::pair<int, Member>> with_state, fresh;
-    for (int i = 0; i < closed; ++i) {
-      std::istringstream in(store_text(store_->get(key(r, fmt::format("m{}", i)))));
-      Member m;
-      in >> m.step >> m.generation >> m.id;
+    for (int i = 0; i < closed.count; ++i) {
+      if (!closed.in(i)) continue;
+      const Member m = member(r, i);
       (m.fresh() ? fresh : with_state).emplace_back(i, m);
     }
-    if (with_state.empty())
-      throw std::runtime_error(fmt::format("round {} closed with newcomers only: nobody holds the model", r));
     Quorum q;
     q.round = r;
+    q.source = -1;  // stays -1 with newcomers only: nobody holds the state
     for (const auto* list : {&with_state, &fresh})
       for (const auto& [i, m] : *list) {
         if (i == idx) q.rank = q.size();
-        const Member* s = q.members.empty() ? nullptr : &q.members[q.source];  // ties: the longer record of generations
+        const Member* s = q.source < 0 ? nullptr : &q.members[q.source];  // ties: the longer record of generations
         if (!m.fresh() && (!s || std::tie(m.step, m.generation) > std::tie(s->step, s->generation)))
           q.source = q.size();
         q.members.push_back(m);

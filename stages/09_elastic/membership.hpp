@@ -7,8 +7,10 @@
 // it sees the failure), and the first to see every slot taken, or the settle time run out since the first
 // member of the latest generation came, closes the round with the count it saw (compare-and-set again:
 // one count wins). Those inside the count are the next generation; one that comes after the close waits
-// in the next round, where the members find it at their next step boundary. Each generation meets in a
-// prefix of its own ("gen<round>/"), so no collective ever mixes generations.
+// in the next round, where the members find it at their next step boundary. A round also closes at once
+// when every member of the latest generation is in it or marked dead by the launcher (no settle wait for
+// one who will never come). Each generation meets in a prefix of its own ("gen<round>/"), so no
+// collective ever mixes generations.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -36,7 +38,7 @@ struct Quorum {
   int64_t round = -1;
   std::vector<Member> members;  ///< rank order: members with state in arrival order, then newcomers
   int rank = -1;
-  int source = 0;
+  int source = -1;  ///< -1: newcomers only, nobody holds the state (stage 09 falls back to its checkpoint)
   int size() const { return static_cast<int>(members.size()); }
 };
 
@@ -48,7 +50,8 @@ struct RunOver : std::runtime_error {
 /// The store every generation meets in and the rounds that form them.
 class Membership {
  public:
-  /// Opens the c10d::FileStore at `path` (ddp_launch --elastic creates it: DP_ELASTIC_STORE). `max_members`
+  /// Opens the c10d::FileStore at `path` (ddp_launch --elastic creates it: DP_ELASTIC_STORE; the launcher
+  /// marks each process that ended with a file `path`.dead/<id>). `max_members`
   /// closes a round at once when that many have arrived; `settle` is how long a round waits for more
   /// after the first member with state arrived (round 0: `timeout`, every rank is expected); no round
   /// waits longer than `timeout` for its close.
@@ -67,7 +70,8 @@ class Membership {
   /// (a split brain). A survivor claims as it sees a failure, before it copies its state and closes its
   /// group, however long those take. `on_claim` runs once the slot is held (tests inject failures there).
   Claim claim(int64_t from, int64_t step, int64_t generation, const std::function<void()>& on_claim = {});
-  /// Waits until a round closes with this process inside it: `c`'s, or the next open one (claimed alike).
+  /// Waits until a round closes with this process inside it: `c`'s, or the next open one (claimed alike);
+  /// a round of newcomers only closes too (Quorum::source -1), once every member of the latest generation is dead.
   /// Throws std::runtime_error after 2 x `timeout` + `settle` without a close (nobody with state is left
   /// to close one; members still waiting out a hung peer's timeout come within it).
   Quorum join(Claim c, const std::function<void()>& on_claim = {});
@@ -80,15 +84,23 @@ class Membership {
   /// The store generation `round` forms its process group in ("gen<round>/").
   c10::intrusive_ptr<c10d::Store> generation_store(int64_t round);
   c10::intrusive_ptr<c10d::Store> store() { return store_; }
+  /// A number the whole run shares, kept in the store (stage 09: "done", the steps trained so far; "saved",
+  /// the step of this run's last checkpoint). count() is -1 until set_count() was called.
+  void set_count(const std::string& name, int64_t value);
+  int64_t count(const std::string& name);
   const std::string& id() const { return id_; }
 
  private:
   std::string key(int64_t round, const std::string& what) const;
   void throw_if_over();  // RunOver once close_run() was called
   int64_t first_open_round(int64_t from);
+  Member member(int64_t round, int slot);                  // what slot `slot` of `round` announced
+  bool dead(const std::string& id) const;                  // the launcher marked process `id` as ended
+  std::vector<std::string> generation_ids(int64_t round);  // the members of closed round `round` (none: not closed)
 
   c10::intrusive_ptr<c10d::Store> store_;
   std::string id_;
+  std::string dead_;  // the launcher's marks of processes that ended
   int max_members_;
   std::chrono::milliseconds settle_, timeout_;
 };

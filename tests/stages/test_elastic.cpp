@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <string>
 #include <thread>
@@ -27,7 +28,15 @@ struct StoreFile {
   std::string path = (std::filesystem::temp_directory_path() /
                       ("test_elastic." + std::to_string(::getpid()) + "." + std::to_string(counter++)))
                          .string();
-  ~StoreFile() { std::filesystem::remove(path); }
+  ~StoreFile() {
+    std::filesystem::remove(path);
+    std::filesystem::remove_all(path + ".dead");
+  }
+  // What ddp_launch --elastic does when process `id` ends: a mark beside the store.
+  void mark_dead(const std::string& id) const {
+    std::filesystem::create_directories(path + ".dead");
+    std::ofstream(path + ".dead/" + id);
+  }
   static inline int counter = 0;
 };
 
@@ -148,10 +157,13 @@ TEST(Membership, ALateMemberWithStateWaitsForTheLatestGeneration) {
   EXPECT_FALSE(probe.someone_waiting(2)) << "a closed round has nobody waiting";
 }
 
-TEST(Membership, NewcomersAloneNeverTrainAndSaySo) {
+TEST(Membership, NewcomersAloneHoldNoStateAndSaySo) {
   StoreFile f;
-  // A full round of newcomers: nobody holds the model.
-  EXPECT_THROW(join_together(f.path, {-1, -1}, 2), std::runtime_error);
+  // A full round of newcomers: nobody holds the model (stage 09 falls back to its checkpoint).
+  for (const Quorum& q : join_together(f.path, {-1, -1}, 2)) {
+    EXPECT_EQ(q.size(), 2);
+    EXPECT_EQ(q.source, -1) << "a newcomer named as the source of a state it does not have";
+  }
   // One newcomer alone waits for members with state, then gives up (2 x timeout + settle).
   StoreFile g;
   Membership m(g.path, "1.1", 3, 50ms, 100ms);
@@ -204,4 +216,54 @@ TEST(Faults, AMalformedEntryIsBadInput) {
   ok.at("over");
   EXPECT_LT(ok.last_fired(), 0);
   ::unsetenv("DP_FAULT");
+}
+
+// The launcher marks each process that ended. A round whose missing member is marked dead closes as soon as
+// the others are in: nobody is left to wait the settle time for.
+TEST(Membership, AMemberMarkedDeadIsNotWaitedFor) {
+  StoreFile f;
+  join_together(f.path, {5, 5, 5}, 3, 1, 100ms);  // generation 1: 0.0, 1.0, 2.0
+  f.mark_dead("2.0");
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto q = join_together(f.path, {6, 6}, 3, 2, 3000ms);  // 0.0 and 1.0, with a settle time of 3 s
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms) << "the round waited for a member marked dead";
+  EXPECT_EQ(q[0].size(), 2);
+  EXPECT_EQ(q[0].round, 2);
+}
+
+// A member that claimed its slot and then died is left out by whoever closes the round: a group with it could
+// never form (every survivor would wait --timeout for it).
+TEST(Membership, AClaimantMarkedDeadIsLeftOutOfTheGeneration) {
+  StoreFile f;
+  join_together(f.path, {5, 5, 5}, 3, 1, 100ms);
+  Membership doomed(f.path, "2.0", 3, 100ms, 2000ms);
+  doomed.claim(2, 6, 1);  // claims slot 0 of round 2, then dies
+  f.mark_dead("2.0");
+  const auto q = join_together(f.path, {6, 6}, 3, 2, 3000ms);
+  ASSERT_EQ(q[0].size(), 2);
+  for (const Quorum& x : q)
+    for (const auto& m : x.members) EXPECT_NE(m.id, "2.0") << "a dead claimant in the generation";
+  EXPECT_EQ(q[0].members[q[0].source].step, 6);
+}
+
+// Newcomers alone never close a round beside a generation that is alive (it would be two runs at once); once
+// every member of the latest generation is marked dead, they do, after the settle time (for other replacements
+// on their way), with nobody as the source: stage 09 falls back to the checkpoint.
+TEST(Membership, NewcomersCloseARoundOnlyWhenEveryHolderIsDead) {
+  StoreFile f;
+  join_together(f.path, {5, 5}, 3, 1, 100ms);  // generation 1: 0.0, 1.0
+  auto newcomer = std::async(std::launch::async, [&] {
+    Membership m(f.path, "2.1", 3, 100ms, 5000ms);
+    return m.join(m.claim(2, -1, -1));
+  });
+  std::this_thread::sleep_for(400ms);  // four settle times
+  Membership probe(f.path, "probe", 3, 100ms, 5000ms);
+  ASSERT_TRUE(probe.someone_waiting(2)) << "a newcomer closed a round while the generation before was alive";
+  f.mark_dead("0.0");
+  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(probe.someone_waiting(2)) << "closed while a holder (1.0) was still alive";
+  f.mark_dead("1.0");
+  const Quorum q = newcomer.get();
+  EXPECT_EQ(q.size(), 1);
+  EXPECT_EQ(q.source, -1);
 }

@@ -67,7 +67,10 @@ run, --restart-delay S seconds after the failure; --min-nproc M is handed to the
 store file the launcher creates and removes (DP_ELASTIC_STORE): it belongs to no rank, so no rank's
 death takes it down. A replacement gets DP_RESTART = how many processes its slot had before it. The
 launcher exits 0 once the run has finished (a rank exited 0) and no rank failed after that; a rank
-exiting 2 still stops everyone. A rank still running 30 s after the first one finished (hung, or
+exiting 2 still stops everyone. A rank exiting 3 says the run cannot go on at all (stage 09: nobody holds the
+state and there is no checkpoint): no replacement starts after it, and the launcher exits 3. Each process
+that ends is marked in DP_ELASTIC_STORE.dead/ as <slot>.<restart> (its DP_RESTART), for the survivors' rounds.
+When every rank has died at once, replacements due still start. A rank still running 30 s after the first one finished (hung, or
 SIGSTOPped and left out) is stopped.
 
 A cluster on one machine (--net RATE; needs root, i.e. CAP_NET_ADMIN and CAP_SYS_ADMIN, and

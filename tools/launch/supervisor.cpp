@@ -10,7 +10,9 @@
 //
 // --elastic changes one rule: a rank that fails is reported and, within --max-restarts, replaced by a
 // new process in its slot; the others are left running (stage 09 re-forms its group without it). The
-// store the ranks meet in is a file in a directory this launcher creates and removes.
+// store the ranks meet in is a file in a directory this launcher creates and removes. Beside it, in
+// store.dead/, the launcher marks each process that ended ("<slot>.<restart>"), so that the survivors'
+// round need not wait to see whether a member that is not there yet is only slow.
 #include "supervisor.hpp"
 
 #include "net.hpp"
@@ -48,6 +50,9 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kKillWait = std::chrono::seconds(2);
 // What this project's programs exit with on bad input, before any work (and the launcher on bad options).
 constexpr int kUsageErrorCode = 2;
+// What stage 09 exits with when the run cannot go on at all (nobody holds the state, no checkpoint to load:
+// common/base/errors.hpp's CannotContinue). A replacement could not either: none is started.
+constexpr int kCannotContinueCode = 3;
 // While stopping, poll() wakes at least this often to re-check deadlines and group membership.
 constexpr int kTickMs = 50;
 // --elastic: once a rank has finished the run (exit 0), how long the others may take to finish theirs. A
@@ -153,8 +158,9 @@ class Supervisor {
   int restarts_used_ = 0;
   bool finished_ = false;  // a rank exited 0: the run is over
   Clock::time_point finish_deadline_{};
-  int last_failure_code_ = 0;  // the code of the last failure (what ended the run, if nothing finished it)
-  int late_failure_code_ = 0;  // a failure after the run finished: the launcher's exit code
+  int last_failure_code_ = 0;     // the code of the last failure (what ended the run, if nothing finished it)
+  int late_failure_code_ = 0;     // a failure after the run finished: the launcher's exit code
+  bool cannot_continue_ = false;  // a rank exited kCannotContinueCode: no replacement starts from now on
 
  public:
   ~Supervisor() {
@@ -217,6 +223,9 @@ void Supervisor::reap() {
     for (Rank& r : ranks_) {
       if (r.pid != pid) continue;
       r.reaped = true;
+      if (opts_.elastic) {  // "<slot>.<restart>", the id stage 09 gives this process (stages/09_elastic/membership.hpp)
+        std::ofstream(fmt::format("{}.dead/{}.{}", opts_.elastic_store, r.global, r.restarts));
+      }
       const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
       // A usage error (exit 2: bad input, refused before any work) is the cause, and a peer that failed
       // first, because the refusing rank closed its connections, only its consequence: report the usage
@@ -275,6 +284,14 @@ void Supervisor::elastic_failure(Rank& r, int code, const std::string& what) {
   while (r.err_fd >= 0 && pump(r.err_fd, r.err)) {
   }
   const auto live = std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& x) { return !x.reaped; });
+  if (code == kCannotContinueCode || cannot_continue_) {
+    if (!cannot_continue_)
+      say(fmt::format("rank {} {}: the run cannot go on (the rank says why above), so no replacement starts", r.global,
+                      what));
+    cannot_continue_ = true;
+    for (Rank& x : ranks_) x.restart_pending = false;
+    return;
+  }
   if (finished_ || restarts_used_ >= opts_.max_restarts) {
     say(fmt::format("rank {} {}; elastic: {} rank{} go{} on{}", r.global, what, live, live == 1 ? "" : "s",
                     live == 1 ? "es" : "", opts_.max_restarts > 0 && !finished_ ? " (no restarts left)" : ""));
@@ -307,7 +324,7 @@ void Supervisor::elastic_tick() {
   for (Rank& r : ranks_) {
     if (!r.restart_pending || Clock::now() < r.restart_at) continue;
     r.restart_pending = false;
-    if (finished_) continue;  // the run ended meanwhile: nothing to join
+    if (finished_ || cannot_continue_) continue;  // the run ended meanwhile: nothing to join
     if (!start(r)) say(fmt::format("the replacement for rank {} could not be started", r.global));
   }
   if (!finished_) return;
@@ -334,6 +351,7 @@ void Supervisor::elastic_tick() {
 
 int Supervisor::elastic_exit_code() const {
   if (finished_) return late_failure_code_;
+  if (cannot_continue_) return kCannotContinueCode;
   return last_failure_code_ ? last_failure_code_ : exit_code_;
 }
 
@@ -421,6 +439,7 @@ int Supervisor::run() {
       throw std::runtime_error(fmt::format("cannot create the elastic store's directory: {}", std::strerror(errno)));
     store_dir_ = tmpl;
     opts_.elastic_store = store_dir_ + "/store";
+    std::filesystem::create_directory(opts_.elastic_store + ".dead");
   }
   if (g_stop_count > 0) say("interrupted before any rank was started");
   for (Rank& r : ranks_) {
@@ -438,7 +457,9 @@ int Supervisor::run() {
     // Every rank is done. Whatever they left behind (a background process, a data-loader child)
     // gets the same SIGTERM-then-SIGKILL treatment; usually there is nothing and this costs nothing.
     if (opts_.elastic) elastic_tick();
-    if (phase_ == Phase::Running && all_reaped()) stop();
+    // (--elastic: every rank dead at once, with replacements due, is not the end: they fall back to a checkpoint.)
+    const bool due = std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.restart_pending; });
+    if (phase_ == Phase::Running && all_reaped() && !due) stop();
     if (all_reaped() && !any_stream_open() && !any_group_alive()) break;
 
     const auto now = Clock::now();
