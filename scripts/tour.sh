@@ -35,11 +35,11 @@ cores=$(nproc)
 if [ "${TOUR_PIN:-1}" = 1 ] && [ "$cores" -ge "$NP" ]; then PIN="--cpus-per-rank $((cores / NP))"; fi
 if [ "$NET" != none ] && [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v tc >/dev/null; then
   L="./build/bin/ddp_launch --nproc $NP $PIN --net $NET --"
-  LE="./build/bin/ddp_launch --elastic --nproc $NP $PIN --max-restarts 1 --net $NET --"
+  LE="./build/bin/ddp_launch --elastic --nproc $NP $PIN --max-restarts 3 --net $NET --"
   link="a simulated $NET link per rank"
 else
   L="./build/bin/ddp_launch --nproc $NP $PIN --"
-  LE="./build/bin/ddp_launch --elastic --nproc $NP $PIN --max-restarts 1 --"
+  LE="./build/bin/ddp_launch --elastic --nproc $NP $PIN --max-restarts 3 --"
   link="loopback"
   [ "$NET" = none ] || echo "tour: running over loopback: the simulated network (ddp_launch --net) needs root and iproute2 (ip, tc)"
 fi
@@ -66,8 +66,8 @@ step 7 "stage 07: FSDP, parameters, gradients and optimizer state sharded (both 
 $L $B/stage07_fsdp $T --json $out/stage07.json
 step 8 "stage 08: the capstone, a byte-level language model trained on real text (Debian's fortunes)"
 $L $B/stage08_train_lm --steps 100 --curve $out/stage08.json
-step 9 "stage 09: elastic, rank 1 killed (SIGKILL) as step 9 begins; the others go on, a replacement joins"
-DP_FAULT=die@1:step8 $LE $B/stage09_elastic --steps 20 --warmup 5 --curve $out/stage09.json
+step 9 "stage 09: elastic, a rank killed (SIGKILL) as steps 6, 11 and 16 begin; the others go on, replacements join"
+DP_FAULT=die@*:step5,die@*:step10,die@*:step15 $LE $B/stage09_elastic --steps 20 --warmup 5 --curve $out/stage09.json
 
 echo
 echo "==== summary (tiny Transformer, ${NPROC:-2} ranks, $link, this machine)"

@@ -26,6 +26,8 @@ that every failure the curve records was seen after it (at least 1 ms), and that
             5 s) as they end, and the replacement, 4 s after the kill, finds the run over: it says so, exit 0
   allkill   3 ranks, every one killed as step 8 begins, --max-restarts 3, a checkpoint every 3 steps: the
             replacements find nobody holding the state, load step 6's checkpoint and redo step 7
+  early     as allkill, every rank killed as step 3 begins, before the first checkpoint (every 5 steps): the
+            replacements start again from step 0, which the seed rebuilds
   lastholder 2 ranks, rank 1 killed at step 3 and replaced; the last holder (rank 0) killed as it starts to
             heal the newcomer: the newcomers fall back to the last checkpoint (every 2 steps; --max-restarts 2)
   ckptkill  3 ranks, a checkpoint every 3 steps; the writer killed with step 6's half written, the two others as
@@ -156,6 +158,9 @@ SCENARIOS = {
     # Every holder dies at once: the replacements fall back to the run's last checkpoint (every 3 steps: step 6).
     "allkill": (3, ["--max-restarts", "3"], ["--checkpoint-every", "3"], "die@0:step7,die@1:step7,die@2:step7", 0,
                 ["restart 3 of 3", "nobody held the state", "step 6, 1 step to redo"]),
+    # Every holder dies before the first checkpoint: step 0, the model as --seed builds it, is the checkpoint.
+    "early": (3, ["--max-restarts", "3"], ["--checkpoint-every", "5"], "die@0:step2,die@1:step2,die@2:step2", 0,
+              ["nobody held the state: no checkpoint written yet, step 0", "2 steps to redo"]),
     # The newcomer is healed by the last holder, who dies as it starts: the newcomers alone load the last checkpoint.
     "lastholder": (2, ["--max-restarts", "2"], ["--checkpoint-every", "2"], "die@1:step3,die@*:heal", 0,
                    ["die at heal", "restart 2 of 2", "nobody held the state", " to redo"]),

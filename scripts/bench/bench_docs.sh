@@ -9,7 +9,7 @@
 # communication is CPU work that competes with backward for the two cores) and on a simulated cluster
 # (ddp_launch --net: every rank in its own network namespace behind a 1 or 10 Gbit/s link), where
 # communication costs wall time as on a real one. --net needs root and iproute2; without them the net
-# runs are skipped with the reason. About 100 minutes on 2 cores (ext07a alone: about 15, torch about 35, elastic 6).
+# runs are skipped with the reason. About 100 minutes on 2 cores (ext07a alone: about 15, torch about 35, elastic 15).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 parts=${*:-allreduce ddp weak features torch small zero ext06a ext06d ext07a ext07b lm elastic}
@@ -230,14 +230,17 @@ for part in $parts; do
     if [ $net_ok = 1 ]; then $PY scripts/bench/weak_scaling.py --out $R/weak_scaling.json --rounds 5 --per-rank 2; else
       echo "(skipped: weak scaling runs on the simulated link: root and iproute2)"; fi ;;
   elastic)
-    echo "== stage 09: a rank killed, survived in memory or restarted from a checkpoint (about 6 minutes)"
-    $PY scripts/bench/elastic_bench.py --out $R/elastic.json ;;
+    echo "== stage 09: a rank killed, survived in memory, restarted or fallen back to a checkpoint (about 7 minutes)"
+    $PY scripts/bench/elastic_bench.py --out $R/elastic.json
+    echo "== stage 09: recovery over 27 failures, then 20 runs under random kill -9s (about 10 minutes)"
+    $PY scripts/bench/elastic_chaos.py recovery --out $R/elastic_recovery.json
+    $PY scripts/bench/elastic_chaos.py chaos --runs 20 --seed 11 --out $R/elastic_chaos.json ;;
   *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, weak, features, torch, small, zero, ext06a, ext06d, ext07a, ext07a-memory, lm, lm-speed, elastic)" >&2; exit 2 ;;
   esac
 done
 
 for f in $R/*.json; do
-  case $f in *.trace.json|*/gpu_*.json|*/alltoall.json|*/torch_compare.json|*/torch_ddp_*.json|*/ext07a_gather_in_time.json|*/lm_speed.json|*/margins.json|*/margins_*.json|*/weak_scaling.json|*/trace_summary.json) continue ;; esac
+  case $f in *.trace.json|*/gpu_*.json|*/alltoall.json|*/torch_compare.json|*/torch_ddp_*.json|*/ext07a_gather_in_time.json|*/lm_speed.json|*/margins.json|*/margins_*.json|*/weak_scaling.json|*/trace_summary.json|*/elastic_recovery.json|*/elastic_chaos.json) continue ;; esac
   # No plot where it would repeat another picture: these runs measure speed, and their plot would draw only
   # the tensor bytes that ext06d_cs336.png and ext07a_memory.png already show (ext07a_large: one bar).
   case $f in */ext06d_designs.json|*/ext06d_tiny_1gbit.json|*/ext07a_large.json|*/ext07a_small_*.json) continue ;; esac

@@ -14,6 +14,9 @@ stage 09's defaults, which stage 08 is given too):
   restart        stage 08 with a checkpoint every 10 steps; rank 1 killed (SIGKILL, by this script) right after
                  rank 0 prints step 24; ddp_launch stops the others; the same command with --resume starts again
                  from the step-20 checkpoint and redoes steps 21-24.
+  fallback       stage 09 with a checkpoint every 10 steps; every rank killed as step 36 begins (DP_FAULT), three
+                 replacements (--max-restarts 3) find nobody holding the state, load the step-30 checkpoint and
+                 redo steps 31-35. Loopback only: --trace, the second timeline the page draws.
 What each row says: from the failure to the first step that had not been done before it, done again
 ("failure -> next new step"), and the parts of it: for stage 09 the failure seen by the survivors, the
 round, the new group, the heal and the redone step; for stage 08 the restart (from the kill to the resumed
@@ -43,6 +46,7 @@ STAGE08 = ["--context", "64", "--batch", "12", "--warmup", "10", "--eval-every",
 KILL_STEP = 20                        # elastic: DP_FAULT before step KILL_STEP + 1
 RESTART_DELAY_S = 3                   # elastic: the replacement starts this long after the kill
 RESTART_KILL_AFTER = 24               # stage 08: killed once step 24 is done (rank 0 prints every 3rd step)
+FALLBACK_KILL_STEP = 35               # fallback: every rank dies before step FALLBACK_KILL_STEP + 1
 
 
 def launch_cmd(link, extra_launcher, program, args):
@@ -119,6 +123,29 @@ def restart_run(link, work):
             "command": " ".join(cmd) + "  (rank 1 killed after step 24), then with --resume"}, curve
 
 
+def fallback_run(work, trace):
+    """Stage 09, every rank killed at once; the replacements fall back to the checkpoint. The parts of the recovery
+    from the run's --trace (one clock for every process): the kill, the new processes' round, their group (the
+    checkpoint read included), the state check, and the steps redone until the first new step is done."""
+    path, ck = os.path.join(work, "fallback_loopback.json"), os.path.join(work, "fallback_loopback.ckpt")
+    cmd = launch_cmd("loopback", ["--elastic", "--nproc", "3", "--max-restarts", "3"], "stage09_elastic",
+                     [*COMMON, "--checkpoint", ck, "--checkpoint-every", "10", "--curve", path, "--trace", trace])
+    fault = ",".join(f"die@{r}:step{FALLBACK_KILL_STEP}" for r in range(3))
+    run(cmd, env=dict(os.environ, DP_FAULT=fault), log=path + ".log")
+    c = dplib.load_json(path)
+    fb = next(e for e in c["events"] if "redone" in e)
+    ev = dplib.trace_events(trace)
+    t_kill = min(e["ts"] for e in ev if e["ph"] == "i" and e["name"].startswith("DP_FAULT")) / 1e6
+    rnd = [e for e in ev if e["ph"] == "X" and e["name"] == f"round {fb['round']}"]
+    t_round = min(e["ts"] for e in rnd) / 1e6
+    t_new = max(e["ts"] + e["dur"] for e in ev if e["ph"] == "X" and e["name"] == f"step {FALLBACK_KILL_STEP + 1}") / 1e6
+    return {"scenario": f"fallback (stage 09): every rank killed at step {FALLBACK_KILL_STEP + 1}, the replacements "
+            f"load the step-{fb['step']} checkpoint", "link": "loopback",
+            "ranks": " -> ".join(str(e["ranks"]) for e in c["events"]), "failed_step": FALLBACK_KILL_STEP + 1,
+            "restart_s": t_round - t_kill, "round_s": fb["quorum_s"], "group_s": fb["group_s"], "heal_s": fb["heal_s"],
+            "lost_steps": fb["redone"], "recovery_s": t_new - t_kill, "command": f"DP_FAULT={fault} " + " ".join(cmd)}, path
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.path.join("docs", "results", "elastic.json"))
@@ -133,6 +160,7 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     trace = os.path.join("docs", "results", "elastic_timeline.trace.json")
+    fallback_trace = os.path.join("docs", "results", "elastic_fallback.trace.json")
     rows = []
     for link in links:
         ref_path = os.path.join(work, f"uninterrupted_{link}.json")
@@ -176,8 +204,15 @@ def main():
                      "max_diff": max_diff(ref, got), "train": got})
         print(f"{link}: restart, failure -> step {RESTART_KILL_AFTER + 1} done in {r['recovery_s']:.2f} s "
               f"(restart {r['restart_s']:.2f} s, {r['lost_steps']} steps lost)")
+        if link == "loopback":
+            r, path = fallback_run(work, fallback_trace)
+            got = losses(path)
+            rows.append({**r, "final_loss": got[-1], "max_diff": max_diff(ref, got), "train": got})
+            print(f"{link}: fallback, failure -> step {r['failed_step']} done in {r['recovery_s']:.2f} s "
+                  f"({r['lost_steps']} steps redone), max |diff| {rows[-1]['max_diff']:.2e}")
     doc = {"benchmark": "elastic: a rank killed, survived in memory (stage 09) or restarted from a checkpoint "
                         "(stage 08)", "machine": machine, "command": rows[0]["command"], "trace": os.path.basename(trace),
+           "trace_fallback": os.path.basename(fallback_trace),
            "rows": rows}
     with open(o.out, "w") as f:
         json.dump(doc, f, indent=1)

@@ -166,14 +166,42 @@ def train_lm(doc, ax):
     ax.set_title("stage 08, byte-level Transformer on Debian's fortunes: every run's curve coincides")
     ax.legend(fontsize=7)
 
+def elastic_timeline(ax, trace, title):
+    """Every process of a stage 09 run, from its --trace: steps (a colour per generation), rounds, new groups,
+    heals (or state checks), kills and failures seen."""
+    events = dplib.trace_events(trace)
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+    colours = {"round": "#8C8C8C", "new group": "#8172B3", "heal": "#222222", "state check": "#55A868"}
+    generation = ["#4C72B0", "#DD8452", "#64B5CD", "#CCB974", "#DA8BC3", "#937860"]
+    for e in events:
+        if e["ph"] == "X":
+            kind = "step" if e["name"].startswith("step") else e["name"].split(" ")[0] if e["name"].startswith("round") else e["name"]
+            c = colours.get(kind, generation[e["args"].get("generation", 0) % len(generation)] if kind == "step" else "k")
+            ax.barh(e["pid"], e["dur"] / 1e6, left=e["ts"] / 1e6, height=0.6, color=c, edgecolor="white", lw=0.3)
+        elif e["ph"] == "i":
+            ax.plot(e["ts"] / 1e6, e["pid"], "X" if e["name"].startswith("DP_FAULT") else "v", ms=8,
+                    color="C3" if e["name"].startswith("DP_FAULT") else "k")
+    ax.set_yticks(list(names), [names[p].replace("process ", "") for p in names], fontsize=7)
+    ax.set_ylabel("process (slot.restart)", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.invert_yaxis()
+
+
 def elastic(doc, fig):
-    """Stage 09: the loss curves of a run that lost a rank (kept in memory, or restarted from a checkpoint) on
-    the uninterrupted run's; below, the timeline of every process of the elastic run (its --trace)."""
-    top, bottom = fig.subplots(2, 1, gridspec_kw={"height_ratios": [3, 2]})
+    """Stage 09: the loss curves of runs that lost ranks (kept in memory, restarted from a checkpoint, or fallen
+    back to one when every holder died) on the uninterrupted run's; below, the timelines of every process of the
+    elastic run and of the fallback run (their --trace)."""
+    base = pathlib.Path(doc.get("_path", ".")).parent
+    traces = [(base / doc.get(k, ""), t) for k, t in (
+        ("trace", "a rank killed at step 21, its replacement joining"),
+        ("trace_fallback", "every rank killed at step 36: the replacements load the step-30 checkpoint"))]
+    traces = [(p, t) for p, t in traces if doc.get("trace") and p.is_file()]
+    axes = fig.subplots(1 + len(traces), 1, gridspec_kw={"height_ratios": [3] + [2] * len(traces)})
+    top = axes[0] if traces else axes
     rows = [r for r in doc["rows"] if r["link"] == "loopback"] or doc["rows"]
-    styles = ["-", "--", ":"]
+    styles = ["-", "--", ":", "-."]
     for i, r in enumerate(rows):
-        top.plot(range(1, len(r["train"]) + 1), r["train"], styles[i % 3], lw=1.4, label=r["scenario"])
+        top.plot(range(1, len(r["train"]) + 1), r["train"], styles[i % 4], lw=1.4, label=r["scenario"])
     for r in rows:
         if r.get("failed_step"):
             top.axvline(r["failed_step"], color="C3", lw=0.8, ls=":")
@@ -181,36 +209,21 @@ def elastic(doc, fig):
             top.axvline(r["joined_at_step"], color="C2", lw=0.8, ls=":")
     diff_inset(top, [0.45, 0.45, 0.38, 0.3], rows[0]["train"], [r["train"] for r in rows[1:]], styles,
                "|loss - uninterrupted loss|")
-    top.set_xlabel("optimizer step (red: a rank killed; green: its replacement joins)")
+    top.set_xlabel("optimizer step (red: ranks killed; green: a replacement joins)")
     top.set_ylabel("cross-entropy (nats per byte)")
-    top.set_title("stage 09: a rank killed mid-run costs neither the curve nor the steps since a checkpoint", fontsize=10)
+    top.set_title("stage 09: ranks killed mid-run cost neither the curve nor, while one holder lives, a step "
+                  "since a checkpoint", fontsize=10)
     top.legend(fontsize=7, loc="upper right")
-    trace = pathlib.Path(doc.get("_path", ".")).parent / doc.get("trace", "")
-    if not trace.is_file():
-        bottom.set_axis_off()
-        return
-    events = dplib.trace_events(trace)
-    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
-    colours = {"round": "#8C8C8C", "new group": "#8172B3", "heal": "#222222"}
-    generation = ["#4C72B0", "#DD8452", "#64B5CD", "#CCB974", "#DA8BC3", "#937860"]
-    for e in events:
-        if e["ph"] == "X":
-            kind = "step" if e["name"].startswith("step") else e["name"].split(" ")[0] if e["name"].startswith("round") else e["name"]
-            c = colours.get(kind, generation[e["args"].get("generation", 0) % len(generation)] if kind == "step" else "k")
-            bottom.barh(e["pid"], e["dur"] / 1e6, left=e["ts"] / 1e6, height=0.6, color=c, edgecolor="white", lw=0.3)
-        elif e["ph"] == "i":
-            bottom.plot(e["ts"] / 1e6, e["pid"], "X" if e["name"].startswith("DP_FAULT") else "v", ms=8,
-                        color="C3" if e["name"].startswith("DP_FAULT") else "k")
-    bottom.set_yticks(list(names), [names[p].replace("process ", "") for p in names], fontsize=7)
-    bottom.set_ylabel("process (slot.restart)")
-    bottom.set_xlabel("seconds; bars: steps (one colour per generation), rounds (grey), new groups (purple), heals "
-                      "(black); X: killed; v: failure seen", fontsize=7)
-    bottom.invert_yaxis()
+    for ax, (path, title) in zip(axes[1:] if traces else [], traces):
+        elastic_timeline(ax, path, title)
+    if traces:
+        axes[-1].set_xlabel("seconds; bars: steps (one colour per generation), rounds (grey), new groups (purple), "
+                            "heals (black), state checks (green); X: killed; v: failure seen", fontsize=7)
 
 
 FIGURES = {"elastic": elastic}  # plots that draw their own axes on the whole figure
 
-FIGSIZE = {"allreduce": (11, 5)}  # room for the legend beside the axes
+FIGSIZE = {"allreduce": (11, 5), "elastic": (9, 11)}  # room for the legend beside the axes; two timelines
 
 PLOTS = {"train_lm": train_lm, "allreduce": allreduce, "sharded_optimizer": memory, "fsdp": fsdp}
 
@@ -219,7 +232,7 @@ def main(paths):
         doc = dplib.load_json(p)
         kind = doc["benchmark"].split(":")[0]
         if kind in FIGURES:
-            fig = plt.figure(figsize=(9, 8))
+            fig = plt.figure(figsize=FIGSIZE.get(kind, (9, 8)))
             FIGURES[kind]({**doc, "_path": str(p)}, fig)
         else:
             fig, ax = plt.subplots(figsize=FIGSIZE.get(kind, (8, 5)))

@@ -7,7 +7,8 @@
 #include "common/base/log.hpp"
 #include "common/base/timeline.hpp"
 #include "common/contract/strategy.hpp"
-#include "common/model/params.hpp"  // parameter_hash
+#include "common/measure/results.hpp"  // machine_description
+#include "common/model/params.hpp"     // parameter_hash
 #include "common/model/transformer.hpp"
 #include "common/state/checkpoint_file.hpp"  // broadcast_text
 #include "stages/05_bucketed/bucketed_ddp.hpp"
@@ -169,21 +170,26 @@ void save_checkpoint(const RunOptions& r, ProcessGroup& pg, Strategy& s, Members
 }
 
 // Nobody alive holds the state (every holder died; the round closed with newcomers only): every member
-// loads this run's last checkpoint, and the steps trained since are done again.
+// loads this run's last checkpoint, and the steps trained since are done again. Before the first one is
+// written, step 0 is that checkpoint: the model as built from --seed, which a newcomer still holds.
 void fall_back(const RunOptions& r, TransformerLM& model, Membership& members, Carried& c) {
-  if (members.count("saved") < 0)
-    throw CannotContinue(fmt::format(
+  if (r.checkpoint.empty())
+    throw CannotContinue(
         "nobody holds the model any more (every process that held it died) and this run has no checkpoint to go "
-        "back to{}; run it with --checkpoint FILE --checkpoint-every N, and a run that loses every holder goes on "
-        "from the last checkpoint",
-        r.checkpoint.empty() ? "" : " yet"));
-  auto [meta, state] = load_lm_checkpoint(r.checkpoint, r.config(), unique_named_parameters(*model, true));
-  c.redone = std::max<int64_t>(0, members.count("done") - meta.step);
-  c.why = fmt::format("nobody held the state: {} loaded, step {}, {} to redo", r.checkpoint, meta.step,
-                      count_of(c.redone, "step"));
-  c.done = meta.step;
-  c.curve = meta.curve;
-  c.state = std::move(state);
+        "back to; run it with --checkpoint FILE --checkpoint-every N, and a run that loses every holder goes on "
+        "from the last checkpoint");
+  int64_t step = 0;
+  std::string from = "no checkpoint written yet, step 0 (the model as --seed builds it)";
+  if (members.count("saved") >= 0) {
+    auto [meta, state] = load_lm_checkpoint(r.checkpoint, r.config(), unique_named_parameters(*model, true));
+    step = meta.step;
+    from = fmt::format("{} loaded, step {}", r.checkpoint, meta.step);
+    c.curve = meta.curve;
+    c.state = std::move(state);
+  }
+  c.redone = std::max<int64_t>(0, members.count("done") - step);
+  c.why = fmt::format("nobody held the state: {}, {} to redo", from, count_of(c.redone, "step"));
+  c.done = step;
   c.has_state = true;
 }
 // [checkpoint]
@@ -195,6 +201,7 @@ void finish(const ElasticOptions& o, ProcessGroup& pg, Strategy& s, Membership& 
   if (pg.rank() == 0 && !r.curve.empty()) {
     c.curve["config"] = r.config();
     c.curve["command"] = r.command;
+    c.curve["machine"] = machine_description();
     std::ofstream(r.curve) << c.curve.dump(1) << "\n";
   }
   pg.barrier();  // every member has recorded its last step

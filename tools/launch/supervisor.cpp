@@ -460,7 +460,7 @@ int Supervisor::run() {
     // (--elastic: every rank dead at once, with replacements due, is not the end: they fall back to a checkpoint.)
     const bool due = std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.restart_pending; });
     if (phase_ == Phase::Running && all_reaped() && !due) stop();
-    if (all_reaped() && !any_stream_open() && !any_group_alive()) break;
+    if (all_reaped() && !any_stream_open() && !any_group_alive() && !(due && phase_ == Phase::Running)) break;
 
     const auto now = Clock::now();
     if (phase_ == Phase::Terminating && now >= deadline_) {
