@@ -198,6 +198,10 @@ def scenario(name, launch, prog, work, reference=None):
         check("1 rank left, fewer than --min-ranks 2: the run stops at step 4; checkpoint of step 4 written" in out,
               "the reason, and the checkpoint, are said")
         check(os.path.exists(ck), "the checkpoint is there")
+        # A checkpoint of another model is refused before any training (exit 2, what differs), at any world size.
+        rc, out, _ = run(launch, prog, work, "othermodel", 1, [], ["--checkpoint", ck, "--resume", "--preset", "small"])
+        check(rc == 2 and "preset" in out and "step  " not in out,
+              f"a checkpoint of another preset is refused before any step (exit {rc})")
         rc, out, path = run(launch, prog, work, "resumed", 1, [], ["--checkpoint", ck, "--resume"])
         check(rc == 0 and "PASS stage 09" in out, f"one rank resumes it to the end (exit {rc})")
         compare(check, "resumed", ref, path)

@@ -283,6 +283,15 @@ dp_bad_input(stage09_batch_not_split 2 "--batch 10 does not split evenly over ev
 # Whole replicas of `large` for the 3 ranks started on this machine (stage 09 trains with DDP only).
 dp_bad_input(stage09_large_does_not_fit 2 "--sync ddp --preset large .* GB per rank, .* for the 3 rank.s. on this machine"
   ${MEM} ${ELASTIC_ENV} ${S09} --preset large)
+# Periodic checkpoints (the fallback when every holder dies): an interval needs a file, is 1 or more, and the
+# file's folder must exist before any training.
+dp_bad_input(stage09_checkpoint_every_without_file 2 "--checkpoint-every and --resume need --checkpoint FILE"
+  ${ELASTIC_ENV} ${S09} --checkpoint-every 5)
+dp_bad_input(stage09_checkpoint_every_zero 2 "--checkpoint-every: '0' must be a positive integer" ${S09} --checkpoint-every 0)
+dp_bad_input(stage09_checkpoint_every_negative 2 "--checkpoint-every: '-3' must be a positive integer"
+  ${S09} --checkpoint-every -3)
+dp_bad_input(stage09_checkpoint_unwritable 2 "--checkpoint /proc/nope/a.ckpt: cannot write there.*mkdir -p /proc/nope"
+  ${ELASTIC_ENV} ${S09} --checkpoint /proc/nope/a.ckpt --checkpoint-every 5)
 dp_bad_input(stage09_min_ranks_above_started 2 "--min-ranks 4 is above the 3 ranks started" ${ELASTIC_ENV} ${S09} --min-ranks 4)
 dp_bad_input(stage09_not_elastic 2 "DP_ELASTIC_STORE is unset.*ddp_launch --elastic" env RANK=0 WORLD_SIZE=2 ${S09})
 dp_bad_input(stage09_bad_fault 2 "DP_FAULT entry 'explode@1:step3' is not ACTION@SLOT:POINT" env DP_FAULT=explode@1:step3 ${S09})
