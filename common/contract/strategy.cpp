@@ -56,10 +56,18 @@ void set_learning_rate(Strategy& s, double lr) {
     for (auto& g : opt->param_groups()) g.options().set_lr(lr);
 }
 
-FullState whole_state(torch::nn::Module& model, const torch::optim::Optimizer& opt) {
+FullState whole_state(torch::nn::Module& model, const torch::optim::Optimizer& opt, bool copy) {
   FullState s;
-  s.params = whole_parameters(model, /*copy=*/true);
-  s.optimizer = local_states(opt, unique_parameters(model, /*trainable_only=*/true));
+  s.params = whole_parameters(model, copy);
+  s.optimizer = local_states(opt, unique_parameters(model, /*trainable_only=*/true), copy);
+  if (!copy) {
+    auto own = [](torch::Tensor& t) {
+      if (t.storage().nbytes() != t.nbytes()) t = t.clone();
+    };
+    for (auto& [name, p] : s.params) own(p);
+    for (auto& st : s.optimizer)
+      for (auto& [key, t] : st.tensors) own(t);
+  }
   return s;
 }
 

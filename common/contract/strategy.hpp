@@ -86,6 +86,10 @@ class Strategy {
   /// The parameters in full (as full_parameters(), copied) and each one's optimizer state in full: what
   /// a checkpoint stores. A collective.
   virtual FullState full_state() = 0;
+  /// full_state() for a reader done before anything trains again (a checkpoint being written): a scheme in
+  /// which this rank holds everything returns its live tensors, not copies, so saving needs no second copy
+  /// of the state in memory. Default: full_state(). A collective.
+  virtual FullState full_state_view() { return full_state(); }
   /// Installs `s` (from any Strategy, any world size: every rank passes the same) into the model and
   /// the optimizer, each rank keeping what it holds. Throws std::invalid_argument, before changing
   /// anything, when its names or shapes differ from the model's. Not a collective.
@@ -98,9 +102,10 @@ class Strategy {
 /// Sets the learning rate of every parameter group of every optimizer of `s`.
 void set_learning_rate(Strategy& s, double lr);
 
-/// The full state of a scheme in which this rank holds everything: `model`'s trainable parameters
-/// (copied) and their state in `opt`.
-FullState whole_state(torch::nn::Module& model, const torch::optim::Optimizer& opt);
+/// The full state of a scheme in which this rank holds everything: `model`'s trainable parameters and
+/// their state in `opt`, copied; with `copy` false the live tensors themselves (each one a whole storage:
+/// a view into a larger buffer is copied, since a serializer writes a tensor's whole storage).
+FullState whole_state(torch::nn::Module& model, const torch::optim::Optimizer& opt, bool copy = true);
 
 /// Throws std::invalid_argument naming the first difference when `s` does not hold one state for each of
 /// `model`'s trainable parameters, with the same names and shapes in the same order.
@@ -139,6 +144,7 @@ class DdpStrategy : public Strategy {
   std::string describe() const override;
   std::vector<std::pair<std::string, torch::Tensor>> full_parameters() override;
   FullState full_state() override { return whole_state(*model_, *opt_); }
+  FullState full_state_view() override { return whole_state(*model_, *opt_, /*copy=*/false); }
   void load_full_state(const FullState& s) override;
   std::vector<torch::optim::Optimizer*> optimizers() override { return {opt_.get()}; }
 

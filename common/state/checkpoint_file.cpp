@@ -61,53 +61,105 @@ void set_checkpoint_write_hook(std::function<void()> hook) { write_hook() = std:
 
 // [atomic_write]
 // PATH is replaced in one step (rename is atomic within a file system): a crash or a full disk leaves
-// either the old checkpoint or the new one, never half of one.
-void write_file_atomically(const std::string& path, const std::vector<const std::string*>& parts) {
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    throw UsageError(fmt::format("cannot write checkpoint {}: cannot create {}: {}", path, tmp, errno_text()));
-  try {
-    for (const auto* part : parts) {
-      write_all(fd, part->data(), part->size(), tmp);
-      if (part == parts.front() && write_hook()) write_hook()();
+// either the old checkpoint or the new one, never half of one. The bytes go to PATH.tmp first; commit()
+// flushes it to disk and renames it over PATH; a TmpFile destroyed without commit() removes PATH.tmp.
+class TmpFile {
+ public:
+  explicit TmpFile(std::string path) : path_(std::move(path)), tmp_(path_ + ".tmp") {
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      throw UsageError(fmt::format("cannot write checkpoint {}: cannot create {}: {}", path_, tmp_, errno_text()));
+  }
+  TmpFile(const TmpFile&) = delete;
+  TmpFile& operator=(const TmpFile&) = delete;
+  ~TmpFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(tmp_.c_str());
+  }
+  void append(const char* data, size_t n) { write_all(fd_, data, n, tmp_); }
+  /// Overwrites bytes already appended (a header whose sizes and checksum are known only at the end).
+  void write_at(uint64_t offset, const std::string& bytes) {
+    if (::pwrite(fd_, bytes.data(), bytes.size(), static_cast<off_t>(offset)) != static_cast<ssize_t>(bytes.size()))
+      throw UsageError(fmt::format("cannot write checkpoint {}: {}", tmp_, errno_text()));
+  }
+  void commit() {
+    if (::fsync(fd_) != 0) throw UsageError(fmt::format("cannot write checkpoint {}: fsync: {}", tmp_, errno_text()));
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) throw UsageError(fmt::format("cannot write checkpoint {}: close: {}", tmp_, errno_text()));
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+      throw UsageError(fmt::format("cannot write checkpoint {}: rename from {}: {}", path_, tmp_, errno_text()));
+    committed_ = true;
+    // The rename lives in the directory: sync it too, so the new name survives a power cut.
+    const auto slash = path_.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path_.substr(0, slash));
+    int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
     }
-    if (::fsync(fd) != 0) throw UsageError(fmt::format("cannot write checkpoint {}: fsync: {}", tmp, errno_text()));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
   }
-  if (::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    throw UsageError(fmt::format("cannot write checkpoint {}: close: {}", tmp, errno_text()));
+
+ private:
+  std::string path_;
+  std::string tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+void write_file_atomically(const std::string& path, const std::vector<const std::string*>& parts) {
+  TmpFile file(path);
+  for (const auto* part : parts) {
+    file.append(part->data(), part->size());
+    if (part == parts.front() && write_hook()) write_hook()();
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    throw UsageError(fmt::format("cannot write checkpoint {}: rename from {}: {}", path, tmp, why));
-  }
-  // The rename lives in the directory: sync it too, so the new name survives a power cut.
-  const auto slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  file.commit();
 }
 // [atomic_write]
 
-void write_checkpoint_file(const std::string& path, const FileFormat& format, const std::string& meta,
-                           const std::string& payload) {
+namespace {
+
+std::string header_of(const FileFormat& format, uint64_t meta_size, uint64_t payload_size, uint64_t hash) {
   if (format.magic.size() != 8) throw UsageError("write_checkpoint_file: the magic must be 8 bytes");
   std::string header = format.magic;
   put_le(header, format.version, 4);
-  put_le(header, meta.size(), 8);
-  put_le(header, payload.size(), 8);
-  put_le(header, fnv1a64(payload.data(), payload.size(), fnv1a64(meta.data(), meta.size())), 8);
+  put_le(header, meta_size, 8);
+  put_le(header, payload_size, 8);
+  put_le(header, hash, 8);
+  return header;
+}
+
+}  // namespace
+
+void write_checkpoint_file(const std::string& path, const FileFormat& format, const std::string& meta,
+                           const std::string& payload) {
+  const uint64_t hash = fnv1a64(payload.data(), payload.size(), fnv1a64(meta.data(), meta.size()));
+  const std::string header = header_of(format, meta.size(), payload.size(), hash);
   write_file_atomically(path, {&header, &meta, &payload});
 }
+
+// [stream]
+// The payload goes to the file as it is produced, never whole in memory: the header's payload size and
+// checksum are known only at its end, so a header of zeros goes first and the real one over it last
+// (the file is renamed into place only after that: PATH never shows the zeros).
+void write_checkpoint_stream(const std::string& path, const FileFormat& format, const std::string& meta,
+                             const std::function<void(const ByteSink&)>& produce) {
+  const std::string placeholder = header_of(format, 0, 0, 0);
+  TmpFile file(path);
+  file.append(placeholder.data(), placeholder.size());
+  if (write_hook()) write_hook()();
+  file.append(meta.data(), meta.size());
+  uint64_t hash = fnv1a64(meta.data(), meta.size());
+  uint64_t payload_size = 0;
+  produce([&](const char* data, size_t n) {
+    file.append(data, n);
+    hash = fnv1a64(data, n, hash);
+    payload_size += n;
+  });
+  file.write_at(0, header_of(format, meta.size(), payload_size, hash));
+  file.commit();
+}
+// [stream]
 
 CheckpointFile read_checkpoint_file(const std::string& path, const FileFormat& format) {
   // Read once, into its place: through a string stream the file was held twice (a model's whole state,

@@ -48,6 +48,15 @@ struct CheckpointFile {
 void write_checkpoint_file(const std::string& path, const FileFormat& format, const std::string& meta,
                            const std::string& payload);
 
+/// Where a payload's bytes go, in order, as they are produced.
+using ByteSink = std::function<void(const char* data, size_t n)>;
+
+/// As write_checkpoint_file(), with a payload that `produce` hands to the sink piece by piece (a
+/// serializer's output): it goes to PATH.tmp as it comes, so the file's bytes are never all in memory.
+/// The same file, the same atomic replacement, the same errors.
+void write_checkpoint_stream(const std::string& path, const FileFormat& format, const std::string& meta,
+                             const std::function<void(const ByteSink&)>& produce);
+
 /// Reads `path` and checks magic, version, length and hash, in that order. Throws dp::UsageError
 /// naming the first problem: "cannot read checkpoint PATH", "checkpoint PATH is damaged: ..." (too
 /// short for the header, wrong magic, length or checksum) or "... has format version V".
@@ -58,7 +67,7 @@ CheckpointFile read_checkpoint_file(const std::string& path, const FileFormat& f
 /// PATH.tmp is removed and dp::UsageError ("cannot write checkpoint PATH: ...") thrown.
 void write_file_atomically(const std::string& path, const std::vector<const std::string*>& parts);
 
-/// Sets what write_file_atomically() calls with PATH.tmp partly written (its first part only): stage 09's
+/// Sets what write_file_atomically() calls with PATH.tmp partly written (its first part, the header, only): stage 09's
 /// fault point for a process killed in the middle of a checkpoint (the checkpoint before must stay valid).
 /// Empty (the default): nothing.
 void set_checkpoint_write_hook(std::function<void()> hook);

@@ -29,8 +29,10 @@ struct FullState {
   std::vector<ParamState> optimizer;
 };
 
-/// Each of `params`' state in `opt` (copies), for a scheme in which this rank holds all of it.
-std::vector<ParamState> local_states(const torch::optim::Optimizer& opt, const std::vector<torch::Tensor>& params);
+/// Each of `params`' state in `opt` (copies; with `copy` false, the optimizer's own tensors), for a scheme
+/// in which this rank holds all of it.
+std::vector<ParamState> local_states(const torch::optim::Optimizer& opt, const std::vector<torch::Tensor>& params,
+                                     bool copy = true);
 
 /// Installs `states[i]` as the state of `params[i]` in `opt` (copies). Throws std::invalid_argument when
 /// the counts or a state tensor's shape differ from the parameter's.

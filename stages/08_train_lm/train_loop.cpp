@@ -81,9 +81,10 @@ void check_run_fits(const RunOptions& o, int world_size, int ranks_here, bool on
   auto m = TransformerConfig::preset(o.preset, o.context);
   m.vocab_size = TextCorpus::kVocab;                        // as make_byte_lm() builds it
   const MemoryPool pool = memory_pool(ranks_here, on_gpu);  // this machine's, or one GPU's
-  // A checkpoint holds the whole state again in host memory (full_state(), gathered under FSDP: weights and
-  // AdamW's moments, 12 bytes a parameter) and the file's bytes (12 more). Measured on `small` (114 M
-  // parameters), peak resident: 2.98 GB training, 5.50 GB saving, 5.99 GB resuming (26 bytes a parameter more).
+  // Resuming holds the file's bytes (weights and AdamW's moments, 12 bytes a parameter) and the state read
+  // from them (12 more); saving streams the state to the file (DDP: its live tensors; ZeRO-1 and FSDP gather
+  // it, 12 bytes a parameter). Measured on `small` (114 M parameters, DDP), peak resident: 2.84 GB
+  // training, 2.81 GB saving, 5.30 GB resuming (21 bytes a parameter more).
   const double checkpoint = o.checkpoint.empty() || on_gpu ? 0 : 32.0 * static_cast<double>(m.num_parameters());
   check_fits_in_memory(peak_training_bytes(m, o.trainer.sync, world_size, o.batch / split) + checkpoint, pool.ranks,
                        fmt::format("--sync {} --preset {} --context {} with micro-batches of {} sequences",
@@ -212,7 +213,7 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
              static_cast<double>(o.batch * o.context) / secs);
     // Every N steps with --checkpoint-every, and at the end whenever --checkpoint was asked for.
     if (!o.checkpoint.empty() && (last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0))) {
-      save_lm_checkpoint(o.checkpoint, pg, {step + 1, o.config(), curve}, trainer->full_state());
+      save_lm_checkpoint(o.checkpoint, pg, {step + 1, o.config(), curve}, trainer->full_state_view());
       print0("checkpoint step {} written to {}", step + 1, o.checkpoint);
     }
   }

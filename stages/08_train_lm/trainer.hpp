@@ -47,6 +47,8 @@ class LmTrainer {
   double eval_loss(const Batch& b);
   /// Every parameter and its AdamW moments in full, on every rank (a collective: ZeRO-1 and FSDP gather).
   FullState full_state() { return strategy_->full_state(); }
+  /// The state for a checkpoint (Strategy::full_state_view(): DDP's live tensors, no copy).
+  FullState full_state_view() { return strategy_->full_state_view(); }
   /// Installs `s` (every rank passes the same; names and shapes are checked).
   void load_full_state(const FullState& s) { strategy_->load_full_state(s); }
   /// One line for the log: the scheme and its settings.

@@ -76,7 +76,7 @@ int64_t heal(ProcessGroup& pg, int source, Strategy& s, int64_t& done, json& cur
 // Every member already holds the state (survivors of one generation, or newcomers that all loaded the
 // checkpoint): nothing is sent. One all-gather checks it: the step and a hash of every parameter and moment.
 void check_same_state(ProcessGroup& pg, Strategy& s, int64_t done) {
-  const FullState st = s.full_state();
+  const FullState st = s.full_state_view();  // DDP: the live tensors, hashed in place
   uint64_t h = kFnv1a64Basis;
   for (size_t i = 0; i < st.params.size(); ++i) {
     std::vector<torch::Tensor> ts{st.params[i].second};
@@ -164,7 +164,7 @@ void record(const Quorum& q, Carried& c, double t0, double t_quorum, double t_gr
 // writes PATH.tmp, then renames it over PATH: a kill mid-write leaves the checkpoint before); the store then
 // says this run has one, so that a fallback never loads a file of some other run.
 void save_checkpoint(const RunOptions& r, ProcessGroup& pg, Strategy& s, Membership& members, const Carried& c) {
-  save_lm_checkpoint(r.checkpoint, pg, {c.done, r.config(), c.curve}, s.full_state());
+  save_lm_checkpoint(r.checkpoint, pg, {c.done, r.config(), c.curve}, s.full_state_view());
   if (pg.rank() == 0) members.set_count("saved", c.done);
   print0("checkpoint step {} written to {}", c.done, r.checkpoint);
 }

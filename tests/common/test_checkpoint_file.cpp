@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -85,6 +86,41 @@ TEST(CheckpointFile, FailedWriteLeavesThePreviousFileIntact) {
   fs::remove(path + ".tmp");
   dp::write_checkpoint_file(path, kTest, "new", "payload");
   EXPECT_EQ(dp::read_checkpoint_file(path, kTest).meta(), "new");
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+}
+
+// A payload streamed in pieces makes the same file, byte for byte, as the payload whole: the header
+// written over the placeholder last carries the right size and checksum (a placeholder left in place
+// is refused as truncated or damaged).
+TEST(CheckpointFile, StreamedPayloadMakesTheSameFile) {
+  TempDir dir("checkpoint_file");
+  const std::string whole = dir.file("whole.bin"), streamed = dir.file("streamed.bin");
+  std::string payload;
+  for (int i = 0; i < 5000; ++i) payload.push_back(static_cast<char>(i * 7));
+  dp::write_checkpoint_file(whole, kTest, "{\"m\": 2}", payload);
+  dp::write_checkpoint_stream(streamed, kTest, "{\"m\": 2}", [&](const dp::ByteSink& sink) {
+    for (size_t at = 0; at < payload.size(); at += 777)
+      sink(payload.data() + at, std::min<size_t>(777, payload.size() - at));
+  });
+  EXPECT_EQ(read_file(streamed), read_file(whole));
+  EXPECT_EQ(std::string(dp::read_checkpoint_file(streamed, kTest).payload(), payload.size()), payload);
+  EXPECT_FALSE(fs::exists(streamed + ".tmp"));
+}
+
+// A producer that fails half-way (a serializer's error; a process killed there leaves the same PATH.tmp)
+// leaves the previous file as it was and no PATH.tmp.
+TEST(CheckpointFile, StreamFailingHalfWayLeavesThePreviousFile) {
+  TempDir dir("checkpoint_file");
+  const std::string path = dir.file("f.bin");
+  dp::write_checkpoint_file(path, kTest, "old", "payload");
+  const std::string before = read_file(path);
+  EXPECT_THROW(dp::write_checkpoint_stream(path, kTest, "new",
+                                           [&](const dp::ByteSink& sink) {
+                                             sink("half", 4);
+                                             throw std::runtime_error("serializer failed");
+                                           }),
+               std::runtime_error);
+  EXPECT_EQ(read_file(path), before);
   EXPECT_FALSE(fs::exists(path + ".tmp"));
 }
 
