@@ -21,7 +21,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <mutex>
+#include <thread>
 
 namespace dp {
 namespace {
@@ -173,6 +175,25 @@ static bool debug_detail_requested() {
     throw UsageError(fmt::format("TORCH_DISTRIBUTED_DEBUG={}: not a level c10d knows; use OFF, INFO or DETAIL",
                                  std::getenv("TORCH_DISTRIBUTED_DEBUG") ? std::getenv("TORCH_DISTRIBUTED_DEBUG") : ""));
   }
+}
+
+std::unique_ptr<ProcessGroup> ProcessGroup::init_with_store_or_give_up(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                                                       int world_size, const DistOptions& opts,
+                                                                       std::chrono::milliseconds grace) {
+  auto made = std::make_shared<std::promise<std::unique_ptr<ProcessGroup>>>();
+  auto group = made->get_future();
+  std::thread([made, store, rank, world_size, opts] {
+    try {
+      made->set_value(std::make_unique<ProcessGroup>(init_with_store(store, rank, world_size, opts)));
+    } catch (...) {
+      made->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (group.wait_for(opts.timeout + grace) != std::future_status::ready)
+    throw std::runtime_error(fmt::format(
+        "a group of {} ranks did not form within {:.1f} s (--timeout + {:.1f} s): a member died while it formed",
+        world_size, (opts.timeout + grace).count() / 1000.0, grace.count() / 1000.0));
+  return group.get();
 }
 
 ProcessGroup ProcessGroup::init_with_store(c10::intrusive_ptr<c10d::Store> store, int rank, int world,

@@ -59,6 +59,13 @@ class ProcessGroup {
   /// Joins through an existing store (threads-as-ranks tests use a c10d::HashStore).
   static ProcessGroup init_with_store(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
                                       const DistOptions& opts = {});
+  /// init_with_store() on a thread of its own, given up after `opts.timeout` + `grace`: Gloo's connect can
+  /// wait for good on a peer that died while the group formed (stage 09's chaos runs saw a survivor stuck so,
+  /// its group never formed and no error ever came). Throws std::runtime_error then, naming the group; the
+  /// thread stays behind, blocked, owning everything it uses (its group, if it ever forms, is closed there).
+  static std::unique_ptr<ProcessGroup> init_with_store_or_give_up(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                                                  int world_size, const DistOptions& opts,
+                                                                  std::chrono::milliseconds grace);
 
   /// Wraps a c10d backend made elsewhere, such as the default group of Python's torch.distributed, which the
   /// package in python/ hands over: collectives go to it, and shutdown() leaves it to its maker. `backend`

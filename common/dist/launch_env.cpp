@@ -32,6 +32,7 @@ LaunchEnv LaunchEnv::from_environment() {
   LaunchEnv env;
   if (const char* i = std::getenv("GLOO_SOCKET_IFNAME"); i && *i) env.gloo_ifname = i;
   if (const char* n = std::getenv("DP_NET"); n && *n) env.net = n;
+  if (const char* b = std::getenv("DP_NET_BIT_S"); b && *b) env.net_bit_s = std::strtod(b, nullptr);
   if (const char* c = std::getenv("DP_LAUNCH_COMMAND"); c && *c) env.launch_command = c;
   env.launched = std::getenv("RANK") && std::getenv("WORLD_SIZE");
   if (!env.launched) return env;  // started by hand: one rank

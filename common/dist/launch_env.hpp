@@ -21,6 +21,7 @@ struct LaunchEnv {
                                           ///< store at MASTER_ADDR:MASTER_PORT, so rank 0 connects instead of hosting
   std::string gloo_ifname;     ///< GLOO_SOCKET_IFNAME: the interface Gloo binds (PyTorch's variable), or empty
   std::string net;             ///< DP_NET: the rate of ddp_launch --net's simulated links ("1gbit"), or empty
+  double net_bit_s = 0;        ///< DP_NET_BIT_S: the same rate in bits/s (1e9), or 0
   std::string launch_command;  ///< DP_LAUNCH_COMMAND: ddp_launch's own command line, or empty
   std::string elastic_store;   ///< DP_ELASTIC_STORE: ddp_launch --elastic's store file, or empty
   int elastic_min = 1;         ///< DP_ELASTIC_MIN: ddp_launch --min-nproc (elastic runs), else 1

@@ -56,6 +56,17 @@ for part in $parts; do
       done
     done
     $PY scripts/pages/merge_results.py $R/allreduce.json "${files[@]}"
+    rm -f "${files[@]}"
+    # The rings written with sends and receives (exercises 01.1-01.4), each timed beside ring_seconds().
+    files=()
+    for n in 2 3 4; do
+      if [ $net_ok = 1 ]; then
+        $L --nproc $n --net 1gbit -- $B/stage01_allreduce --bench --rings --sizes 1MB,4MB,16MB --warmup 1 \
+            --iters 5 --json $R/rings_$n.json
+        files+=($R/rings_$n.json)
+      fi
+    done
+    [ ${#files[@]} = 0 ] || $PY scripts/pages/merge_results.py $R/rings.json "${files[@]}"
     rm -f "${files[@]}" ;;
   ddp)
     echo "== stages 02-05, tiny Transformer: every variant in one run, per link"

@@ -153,6 +153,25 @@ def chaos(o, work):
             time.sleep(0.2)
         time.sleep(5)
         stuck = processes_of(curve) if p.poll() is None else []
+        if stuck:
+            with open(curve + ".stuck", "w") as f:  # what each thread does, read from /proc (gdb would stop it)
+                for pid in stuck:
+                    for again in range(2):
+                        for tid in sorted(os.listdir(f"/proc/{pid}/task")):
+                            t = f"/proc/{pid}/task/{tid}/"
+                            try:
+                                st = open(t + "stat").read().rsplit(")", 1)[1].split()
+                                f.write(f"{pid}/{tid} sample {again}: state {st[0]} utime {st[11]} stime {st[12]} "
+                                        f"wchan {open(t + 'wchan').read()} syscall {open(t + 'syscall').read().strip()}\n")
+                            except OSError as e:
+                                f.write(f"{pid}/{tid}: {e}\n")
+                        time.sleep(1)
+                    try:
+                        env = dict(x.split("=", 1) for x in open(f"/proc/{pid}/environ").read().split("\0") if "=" in x)
+                        shutil.copy(env["DP_ELASTIC_STORE"], curve + ".store")
+                    except (OSError, KeyError) as e:
+                        f.write(f"store: {e}\n")
+            print(f"  processes stuck after the run passed: /proc in {curve}.stuck, the store in {curve}.store")
         if stuck and shutil.which("gdb"):
             with open(curve + ".stacks", "w") as f:
                 for pid in stuck:

@@ -81,14 +81,14 @@ def ring_schedule(n):
     per rank])] per step: the chunk rank r sends to rank r+1 and how many ranks' inputs it sums."""
     have = [[{r} for _ in range(n)] for r in range(n)]  # have[r][c]: ranks whose chunk c rank r has summed
     steps = []
-    for s in range(n - 1):  # reduce-scatter: send chunk r - s, the receiver adds its own
-        sent = [((r - s) % n, set(have[r][(r - s) % n])) for r in range(n)]  # every rank sends at once
+    for s in range(n - 1):  # reduce-scatter (ring_allreduce.cpp): send chunk r - s - 1, the receiver adds its own
+        sent = [((r - s - 1) % n, set(have[r][(r - s - 1) % n])) for r in range(n)]  # every rank sends at once
         for r, (c, part) in enumerate(sent):
             have[(r + 1) % n][c] |= part
         steps.append(("reduce-scatter", [(c, len(part)) for c, part in sent]))
-    assert all(len(have[r][(r + 1) % n]) == n for r in range(n)), "each rank should own one reduced chunk"
-    for s in range(n - 1):  # all-gather: pass the reduced chunks on, the receiver overwrites
-        sent = [((r + 1 - s) % n, set(have[r][(r + 1 - s) % n])) for r in range(n)]
+    assert all(len(have[r][r]) == n for r in range(n)), "rank r should own reduced chunk r"
+    for s in range(n - 1):  # all-gather: pass the reduced chunks on (chunk r - s), the receiver overwrites
+        sent = [((r - s) % n, set(have[r][(r - s) % n])) for r in range(n)]
         for r, (c, part) in enumerate(sent):
             have[(r + 1) % n][c] = part
         steps.append(("all-gather", [(c, len(part)) for c, part in sent]))
@@ -136,7 +136,7 @@ def ring_allreduce(out):
                Patch(facecolor="#999999", label="final: summed over all N ranks (the receiver keeps it)")]
     fig.legend(handles=handles, loc="center left", ncol=2, frameon=False, fontsize=9,
                bbox_to_anchor=(0.01, 0.125))
-    fig.text(0.02, 0.07, f"After step {rs} rank r owns chunk r+1 (mod {n}), fully reduced; after step {len(steps)} "
+    fig.text(0.02, 0.07, f"After step {rs} rank r owns chunk r, fully reduced; after step {len(steps)} "
              f"every rank holds all {n} chunks, fully reduced.", ha="left", va="center", fontsize=9.5)
     fig.text(0.02, 0.025, f"Each rank sends {len(steps)} chunks of S/{n}: 2(N-1)/N x S = {share:g} S for N = {n} "
              f"(and receives as much).", ha="left", va="center", fontsize=10, fontweight="bold")

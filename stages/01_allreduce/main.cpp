@@ -25,7 +25,7 @@
 #include "common/measure/memory.hpp"  // check_fits_in_memory
 #include "common/measure/results.hpp"
 #include "common/measure/timing.hpp"
-#include "stages/01_allreduce/ring_allreduce.hpp"
+#include "stages/01_allreduce/ring_check.hpp"
 
 #include <fmt/ranges.h>
 
@@ -51,23 +51,6 @@ static bool demo(ProcessGroup& pg, uint64_t seed) {
   auto expected = torch::stack(inputs).sum(0);
   bool ok = torch::equal(data, expected);
   if (!ok) print_rank("MISMATCH: expected {}", show(expected));
-  return ok;
-}
-
-// The ring all-reduce of ring_allreduce.cpp, written with sends and receives only, must give all_reduce's
-// answer. Integer-valued float32 entries (each below 2^24 / W) make every sum exact in any order, so the two
-// must be equal bit for bit; 1,001 elements leave chunks of unequal size at every W from 2 to 7.
-static bool check_ring(ProcessGroup& pg, uint64_t seed) {
-  torch::manual_seed(seed + 1000 + pg.rank());
-  auto mine = torch::randint(0, 1000, {1001}, torch::kFloat32).to(pg.device());
-  auto library = mine.clone(), input = mine.clone();
-  ring_all_reduce(pg, mine);
-  pg.all_reduce(library);
-  const bool ok = torch::equal(mine, library);
-  const std::string hint = ring_mismatch_hint(pg, input, mine);  // a collective: every rank, always
-  if (!ok)
-    print_rank("MISMATCH: ring_all_reduce differs from all_reduce at {} of 1001 elements{}",
-               (mine != library).sum().item<int64_t>(), hint.empty() ? "; no named hint fits" : hint);
   return ok;
 }
 
@@ -135,7 +118,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> sizes{"1MB", "10MB", "100MB"};
   int warmup = 5, iters = 20;
   std::string budget = "10s";
+  bool rings = false;
   cli.app().add_flag("--bench", run_bench, "After the demo, benchmark all-reduce at --sizes");
+  cli.app().add_flag("--rings", rings,
+                     "With --bench on ddp_launch --net: time each ring of ring_allreduce.cpp beside ring_seconds()");
   cli.app()
       .add_option("--sizes", sizes, "Tensor sizes (float32), e.g. 1MB,10MB,100MB,1GB (MB = 10^6 B, MiB = 2^20 B)")
       ->delimiter(',')
@@ -153,18 +139,25 @@ int main(int argc, char** argv) {
   cli.app().add_option("--warmup", warmup, "Untimed iterations before measuring")->check(NonNegativeFinite);
   cli.app().add_option("--iters", iters, "Timed iterations per size")->check(PositiveInt);
   cli.app().add_option("--budget", budget, "Stop measuring a size after this long (e.g. 10s)");
-  bench_only(cli.app(), {"--sizes", "--warmup", "--iters", "--budget"});  // without --bench: refused, not ignored
+  bench_only(cli.app(),
+             {"--sizes", "--warmup", "--iters", "--budget", "--rings"});  // without --bench: refused, not ignored
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
     const double budget_s = parse_seconds(budget, "--budget");
+    const LaunchEnv env = LaunchEnv::from_environment();
+    if (rings && (env.net_bit_s <= 0 || env.world_size < 2))
+      throw UsageError(fmt::format(
+          "--rings predicts times on a link of known rate between at least 2 ranks (here: {} rank(s), link {}); run "
+          "./build/bin/ddp_launch --nproc 3 --net 1gbit -- ./build/bin/stage01_allreduce --bench --rings",
+          env.world_size, env.net.empty() ? "none" : env.net));
     // Every rank here holds the largest tensor: a size this machine cannot hold is refused now, not failed
     // in an allocation after the demo. Measured: 1GB at 2 ranks peaks at 1.39 GB resident per rank (LibTorch
     // itself about 0.3 GB, Gloo's buffers little). On a GPU the tensors live in the GPU's memory instead.
     if (run_bench && !cli.dist_options().on_gpu()) {
       uint64_t largest = 0;
       for (const auto& size : sizes) largest = std::max(largest, parse_size(size, "--sizes"));
-      check_fits_in_memory(1.1 * static_cast<double>(largest) + 0.4e9, LaunchEnv::from_environment().local_world_size,
+      check_fits_in_memory(1.1 * static_cast<double>(largest) + 0.4e9, env.local_world_size,
                            "--sizes " + format_bytes(static_cast<double>(largest)),
                            "use smaller --sizes or fewer ranks");
     }
@@ -179,14 +172,25 @@ int main(int argc, char** argv) {
     auto oks = pg.all_gather(ok ? 1.0 : 0.0);  // every rank learns whether every rank passed
     if (std::count(oks.begin(), oks.end(), 1.0) != pg.world_size())
       throw CheckFailed("all_reduce result differs from the sum of the inputs on some rank");
-    const bool ring_ok = check_ring(pg, cli.common().seed);
+    const bool ring_ok = check_rings(pg, cli.common().seed);
     auto ring_oks = pg.all_gather(ring_ok ? 1.0 : 0.0);
     if (std::count(ring_oks.begin(), ring_oks.end(), 1.0) != pg.world_size())
-      throw CheckFailed("the ring all-reduce (ring_allreduce.cpp) differs from all_reduce on some rank");
-    print0("PASS ring all-reduce from sends and receives equals all_reduce ({}, 1001 elements)",
-           count_of(pg.world_size(), "rank"));
+      throw CheckFailed("a ring of ring_allreduce.cpp differs from the library's collective on some rank");
+    print0(
+        "PASS ring reduce-scatter, all-gather, all-reduce and the alternate ring from sends and receives equal "
+        "the library's ({}, 1001 elements)",
+        count_of(pg.world_size(), "rank"));
 
-    if (run_bench) {
+    if (run_bench && rings) {
+      Results results("rings");
+      const bool ok_rings = bench_rings(pg, sizes, warmup, iters, budget_s, results);
+      if (pg.rank() == 0 && !cli.common().json.empty()) results.write_json(cli.common().json, command_line(argc, argv));
+      if (!ok_rings)
+        throw CheckFailed(fmt::format("a ring's time is outside {:.0f}% of ring_seconds()'s prediction (exercise 01.4)",
+                                      kRingTolerance * 100));
+      print0("PASS every ring's time within {:.0f}% of ring_seconds()'s prediction (those of 20 ms or more)",
+             kRingTolerance * 100);
+    } else if (run_bench) {
       Results results("allreduce");
       bench(pg, sizes, warmup, iters, budget_s, results);
       std::vector<std::string> keys{"backend",          "world_size", "size",      "iters",

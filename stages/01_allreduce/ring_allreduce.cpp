@@ -6,40 +6,110 @@
 
 namespace dp {
 
-void ring_all_reduce(ProcessGroup& pg, torch::Tensor& t) {
-  if (!t.is_contiguous()) throw std::invalid_argument("ring_all_reduce: the tensor must be contiguous");
+namespace {
+
+void check_contiguous(const torch::Tensor& t, const char* who) {
+  if (!t.is_contiguous()) throw std::invalid_argument(fmt::format("{}: the tensor must be contiguous", who));
+}
+
+// [step]
+// One step of a ring: send `out` to rank r+1 while receiving `into` from rank r-1; both are in flight
+// together (Gloo pairs a send with the receive of the same peer and tag). With fewer elements than ranks
+// some chunks are empty: they travel nowhere (sender and receiver agree, as both look at the same chunk).
+void ring_step(ProcessGroup& pg, torch::Tensor out, torch::Tensor into, int tag) {
   const int W = pg.world_size();
-  if (W == 1) return;  // the sum over one rank is the tensor itself
-  // [exercise 01.1: the ring's two phases, from sends and receives]
-  // [ring]
+  const int r = pg.rank();
+  Work recv, send;
+  if (into.numel() > 0) recv = pg.recv_async(into, (r + W - 1) % W, tag);
+  if (out.numel() > 0) send = pg.send_async(out, (r + 1) % W, tag);
+  recv.wait();  // a Work never started (an empty chunk) returns at once
+  send.wait();
+}
+// [step]
+
+int mod(int a, int W) { return ((a % W) + W) % W; }
+
+}  // namespace
+
+void ring_reduce_scatter(ProcessGroup& pg, torch::Tensor& t) {
+  check_contiguous(t, "ring_reduce_scatter");
+  // [exercise 01.1: the ring reduce-scatter, from sends and receives]
+  // [reduce_scatter]
+  const int W = pg.world_size();
+  const int r = pg.rank();
   std::vector<torch::Tensor> chunk = t.view({-1}).tensor_split(W);  // views: writing a chunk writes t
   torch::Tensor incoming = torch::empty_like(chunk[0]);             // chunk 0 is the largest
-  const int r = pg.rank(), next = (r + 1) % W, prev = (r + W - 1) % W;
-  // One step: send chunk `out` to the next rank while receiving chunk `in` from the previous one; both are
-  // in flight together (Gloo pairs a send with the receive of the same peer and tag).
-  // With fewer elements than ranks some chunks are empty: they travel nowhere (sender and receiver agree,
-  // as both look at the same chunk index).
-  auto step = [&](int out, int in, int tag) {
+  // At step s rank r sends chunk r-s-1 (its own partial sum of it) and adds what arrives into chunk r-s-2:
+  // at the last step, s = W-2, that is chunk r, which then holds every rank's share.
+  for (int s = 0; s < W - 1; ++s) {
+    const int out = mod(r - s - 1, W);
+    const int in = mod(r - s - 2, W);
     torch::Tensor into = incoming.narrow(0, 0, chunk[in].numel());
-    Work recv, send;
-    if (into.numel() > 0) recv = pg.recv_async(into, prev, tag);
-    if (chunk[out].numel() > 0) send = pg.send_async(chunk[out], next, tag);
-    recv.wait();  // a Work never started (an empty chunk) returns at once
-    send.wait();
-    return into;
-  };
-  // Reduce-scatter: at step s rank r sends chunk (r - s) and adds what it receives to chunk (r - s - 1).
-  for (int s = 0; s < W - 1; ++s) {
-    const int out = (r - s + W) % W, in = (r - s - 1 + W) % W;
-    chunk[in].add_(step(out, in, s));
+    ring_step(pg, chunk[out], into, s);
+    chunk[in].add_(into);
   }
-  // Rank r now holds the whole sum of chunk (r + 1) mod W. All-gather: pass the sums on around the ring.
-  for (int s = 0; s < W - 1; ++s) {
-    const int out = (r + 1 - s + W) % W, in = (r - s + W) % W;
-    chunk[in].copy_(step(out, in, W - 1 + s));
-  }
-  // [ring]
+  // [reduce_scatter]
   // [/exercise 01.1]
+}
+
+void ring_all_gather(ProcessGroup& pg, torch::Tensor& t) {
+  check_contiguous(t, "ring_all_gather");
+  // [exercise 01.2: the ring all-gather, from sends and receives]
+  // [all_gather]
+  const int W = pg.world_size();
+  const int r = pg.rank();
+  std::vector<torch::Tensor> chunk = t.view({-1}).tensor_split(W);
+  // At step s rank r passes on chunk r-s (its own at s = 0, then the one it received last) and receives
+  // chunk r-s-1 straight into its place.
+  for (int s = 0; s < W - 1; ++s) ring_step(pg, chunk[mod(r - s, W)], chunk[mod(r - s - 1, W)], W + s);
+  // [all_gather]
+  // [/exercise 01.2]
+}
+
+// [ring]
+void ring_all_reduce(ProcessGroup& pg, torch::Tensor& t) {
+  ring_reduce_scatter(pg, t);  // rank r: the whole sum of chunk r
+  ring_all_gather(pg, t);      // every rank: every chunk's sum
+}
+// [ring]
+
+void alternate_ring_all_reduce(ProcessGroup& pg, torch::Tensor& t) {
+  check_contiguous(t, "alternate_ring_all_reduce");
+  // [exercise 01.3: CS336's alternate ring all-reduce: the original tensors travel]
+  // [alternate]
+  const int W = pg.world_size();
+  torch::Tensor travelling = t.reshape({-1}).clone();  // what this rank passes on: its own tensor first
+  torch::Tensor incoming = torch::empty_like(travelling);
+  for (int s = 0; s < W - 1; ++s) {
+    ring_step(pg, travelling, incoming, 2 * W + s);
+    t.view({-1}).add_(incoming);  // rank r-1-s's original tensor
+    std::swap(travelling, incoming);
+  }
+  // [alternate]
+  // [/exercise 01.3]
+}
+
+std::string ring_name(Ring c) {
+  switch (c) {
+    case Ring::kReduceScatter: return "reduce_scatter";
+    case Ring::kAllGather: return "all_gather";
+    case Ring::kAllReduce: return "all_reduce";
+    case Ring::kAlternate: return "alternate";
+  }
+  return "?";
+}
+
+double ring_seconds(Ring c, int world, double bytes, double rate, double step_latency) {
+  // [exercise 01.4: predict each ring's time on a link]
+  // [predict]
+  const double W = world;
+  double steps = W - 1;         // reduce-scatter, all-gather and the alternate ring: W-1 steps each
+  double per_step = bytes / W;  // one chunk leaves every rank at every step
+  if (c == Ring::kAllReduce) steps = 2 * (W - 1);
+  if (c == Ring::kAlternate) per_step = bytes;  // a whole tensor per step
+  return steps * (step_latency + per_step / rate);
+  // [predict]
+  // [/exercise 01.4]
 }
 
 std::string ring_mismatch_hint(ProcessGroup& pg, const torch::Tensor& input, const torch::Tensor& result) {
@@ -53,7 +123,8 @@ std::string ring_mismatch_hint(ProcessGroup& pg, const torch::Tensor& input, con
   const auto got_c = got.tensor_split(W), want_c = want.tensor_split(W);
   std::vector<std::vector<torch::Tensor>> inputs_c;  // [rank][chunk]
   for (const auto& x : inputs) inputs_c.push_back(x.tensor_split(W));
-  bool own_summed = torch::equal(got_c[(r + 1) % W], want_c[(r + 1) % W]), one_rank_each = true;
+  const bool own_summed = torch::equal(got_c[r], want_c[r]);
+  bool one_rank_each = true;
   for (int c = 0; c < W; ++c) {
     bool from_one = false;
     for (const auto& x : inputs_c) from_one = from_one || torch::equal(got_c[c], x[c]);
@@ -61,10 +132,10 @@ std::string ring_mismatch_hint(ProcessGroup& pg, const torch::Tensor& input, con
   }
   if (own_summed)  // and some other chunk not: the result is not the sum
     return fmt::format(
-        "; hint [ring-no-all-gather]: chunk {} ((r+1) mod W) holds its sum but other chunks do not: "
+        "; hint [ring-no-all-gather]: chunk {} (this rank's own, r) holds its sum but other chunks do not: "
         "the all-gather phase, which passes each rank's summed chunk around, is missing or sends the "
         "wrong chunks",
-        (r + 1) % W);
+        r);
   if (one_rank_each)
     return "; hint [ring-copied-not-added]: every chunk holds one rank's values, not a sum: in the reduce-scatter "
            "add what arrives to your chunk (add_) instead of copying it over";

@@ -289,8 +289,8 @@ json train_elastic(const ElasticOptions& o, const TextCorpus& corpus, Membership
     std::unique_ptr<Strategy> s;
     try {
       // 2. Its process group, in a store prefix of its own, and stage 05's DDP over it.
-      pg = std::make_unique<ProcessGroup>(
-          ProcessGroup::init_with_store(members.generation_store(q.round), q.rank, q.size(), dist));
+      pg = ProcessGroup::init_with_store_or_give_up(members.generation_store(q.round), q.rank, q.size(), dist,
+                                                    std::chrono::seconds(5));
       s = bucketed_ddp_strategy(r.trainer.bucket_mb)(*pg, model.ptr(), make_optimizer);
       if (c.state) s->load_full_state(*c.state);
       const double t_group = wall_seconds();

@@ -179,7 +179,22 @@ TEST(Timeout, MissingPeerIsAnErrorNotAHang) {
   });
 }
 
-// The same for an all-to-all, which Gloo runs as point-to-point sends and receives (common/dist/dist.cpp).
+// A group whose other member never comes, behind a store that would wait an hour for it: forming it gives up
+// after the timeout and the grace, with an error, whatever the store does (stage 09's survivors then meet in the
+// next round). Without the give-up a store that waits for good makes the caller wait for good.
+TEST(Timeout, GroupThatCannotFormIsGivenUp) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  store->setTimeout(std::chrono::hours(1));
+  dp::DistOptions opts;
+  opts.timeout = std::chrono::milliseconds(1000);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_ANY_THROW(dp::ProcessGroup::init_with_store_or_give_up(store, 0, 2, opts, std::chrono::milliseconds(500)));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(took, 1.5 + 1.0) << "the limit is the timeout (1 s) + the grace (0.5 s)";
+}
+
+// A missing peer in an all-to-all, which Gloo runs as point-to-point sends and receives (common/dist/dist.cpp), is
+// an error too, not a hang.
 TEST(Timeout, MissingPeerInAllToAllIsAnErrorNotAHang) {
   expect_missing_peer_error("all_to_all", [](ProcessGroup& pg) {
     auto in = torch::ones({8}), out = torch::zeros({8});

@@ -127,7 +127,8 @@ Network::~Network() { teardown(); }
 std::vector<std::pair<std::string, std::string>> Network::rank_env(int local_rank) const {
   return {{"MASTER_ADDR", ipv4_text(spec_.subnet + 1)},
           {"GLOO_SOCKET_IFNAME", fmt::format("{}{}", kPrefix, local_rank)},
-          {"DP_NET", spec_.rate_text}};
+          {"DP_NET", spec_.rate_text},
+          {"DP_NET_BIT_S", std::to_string(spec_.rate_bit_s)}};
 }
 
 void Network::add_namespace(const std::string& name) {

@@ -77,8 +77,8 @@ A cluster on one machine (--net RATE; needs root, i.e. CAP_NET_ADMIN and CAP_SYS
 iproute2): every rank runs in a network namespace of its own, with one veth interface into a Linux
 bridge, shaped to RATE in each direction by tbf (tc's units: 1gbit, 500mbit, 10gbit; kbps, mbps,
 gbps are bytes/s). Ranks get MASTER_ADDR = rank 0's address (198.18.0.1 in --net-subnet's default
-198.18.0.0/15), GLOO_SOCKET_IFNAME = their interface (dpnet<local_rank>) and DP_NET = RATE.
-Namespaces are named dpnet<launcher pid>-b (bridge) and dpnet<pid>-r<i> and removed when the
+198.18.0.0/15), GLOO_SOCKET_IFNAME = their interface (dpnet<local_rank>), DP_NET = RATE and
+DP_NET_BIT_S = RATE in bits/s. Namespaces are named dpnet<launcher pid>-b (bridge) and dpnet<pid>-r<i> and removed when the
 launcher exits; leftovers of a SIGKILLed launcher go with the next --net run or --net-cleanup.
 --net-delay needs the kernel's netem qdisc (exit 2 without it). Exit 1: the network could not be
 built. --net is refused with --nnodes > 1: two real machines need no simulation; --net simulates
