@@ -44,13 +44,13 @@ bool check_rings(ProcessGroup& pg, uint64_t seed) {
   const auto inputs = pg.all_gather(input);
   auto gathered_want = torch::empty_like(input);
   for (int c = 0; c < W; ++c) gathered_want.tensor_split(W)[c].copy_(inputs[c].tensor_split(W)[c]);
-  const bool rings_ok = torch::equal(own(scattered), own(library)) && torch::equal(gathered, gathered_want) &&
-                        torch::equal(alternate, library);
+  const bool scatter_ok = torch::equal(own(scattered), own(library));
+  const bool gather_ok = torch::equal(gathered, gathered_want);
+  const bool alternate_ok = torch::equal(alternate, library);
+  const bool rings_ok = scatter_ok && gather_ok && alternate_ok;
   if (!rings_ok)
-    print_rank("MISMATCH: reduce-scatter {}, all-gather {}, alternate ring {}",
-               torch::equal(own(scattered), own(library)) ? "right" : "WRONG",
-               torch::equal(gathered, gathered_want) ? "right" : "WRONG",
-               torch::equal(alternate, library) ? "right" : "WRONG");
+    print_rank("MISMATCH: reduce-scatter {}, all-gather {}, alternate ring {}", scatter_ok ? "right" : "WRONG",
+               gather_ok ? "right" : "WRONG", alternate_ok ? "right" : "WRONG");
   return ok && rings_ok;
 }
 
