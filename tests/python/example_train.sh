@@ -5,7 +5,8 @@
 # (x + y)/2 exactly in binary), so the runs do the same arithmetic; the losses are compared as printed (6 decimals).
 # torchrun is the pip torch 2.x venv's (Debian's 1.13 torchrun fails on Python 3.11), starting PYTHON's script;
 # rank 0 hosts the store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), as a torch 1.13 rank cannot join the agent's
-# (tests/launcher/torchrun.sh), and agent and ranks meet on 127.0.0.1. Each run has a deadline.
+# (tests/launcher/torchrun.sh), and agent and ranks meet on 127.0.0.1. Each run has a deadline. A failed run shows
+# the head of its stderr too: a rank's own message comes before torchrun's summary of who failed.
 #   example_train.sh PYTHON PACKAGE_PARENT DDP_LAUNCH TORCHRUN_PYTHON
 set -euo pipefail
 py=$1
@@ -18,15 +19,16 @@ torchrun() {
   timeout -k 5 120 "$trpy" -m torch.distributed.run --standalone --local-addr 127.0.0.1 --nproc_per_node 2 \
     --no-python "$py" "$@"
 }
+show() { grep -v '^[[:space:]]*$' "$1" | head -8; echo ...; tail -12 "$1"; }
 script="$(cd "$(dirname "$0")/../.." && pwd)/python/examples/train.py"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 torchrun "$script" > "$out/ours_torchrun" 2> "$out/err1" || {
-  tail -20 "$out/err1"; echo "example_train: torchrun with ours failed"; exit 1; }
+  show "$out/err1"; echo "example_train: torchrun with ours failed"; exit 1; }
 torchrun "$script" --torch-ddp > "$out/theirs_torchrun" \
-  2> "$out/err2" || { tail -20 "$out/err2"; echo "example_train: torchrun with PyTorch's DDP failed"; exit 1; }
+  2> "$out/err2" || { show "$out/err2"; echo "example_train: torchrun with PyTorch's DDP failed"; exit 1; }
 timeout -k 5 120 "$launch" --nproc 2 -- "$py" "$script" > "$out/ours_launch" 2> "$out/err3" || {
-  tail -20 "$out/err3"; echo "example_train: ddp_launch with ours failed"; exit 1; }
+  show "$out/err3"; echo "example_train: ddp_launch with ours failed"; exit 1; }
 losses() { grep -o 'step [0-9]*: loss [0-9.]*' "$1" || true; }
 for f in ours_torchrun theirs_torchrun ours_launch; do
   echo "$f: $(losses "$out/$f" | tr '\n' ' ')"
