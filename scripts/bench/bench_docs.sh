@@ -26,6 +26,10 @@ if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v tc >/dev/nu
   echo "bench_docs: no --net runs: they need root and iproute2 (ip, tc); running the loopback ones only"
 fi
 net() { [ $net_ok = 1 ] && "$@" || echo "(skipped: $*)"; }
+# Each of N ranks on cores of its own where the machine has a core per rank (ddp_launch --cpus-per-rank), as each
+# rank owns a GPU on a cluster; the benchmark then times its single process on as many cores, and the ceiling
+# of the speed-up column is N (docs/00_start_here.md, "What this machine can and cannot show").
+pin() { local k=$(( $(nproc) / $1 )); [ $k -ge 1 ] && echo "--cpus-per-rank $k" || true; }
 
 # Extension 06a's table of ZeRO-1 in buckets against stage 05's DDP and stage 06's flat ZeRO-1, tiny at 1 and
 # 10 Gbit/s (all variants in one run, round by round), and small at 1 Gbit/s (one variant per group: small's
@@ -70,11 +74,11 @@ for part in $parts; do
     rm -f "${files[@]}" ;;
   ddp)
     echo "== stages 02-05, tiny Transformer: every variant in one run, per link"
-    $L --nproc 2 -- $B/stage05_bucketed $T --caps 1,10,100 --json $R/stage05_tiny.json
-    net $L --nproc 2 --net 1gbit -- $B/stage05_bucketed $T --caps 1,10,100 \
+    $L --nproc 2 $(pin 2) -- $B/stage05_bucketed $T --caps 1,10,100 --json $R/stage05_tiny.json
+    net $L --nproc 2 $(pin 2) --net 1gbit -- $B/stage05_bucketed $T --caps 1,10,100 \
         --json $R/stage05_tiny_1gbit.json --trace $R/stage05_tiny_1gbit.trace.json
-    net $L --nproc 2 --net 10gbit -- $B/stage05_bucketed $T --caps 1,10,100 --json $R/stage05_tiny_10gbit.json
-    net $L --nproc 4 --net 1gbit -- $B/stage05_bucketed $T --caps 1,10,100 --json $R/stage05_tiny_1gbit_4r.json
+    net $L --nproc 2 $(pin 2) --net 10gbit -- $B/stage05_bucketed $T --caps 1,10,100 --json $R/stage05_tiny_10gbit.json
+    net $L --nproc 4 $(pin 4) --net 1gbit -- $B/stage05_bucketed $T --caps 1,10,100 --json $R/stage05_tiny_1gbit_4r.json
     if [ -f $R/stage05_tiny_1gbit.trace.json ]; then
       # The pages' timelines: one step of stages 03, 04 and 05 on the same time axis.
       $PY scripts/trace/timeline.py $R/stage05_tiny_1gbit.trace.json --variant "flat (stage 03)" \
@@ -237,8 +241,9 @@ for part in $parts; do
     fi
     $PY scripts/pages/lm_results.py $R/lm_speed.json "${files[@]}" ;;
   weak)
-    echo "== stage 05, weak scaling: the same sequences per rank at 1, 2 and 4 ranks, 1 Gbit/s (about 12 minutes)"
-    if [ $net_ok = 1 ]; then $PY scripts/bench/weak_scaling.py --out $R/weak_scaling.json --rounds 5 --per-rank 2; else
+    echo "== stage 05, weak scaling: the same sequences per rank at 1 and 2 ranks, each on a core of its own, 1 Gbit/s (about 8 minutes)"
+    if [ $net_ok = 1 ]; then $PY scripts/bench/weak_scaling.py --out $R/weak_scaling.json --rounds 5 --per-rank 2 \
+        --ranks 1,2 --cpus-per-rank 1; else
       echo "(skipped: weak scaling runs on the simulated link: root and iproute2)"; fi ;;
   elastic)
     echo "== stage 09: a rank killed, survived in memory, restarted or fallen back to a checkpoint (about 7 minutes)"
@@ -256,6 +261,8 @@ for f in $R/*.json; do
   # the tensor bytes that ext06d_cs336.png and ext07a_memory.png already show (ext07a_large: one bar).
   case $f in */ext06d_designs.json|*/ext06d_tiny_1gbit.json|*/ext07a_large.json|*/ext07a_small_*.json) continue ;; esac
   case $f in */ext07b.json) continue ;; esac  # a save and a load, not variants: its table says it
+  # Measured against a formula (rings) or by another program's rows (the Python package's): their tables say it.
+  case $f in */rings.json|*/python_ddp_*.json) continue ;; esac
   $PY scripts/pages/plot.py "$f"
 done
 $PY scripts/pages/figures.py  # the pictures of the ideas: two of them drawn from the traces just recorded

@@ -2,6 +2,7 @@
 """Weak scaling on the simulated link: the same sequences per rank at 1, 2 and 4 ranks, in tokens/s.
 
     /usr/bin/python3 scripts/bench/weak_scaling.py [--out docs/results/weak_scaling.json] [--rounds 3] [--ranks 1,2,4]
+                                                   [--cpus-per-rank K]
 
 Strong scaling (the stage tables) splits one global batch over more ranks; weak scaling gives every rank the
 same work (--per-rank sequences) and asks how many more tokens per second N ranks train. Each launch is
@@ -11,8 +12,10 @@ spell of the shared machine does not always land on one size); every ratio is ta
 
 What the columns mean: tokens/s = ranks x per-rank x context / median step (the row's); efficiency =
 tokens/s at N / (N x tokens/s at 1 rank, same round): 1.0 is perfect scaling. The no-communication row's
-efficiency is this machine's ceiling: N ranks share its 2 cores, so it falls like 1/N whatever the network;
-on a GPU per rank it stays near 1, and only the bucketed row's distance below it is the communication's cost.
+efficiency is the ceiling: with --cpus-per-rank K every launch, the 1-rank one included, gives each rank K
+cores of its own (ddp_launch --cpus-per-rank), as each rank owns a GPU on a cluster, and it stays near 1;
+without it N ranks share the machine's cores and it falls like 1/N whatever the network. Either way only the
+bucketed row's distance below it is the communication's cost. Every N x K must fit the machine's cores.
 About 4 minutes on 2 cores (3 rounds). --net needs root and iproute2.
 """
 import argparse
@@ -44,6 +47,7 @@ def main():
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--cap", type=float, default=1.0, help="bucket cap in MB")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--cpus-per-rank", type=int, default=0, help="cores of its own per rank (0: share them)")
     a = ap.parse_args()
     os.chdir(ROOT)
     ranks = [int(x) for x in a.ranks.split(",")]
@@ -51,6 +55,13 @@ def main():
         print(f"weak_scaling: --rounds {a.rounds}, --per-rank {a.per_rank}, --ranks {a.ranks}: want positive "
               f"values and --ranks starting at 1 (efficiency is against 1 rank)", file=sys.stderr)
         return 2
+    cores = len(os.sched_getaffinity(0))
+    if a.cpus_per_rank < 0 or max(ranks) * a.cpus_per_rank > cores:
+        print(f"weak_scaling: --cpus-per-rank {a.cpus_per_rank} at {max(ranks)} ranks needs "
+              f"{max(ranks) * a.cpus_per_rank} cores, and this process may use {cores}: lower --ranks or "
+              f"--cpus-per-rank (0 shares the cores)", file=sys.stderr)
+        return 2
+    pin = ["--cpus-per-rank", str(a.cpus_per_rank)] if a.cpus_per_rank else []
     bucketed = BUCKETED.format(a.cap)
     cmds, samples, machine = {}, {n: [] for n in ranks}, None
     with tempfile.TemporaryDirectory() as tmp:
@@ -58,7 +69,7 @@ def main():
             order = ranks[rnd % len(ranks):] + ranks[:rnd % len(ranks)]
             for n in order:
                 out = os.path.join(tmp, f"w{n}.json")
-                cmd = [L, "--nproc", str(n), "--net", a.net, "--", B, "--bench", "--preset", a.preset,
+                cmd = [L, "--nproc", str(n), *pin, "--net", a.net, "--", B, "--bench", "--preset", a.preset,
                        "--context", str(a.context), "--batch", str(a.per_rank * n), "--warmup", "2",
                        "--steps", str(a.steps), "--variants", "bucketed", "--caps", f"{a.cap:g}", "--json", out]
                 print(f"round {rnd + 1}/{a.rounds}, {n} rank(s): {' '.join(cmd)}", flush=True)
@@ -76,7 +87,10 @@ def main():
                 cmds[n] = " ".join(cmd[:-2] + ["--json", f"w{n}.json"])
     result = {"benchmark": "weak_scaling", "machine": machine, "command": f"/usr/bin/python3 scripts/bench/weak_scaling.py "
               f"--rounds {a.rounds} --ranks {a.ranks} --per-rank {a.per_rank} --net {a.net} --preset {a.preset} "
-              f"--context {a.context} --cap {a.cap:g} --steps {a.steps}", "rows": []}
+              f"--context {a.context} --cap {a.cap:g} --steps {a.steps}" +
+              (f" --cpus-per-rank {a.cpus_per_rank}" if a.cpus_per_rank else ""), "rows": []}
+    if a.cpus_per_rank:
+        result["cpus_per_rank"] = a.cpus_per_rank
     for n in ranks:
         row = {"world_size": n, "per_rank": a.per_rank, "global_batch": a.per_rank * n, "preset": a.preset,
                "context": a.context, "link": f"simulated {a.net} link per rank", "launch": cmds[n], "bucket_cap_MB": a.cap}

@@ -173,6 +173,28 @@ def union(intervals):
     return [tuple(x) for x in out]
 
 
+# Collectives one Gloo group runs at once: common/base/c10d_compat.hpp creates its groups with 2 worker threads.
+GLOO_WORKERS = 2
+
+
+def on_the_link(spans, workers=GLOO_WORKERS):
+    """(span, start, worker) per collective span, in launch order: when each began to move bytes, and on
+    which of the group's worker threads. A Gloo group queues the collectives launched on it and runs them in
+    launch order on `workers` threads: one starts when it is launched and a worker is free, that is at the
+    completion of the one that worker ran before. So at most `workers` collectives share the rank's link at
+    any time, and [launch, start) is the time one waited in the queue. A completion recorded before the
+    start this gives (a trace whose order differs) starts it at its completion, never after."""
+    free = [(float("-inf"), w) for w in range(workers)]  # (time the worker is free, worker)
+    out = []
+    for s in sorted(spans, key=lambda s: (s.ts, s.end)):
+        free.sort()
+        at, w = free.pop(0)
+        start = min(max(s.ts, at), s.end)
+        out.append((s, start, w))
+        free.append((s.end, w))
+    return out
+
+
 def length(intervals):
     return sum(b - a for a, b in union(intervals))
 

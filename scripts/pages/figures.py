@@ -12,7 +12,8 @@ What it draws, and from what:
                         fully reduced.
   buckets_timeline.png  one measured step of stage 05 (1 MB buckets), rank 0, from
                         docs/results/stage05_tiny_1gbit.trace.json.gz: the step's phases, then one row per
-                        bucket's all-reduce from launch to completion, on one time axis.
+                        bucket's all-reduce on one time axis: an outline from its launch while it waits for one
+                        of the group's two Gloo workers, solid while it runs (tl.on_the_link).
   zero_memory.png       training state per rank (parameters, gradients, AdamW state) of DDP, ZeRO-1, ZeRO-2
                         and ZeRO-3/FSDP at N = 1, 2, 4, 8 for the `small` preset, from scripts/pages/accounting.py's
                         parameter count and per-device totals. Arithmetic, not measured.
@@ -21,7 +22,8 @@ What it draws, and from what:
                         (waiting for the gather, then computing), its backward and its reduce-scatter.
   grads_after_or_during.png  one measured step of stage 02's naive DDP and one of stage 04's overlap, rank 0,
                         from docs/results/stage05_tiny_1gbit.trace.json.gz: the phases, then every gradient's
-                        all-reduce in launch order: after backward (02), or from its hook during backward (04).
+                        all-reduce in launch order: after backward (02), or from its hook during backward (04);
+                        an outline while it waits for a Gloo worker, solid while it runs.
   zero1_step.png        ZeRO-1's step over N = 4 ranks: what each rank holds of the flat buffer after backward,
                         the reduce-scatter, the step of its chunk and the all-gather, and the bytes it sends,
                         2(N-1)/N x 4P. Arithmetic, not measured.
@@ -168,8 +170,12 @@ def buckets_timeline(out):
     ax.axvspan(ms(b0), ms(b1), color=PHASE["backward"], alpha=0.12, zorder=0)  # backward, across every row
     for p in sorted(step.phases, key=lambda p: -p.dur):
         ax.barh(0, p.dur / 1e3, left=ms(p.ts), height=0.7, color=PHASE.get(p.name, "k"), zorder=2)
+    wire = {id(c): start for c, start, _ in tl.on_the_link(step.comms)}  # two at a time, the rest queued
     for i, c in enumerate(buckets, start=1):
-        ax.barh(i, c.dur / 1e3, left=ms(c.ts), height=0.7, color=GATHER, zorder=2)
+        w = wire[id(c)]
+        ax.barh(i, (w - c.ts) / 1e3, left=ms(c.ts), height=0.25, color="none", edgecolor=GATHER, linewidth=0.6,
+                zorder=2)  # queued behind the buckets before it
+        ax.barh(i, (c.end - w) / 1e3, left=ms(w), height=0.7, color=GATHER, zorder=2)
         ax.plot([ms(c.ts)], [i], marker="|", color="black", markersize=7, zorder=3)  # launch = bucket ready
     ax.set_yticks(range(rows))
     ax.set_yticklabels(["compute (rank 0)"] + [f"{c.args['carries']}: {megabytes(c.args.get('bytes', 0))}"
@@ -177,7 +183,7 @@ def buckets_timeline(out):
     ax.set_ylim(rows - 0.4, -0.6)  # compute on top, bucket 0 (the first to fill) under it
     ax.set_xlim(0, ms(max(step.end, max(c.end for c in buckets))) * 1.01)
     ax.set_xlabel("time since the step's start (ms)")
-    ax.set_ylabel("all-reduce of each bucket, launch to completion")
+    ax.set_ylabel("all-reduce of each bucket: queued, then running")
     ax.grid(axis="x", color="#DDDDDD", linewidth=0.5, zorder=0)
     ax.set_axisbelow(True)
     ax.set_title(f"Buckets leave while backward runs: one measured step of stage 05 (1 MB buckets), rank 0\n"
@@ -185,7 +191,8 @@ def buckets_timeline(out):
                  f"{during} of {len(buckets)} buckets launched during backward ({bwd / 1e3:.0f} ms); "
                  f"{hidden / 1e3:.0f} of {comm / 1e3:.0f} ms of communication hidden behind it", fontsize=10)
     handles = [Patch(color=PHASE[p], label=p) for p in PHASE if step.phase(p)]
-    handles += [Patch(color=GATHER, label="all-reduce of a bucket"),
+    handles += [Patch(color=GATHER, label="all-reduce of a bucket, running (at most 2 share the link)"),
+                Patch(facecolor="none", edgecolor=GATHER, label="queued: both Gloo workers busy"),
                 plt.Line2D([], [], color="black", marker="|", linestyle="None", markersize=8,
                            label="launch (bucket ready)"),
                 Patch(color=PHASE["backward"], alpha=0.12, label="backward, across all rows")]
@@ -381,8 +388,12 @@ def grads_after_or_during(out):
         ax.axvspan(ms(b0), ms(b1), color=PHASE["backward"], alpha=0.12, zorder=0)
         for p in sorted(step.phases, key=lambda p: -p.dur):
             ax.barh(0, p.dur / 1e3, left=ms(p.ts), height=2.4, color=PHASE.get(p.name, "k"), zorder=2)
+        wire = {id(c): start for c, start, _ in tl.on_the_link(step.comms)}  # two at a time, the rest queued
         for i, c in enumerate(calls, start=3):
-            ax.barh(i, max(c.dur / 1e3, 0.3), left=ms(c.ts), height=0.8, color=GATHER, zorder=2)
+            w = wire[id(c)]
+            ax.barh(i, (w - c.ts) / 1e3, left=ms(c.ts), height=0.3, color="none", edgecolor=GATHER, linewidth=0.5,
+                    zorder=2)  # queued behind the all-reduces before it
+            ax.barh(i, max((c.end - w) / 1e3, 0.3), left=ms(w), height=0.8, color=GATHER, zorder=2)
         ax.set_yticks([0, 3, 2 + len(calls)])
         ax.set_yticklabels(["compute (rank 0)", "1st all-reduce", f"{len(calls)}th"], fontsize=8)
         ax.set_ylim(3 + len(calls), -1.6)
@@ -394,7 +405,8 @@ def grads_after_or_during(out):
     axes[-1].set_xlim(0, right * 1.01)
     axes[-1].set_xlabel("time since the step's start (ms); rows: the gradients' all-reduces in launch order")
     handles = [Patch(color=PHASE[p], label=p) for p in PHASE]
-    handles += [Patch(color=GATHER, label="one gradient's all-reduce, launch to completion"),
+    handles += [Patch(color=GATHER, label="one gradient's all-reduce, running (at most 2 share the link)"),
+                Patch(facecolor="none", edgecolor=GATHER, label="queued: both Gloo workers busy"),
                 Patch(color=PHASE["backward"], alpha=0.12, label="backward, across all rows")]
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
     fig.suptitle("One measured step, rank 0: tiny Transformer, 2 ranks, simulated 1 Gbit/s link (both ranks "

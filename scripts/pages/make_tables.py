@@ -63,6 +63,10 @@ def speedup(doc, r):
     return float(np.median(sp)) / r["step_s"] if sp and r.get("step_s") else r.get("speedup_vs_1proc")
 
 
+# The one place the speed-up's ceiling is explained; every table's note links it (pages sit beside it in docs/).
+CEILING_PAGE = "00_start_here.md#what-this-machine-can-and-cannot-show"
+
+
 def ceiling_note(doc):
     """The speed-up column's ceiling on this machine, said beside it: the no-communication row (ranks only
     computing) is as fast as N ranks on these cores can be, and why that is not N."""
@@ -76,13 +80,14 @@ def ceiling_note(doc):
         k = doc["cpus_per_rank"]
         return (f"Speed-up = one process's median step / the row's median step; the process ran on {k} "
                 f"core{'s' if k > 1 else ''}, as each rank did (`ddp_launch --cpus-per-rank {k}`), so the "
-                f"ceiling is {w}, and the no-communication row's {c:.2f} is how near this run came to it.")
+                f"ceiling is {w}, and the no-communication row's {c:.2f} is how near this run came to it "
+                f"([the ceiling]({CEILING_PAGE})).")
     gpu = "device" in base[0]  # scripts/machines/gpu_check.sh: the ranks share one GPU
     shared = "one GPU" if gpu else f"same {doc['machine'].split(', ')[1]}"
     return (f"Speed-up = one process's median step / the row's median step. Its ceiling here is the "
             f"no-communication row's {c:.2f}, not {w}: the {w} ranks share the {shared} that one process "
-            f"already keeps busy, so splitting the batch adds no compute" + ("." if gpu else
-            f"; with a GPU per rank it would be near {w}."))
+            f"already keeps busy, so splitting the batch adds no compute" + ("" if gpu else
+            f"; with a GPU per rank it would be near {w}") + f" ([the ceiling]({CEILING_PAGE})).")
 
 
 def ddp_table(doc):
@@ -397,7 +402,7 @@ def number_env(name):
     return {"d": doc, "rows": rows, "find": find, "row": row, "med": lambda xs: float(np.median(xs)),
             "ci": ci, "ratio": lambda a, b: compare(row(a), row(b)), "speedup": lambda v: speedup(doc, row(v)),
             "J": load, "np": np,
-            "min": min, "max": max, "abs": abs, "len": len, "sum": sum, "round": round}
+            "min": min, "max": max, "abs": abs, "len": len, "sum": sum, "round": round, "all": all, "any": any}
 
 
 def number(name, body):
@@ -554,7 +559,10 @@ def main(check, only):
             name = m.group(2)
             if not (RESULTS / f"{name.removesuffix('.sample')}.json").exists():
                 raise SystemExit(f"make_tables: {md.name} has a table '{name}' but docs/results/{name}.json is missing")
-            return m.group(1) + table(name) + "\n" + m.group(3)
+            body = table(name)
+            if md.parent == ROOT:  # README.md: the notes' links point into docs/
+                body = body.replace(f"]({CEILING_PAGE})", f"](docs/{CEILING_PAGE})")
+            return m.group(1) + body + "\n" + m.group(3)
         new = pattern.sub(repl, text)
         def num(m):
             try:

@@ -9,11 +9,16 @@ two lanes:
   compute        forward / backward / sync / optimizer as bars (one colour per phase; the light grey
                  bar behind them is that rank's whole step), and a small black tick at the top for
                  each "ready" instant: a gradient (stage 04) or a bucket (stage 05) ready to send;
-  communication  every collective launched in that step, from launch to completion, one colour per
-                 operation; collectives in flight at the same time are stacked on sub-lanes (past 8,
-                 they wrap around and are drawn semi-transparent on top of each other).
+  communication  every collective launched in that step, one colour per operation, as the group runs them:
+                 Gloo queues a group's collectives and runs them in launch order on two worker threads,
+                 so at most two move bytes at a time, sharing the rank's link. Each is drawn solid on its
+                 worker's sub-lane from its start (a worker free) to its completion, and as a thin outline
+                 on a strip under them from its launch to its start, while it waited in the queue
+                 (dplib.trace.on_the_link).
 What to look for: in stage 03 the all-reduce starts only after backward ends; in stages 04/05 the
 collectives start during backward and hide behind it, and the step gets shorter by what they hide.
+
+--self-test checks the group's queue (dplib.trace.on_the_link) on made-up spans whose answer is known.
 
 --variant: exact name or a unique substring ('flat', 'bucketed 1 MB'); default: every variant but
 the reference all-reduce. --round: a round number as recorded (the warm-up steps are not recorded);
@@ -31,19 +36,6 @@ from dplib import trace as tl  # noqa: E402
 
 PHASE_COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "sync": "#C44E52", "optimizer": "#55A868"}
 OP_COLOURS = ["#8172B3", "#937860", "#DA8BC3", "#8C8C8C", "#CCB974", "#64B5CD"]
-MAX_SUBLANES = 8
-
-
-def sublanes(spans):
-    """Greedy lane per span (the first whose last span has ended), as in common/base/trace.cpp."""
-    free_at, lanes = [], []
-    for s in spans:
-        k = next((i for i, f in enumerate(free_at) if f <= s.ts), len(free_at))
-        if k == len(free_at):
-            free_at.append(0)
-        free_at[k] = s.end
-        lanes.append(k)
-    return lanes, max(1, len(free_at))
 
 
 def draw_panel(ax, steps, t0, op_colour, lanes_y):
@@ -56,18 +48,34 @@ def draw_panel(ax, steps, t0, op_colour, lanes_y):
         ticks = [(i.ts - t0) / 1e3 for i in s.instants if "ready" in i.name]
         if ticks:
             ax.vlines(ticks, y + 0.22, y + 0.4, color="black", linewidth=0.6, zorder=3)
-        comms = sorted(s.comms, key=lambda c: c.ts)
-        lane, n = sublanes(comms)
-        rows = min(n, MAX_SUBLANES)
-        h = 0.8 / rows
-        for c, k in zip(comms, lane):
-            top = y - 1 + 0.4 - (k % rows) * h
-            ax.barh(top - h / 2, max(c.dur, 1) / 1e3, left=(c.ts - t0) / 1e3, height=h * 0.9,
-                    color=op_colour[c.args.get("op", c.name)], alpha=0.9 if k < rows else 0.45,
-                    edgecolor="white", linewidth=0.3, zorder=2)
+        for c, start, w in tl.on_the_link(s.comms):
+            colour = op_colour[c.args.get("op", c.name)]
+            lane = y - 1 + 0.27 - w * 0.3  # worker 0 above worker 1, the queue's strip under both
+            if start > c.ts:  # queued: both workers busy with the collectives launched before it
+                ax.barh(y - 1 - 0.3, (start - c.ts) / 1e3, left=(c.ts - t0) / 1e3, height=0.12, color="none",
+                        edgecolor=colour, linewidth=0.5, zorder=2)
+            ax.barh(lane, max(c.end - start, 1) / 1e3, left=(start - t0) / 1e3, height=0.26, color=colour,
+                    alpha=0.9, edgecolor="white", linewidth=0.3, zorder=3)
+
+
+def self_test():
+    """Made-up collectives of one group, in µs, launched a at 0, b at 2, c at 3, d at 30, done at 10, 25, 12, 40.
+    Two workers: a and b start when launched; c waits until a's worker is free at 10; d starts at 30 on an idle
+    group. Want (name, start, worker): a 0 0, b 2 1, c 10 0, d 30 0. The mutants: drawn from launch to completion
+    (c at 3, as if it had a worker of its own), and one worker (c after b, at its own completion 12)."""
+    spans = [tl.Span(n, ts, end, {}) for n, ts, end in [("a", 0, 10), ("b", 2, 25), ("c", 3, 12), ("d", 30, 40)]]
+    want = [("a", 0, 0), ("b", 2, 1), ("c", 10, 0), ("d", 30, 0)]
+    got = [(c.name, start, w) for c, start, w in tl.on_the_link(spans)]
+    unqueued = [(c.name, c.ts) for c in spans]
+    one_worker = [(c.name, start) for c, start, _ in tl.on_the_link(spans, workers=1)]
+    ok = got == want and unqueued != [(n, t) for n, t, _ in want] and one_worker != [(n, t) for n, t, _ in want]
+    print(f"timeline.py --self-test: {'PASS' if ok else 'FAIL'}: on the link {got}, want {want}")
+    return 0 if ok else 1
 
 
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("trace")
     ap.add_argument("--variant", action="append", help="variant to draw (repeatable; exact or unique substring)")
@@ -142,6 +150,8 @@ def main():
     handles += [Patch(color=op_colour[op], label=op) for op in ops]
     if any("ready" in i.name for _, _, steps in chosen for s in steps for i in s.instants):
         handles.append(Line2D([], [], color="black", marker="|", linestyle="None", markersize=8, label="ready"))
+    if any(st > c.ts for _, _, steps in chosen for s in steps for c, st, _ in tl.on_the_link(s.comms)):
+        handles.append(Patch(facecolor="none", edgecolor="#555555", label="queued (both workers busy)"))
     handles.append(Patch(color="#E8E8E8", label="whole step"))
     fig.suptitle(args.title or os.path.basename(args.trace), y=1 - 0.08 / fig_h, va="top", fontsize=12)
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), frameon=False, fontsize=9,
