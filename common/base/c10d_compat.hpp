@@ -50,6 +50,17 @@ using CommPtr = c10::intrusive_ptr<CommBase>;
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 using StorePtr = c10::intrusive_ptr<c10d::Store>;
 
+/// A c10d::Store to derive from: 2.x declares clone() (another handle on the same store) pure virtual,
+/// 1.13 has no clone(); a subclass implements clone_store() and builds against both.
+class CloneableStore : public c10d::Store {
+ public:
+  using c10d::Store::Store;
+  virtual StorePtr clone_store() = 0;
+#if TORCH_VERSION_MAJOR >= 2
+  StorePtr clone() override { return clone_store(); }
+#endif
+};
+
 /// TCP rendezvous store: rank 0 hosts it, every rank (rank 0 included) connects as a client.
 inline StorePtr make_tcp_store(const std::string& host, int port, bool is_server, int world_size,
                                std::chrono::milliseconds timeout) {

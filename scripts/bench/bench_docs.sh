@@ -36,7 +36,7 @@ pin() { local k=$(( $(nproc) / $1 )); [ $k -ge 1 ] && echo "--cpus-per-rank $k" 
 # replicas do not fit together here). About 10 minutes.
 zero1_vs_ddp() {
   for rate in 1gbit 10gbit; do
-    net $L --nproc 2 --net $rate -- $B/ext06a_zero1_buckets $T --json $R/ext06a_tiny_$rate.json
+    net $L --nproc 2 $(pin 2) --net $rate -- $B/ext06a_zero1_buckets $T --json $R/ext06a_tiny_$rate.json
   done
   net $L --nproc 2 --net 1gbit -- $B/ext06a_zero1_buckets --bench --preset small --context 128 --warmup 1 --steps 6 \
       --json $R/ext06a_small_1gbit.json
@@ -90,7 +90,7 @@ for part in $parts; do
     echo "== stage 05's extensions on simulated 1 and 10 Gbit/s links: hook x bucket order x optimizer placement in one run"
     for rate in 1gbit 10gbit; do
       tr=(); [ $rate = 1gbit ] && tr=(--trace $R/stage05_features_1gbit.trace.json)
-      net $L --nproc 2 --net $rate -- $B/ext05d_feature_bench $T --caps 1,25 \
+      net $L --nproc 2 $(pin 2) --net $rate -- $B/ext05d_feature_bench $T --caps 1,25 \
           --comm-hook allreduce,fp16 --bucket-order reverse,arrival --overlap-optimizer both --accumulate 4 \
           --json $R/stage05_features_$rate.json "${tr[@]}"
     done

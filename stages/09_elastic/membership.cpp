@@ -2,15 +2,14 @@
 
 #include "common/base/store_values.hpp"
 #include "common/base/timeline.hpp"
+#include "common/dist/record_store.hpp"
 
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -40,11 +39,10 @@ Close parse_close(const std::string& text) {
 Membership::Membership(const std::string& path, std::string id, int max_members, std::chrono::milliseconds settle,
                        std::chrono::milliseconds timeout)
     : id_(std::move(id)), dead_(path + ".dead"), max_members_(max_members), settle_(settle), timeout_(timeout) {
-  // LibTorch 1.13's FileStore waits for the file to exist before reading it: create it (empty) first.
-  std::ofstream(path, std::ios::app);
-  // numWorkers -1: no process removes the file on exit (they come and go); the launcher owns it.
-  store_ = c10::make_intrusive<c10d::FileStore>(path, -1);
-  store_->setTimeout(timeout);  // a generation's process group waits this long for a member that never comes
+  // Not c10d::FileStore: a process killed inside one of its records leaves every later reader waiting for the
+  // rest (common/dist/record_store.hpp). The launcher owns the file and removes it at the end.
+  // The timeout: how long a generation's process group waits for a member that never comes.
+  store_ = c10::make_intrusive<RecordFileStore>(path, timeout);
 }
 
 std::string Membership::key(int64_t round, const std::string& what) const { return fmt::format("r{}/{}", round, what); }

@@ -50,7 +50,7 @@ struct RunOver : std::runtime_error {
 /// The store every generation meets in and the rounds that form them.
 class Membership {
  public:
-  /// Opens the c10d::FileStore at `path` (ddp_launch --elastic creates it: DP_ELASTIC_STORE; the launcher
+  /// Opens the RecordFileStore at `path` (ddp_launch --elastic creates it: DP_ELASTIC_STORE; the launcher
   /// marks each process that ended with a file `path`.dead/<id>). `max_members`
   /// closes a round at once when that many have arrived; `settle` is how long a round waits for more
   /// after the first member with state arrived (round 0: `timeout`, every rank is expected); no round
