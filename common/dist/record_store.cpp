@@ -123,7 +123,7 @@ void RecordFileStore::refresh() {
   offset_ += static_cast<int64_t>(at);
 }
 
-void RecordFileStore::append(char kind, const std::string& key, const std::vector<uint8_t>& value) {
+void RecordFileStore::append_record(char kind, const std::string& key, const std::vector<uint8_t>& value) {
   // Under the exclusive lock nobody else writes, so bytes past the last complete record are a torn record
   // left by a writer that died holding this lock: cut them off, or the new record would follow garbage.
   struct stat st {};
@@ -149,7 +149,7 @@ void RecordFileStore::append(char kind, const std::string& key, const std::vecto
 
 void RecordFileStore::set(const std::string& key, const std::vector<uint8_t>& value) {
   Locked l(*this, Lock::exclusive);
-  append(kSet, key, value);
+  append_record(kSet, key, value);
 }
 
 std::vector<uint8_t> RecordFileStore::compareSet(const std::string& key, const std::vector<uint8_t>& expected,
@@ -160,7 +160,7 @@ std::vector<uint8_t> RecordFileStore::compareSet(const std::string& key, const s
   // a present one is set when it equals `expected`, else its value comes back.
   if (it == kv_.end() && !expected.empty()) return expected;
   if (it != kv_.end() && it->second != expected) return it->second;
-  append(kSet, key, desired);
+  append_record(kSet, key, desired);
   return desired;
 }
 
@@ -178,14 +178,14 @@ int64_t RecordFileStore::add(const std::string& key, int64_t value) {
   const auto it = kv_.find(key);
   const int64_t now = (it == kv_.end() ? 0 : std::stoll(std::string(it->second.begin(), it->second.end()))) + value;
   const std::string text = std::to_string(now);
-  append(kSet, key, std::vector<uint8_t>(text.begin(), text.end()));
+  append_record(kSet, key, std::vector<uint8_t>(text.begin(), text.end()));
   return now;
 }
 
 bool RecordFileStore::deleteKey(const std::string& key) {
   Locked l(*this, Lock::exclusive);
   if (!kv_.count(key)) return false;
-  append(kDelete, key, {});
+  append_record(kDelete, key, {});
   return true;
 }
 

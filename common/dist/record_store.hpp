@@ -56,7 +56,7 @@ class RecordFileStore : public compat::CloneableStore {
   enum class Lock { shared, exclusive };
   class Locked;    // holds the mutex and the flock for one operation
   void refresh();  // reads the complete records past offset_
-  void append(char kind, const std::string& key, const std::vector<uint8_t>& value);  // under Lock::exclusive
+  void append_record(char kind, const std::string& key, const std::vector<uint8_t>& value);  // Lock::exclusive
 
   std::string path_;
   int fd_ = -1;
