@@ -38,7 +38,7 @@ zero1_vs_ddp() {
   for rate in 1gbit 10gbit; do
     net $L --nproc 2 $(pin 2) --net $rate -- $B/ext06a_zero1_buckets $T --json $R/ext06a_tiny_$rate.json
   done
-  net $L --nproc 2 --net 1gbit -- $B/ext06a_zero1_buckets --bench --preset small --context 128 --warmup 1 --steps 6 \
+  net $L --nproc 2 $(pin 2) --net 1gbit -- $B/ext06a_zero1_buckets --bench --preset small --context 128 --warmup 1 --steps 6 \
       --json $R/ext06a_small_1gbit.json
 }
 
@@ -131,7 +131,7 @@ for part in $parts; do
   small)
     echo "== stage 05, small Transformer (128.6M parameters) on the simulated 1 Gbit/s link"
     # A small step takes ~10 s here and every round runs 8 models: 5 timed steps keep this at ~15 minutes.
-    net $L --nproc 2 --net 1gbit -- $B/stage05_bucketed --bench --preset small --context 128 --warmup 1 \
+    net $L --nproc 2 $(pin 2) --net 1gbit -- $B/stage05_bucketed --bench --preset small --context 128 --warmup 1 \
         --steps 5 --caps 25,100 --json $R/stage05_small_1gbit.json ;;
   zero)
     echo "== stage 06: the all-to-all that ZeRO-1 is built on, Gloo's own against sends and receives"
@@ -182,11 +182,11 @@ for part in $parts; do
     $PY scripts/pages/merge_results.py $R/ext07a_memory.json "${files[@]}"
     rm -f "${files[@]}"
     if [ $part = ext07a-memory ]; then continue; fi  # the memory table alone (about 8 minutes)
-    net $L --nproc 2 --net 1gbit -- $B/ext07a_fsdp_bench --preset small --context 128 --warmup 1 --steps 6 \
+    net $L --nproc 2 $(pin 2) --net 1gbit -- $B/ext07a_fsdp_bench --preset small --context 128 --warmup 1 --steps 6 \
         --variants ddp,zero1,fsdp --json $R/ext07a_small_1gbit.json --trace $R/ext07a_small_1gbit.trace.json
-    net $L --nproc 2 --net 1gbit -- $B/ext07a_fsdp_bench --preset small --context 128 --warmup 1 --steps 6 \
+    net $L --nproc 2 $(pin 2) --net 1gbit -- $B/ext07a_fsdp_bench --preset small --context 128 --warmup 1 --steps 6 \
         --compute-dtype bf16 --json $R/ext07a_small_1gbit_bf16.json
-    net $L --nproc 2 --net 10gbit -- $B/ext07a_fsdp_bench --preset small --context 128 --warmup 1 --steps 6 \
+    net $L --nproc 2 $(pin 2) --net 10gbit -- $B/ext07a_fsdp_bench --preset small --context 128 --warmup 1 --steps 6 \
         --variants ddp,zero1,fsdp --json $R/ext07a_small_10gbit.json --trace $R/ext07a_small_10gbit.trace.json
     # CS336 fsdp_accounting (b): did each gather finish before its unit's forward began? From the traces.
     files=()
@@ -248,9 +248,9 @@ for part in $parts; do
   elastic)
     echo "== stage 09: a rank killed, survived in memory, restarted or fallen back to a checkpoint (about 7 minutes)"
     $PY scripts/bench/elastic_bench.py --out $R/elastic.json
-    echo "== stage 09: recovery over 27 failures, then 20 runs under random kill -9s (about 10 minutes)"
+    echo "== stage 09: recovery over 27 failures, then 40 runs under random kill -9s (about 25 minutes)"
     $PY scripts/bench/elastic_chaos.py recovery --out $R/elastic_recovery.json
-    $PY scripts/bench/elastic_chaos.py chaos --runs 20 --seed 11 --out $R/elastic_chaos.json ;;
+    $PY scripts/bench/elastic_chaos.py chaos --runs 40 --seed 1 --out $R/elastic_chaos.json ;;
   *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, weak, features, torch, small, zero, ext06a, ext06d, ext07a, ext07a-memory, lm, lm-speed, elastic)" >&2; exit 2 ;;
   esac
 done
