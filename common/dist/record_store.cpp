@@ -61,7 +61,12 @@ class RecordFileStore::Locked {
   Locked(RecordFileStore& s, Lock how) : s_(s), guard_(s.mutex_) {
     while (flock(s_.fd_, how == Lock::exclusive ? LOCK_EX : LOCK_SH) != 0)
       if (errno != EINTR) fail("flock", s_.path_);
-    s_.refresh();
+    try {
+      s_.refresh();
+    } catch (...) {  // no destructor runs for a constructor that throws: the other processes would wait for good
+      flock(s_.fd_, LOCK_UN);
+      throw;
+    }
   }
   ~Locked() { flock(s_.fd_, LOCK_UN); }
   Locked(const Locked&) = delete;

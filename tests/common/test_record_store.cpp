@@ -80,6 +80,26 @@ TEST(RecordFileStore, ATornRecordAtTheEndIsIgnoredThenCutOff) {
   }
 }
 
+// A file that is not a store (another program's, or damaged) is an error naming the file and the remedy, for a
+// writer as for a reader, and the writer's failed attempt leaves no lock behind: the next handle (another open
+// file, as another process would have) answers at once instead of waiting for good.
+TEST(RecordFileStore, AFileThatIsNotAStoreIsAnErrorNotAHang) {
+  dp::testing::TempDir dir("record_store_foreign");
+  const std::string path = dir.file("store");
+  dp::testing::write_file(path, "this is not a store file, and it is longer than a header");
+  RecordFileStore a(path, std::chrono::milliseconds(100));
+  RecordFileStore b(path, std::chrono::milliseconds(100));
+  try {
+    a.set("k", bytes("v"));
+    ADD_FAILURE() << "a write into a foreign file went through";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("remove it"), std::string::npos) << e.what();
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(b.check({"k"}), std::runtime_error);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1)) << "b waited for a's lock";
+}
+
 // Processes, not threads: four of them add 1 to a counter 200 times each and race for one compareSet key.
 // Every add counts once (800) and exactly one process wins the key: the flock makes each read-modify-append
 // one step.
