@@ -19,7 +19,7 @@ if [ $full = 1 ]; then
   bash scripts/setup/build.sh
 else
   bash scripts/setup/build.sh ddp_launch stage01_allreduce stage02_naive_ddp stage03_flat stage04_overlap \
-    stage05_bucketed stage06_sharded_opt stage07_fsdp stage08_train_lm stage09_elastic
+    stage05_bucketed stage06_sharded_opt stage07_fsdp stage08_train_lm stage09_elastic stage10_hierarchy
 fi
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
 # The ranks talk over a simulated cluster network (every rank in its own network namespace behind a
@@ -39,11 +39,15 @@ cores=$(nproc)
 if [ "${TOUR_PIN:-1}" = 1 ] && [ "$cores" -ge "$NP" ]; then PIN="--cpus-per-rank $((cores / NP))"; fi
 if [ "$NET" != none ] && [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v tc >/dev/null; then
   L="./build/bin/ddp_launch --nproc $NP $PIN --net $NET --"
+  # Stage 10: 4 ranks as 2 simulated nodes of 2, each node's link $NET, the nodes joined by 1 Gbit/s uplinks
+  # (more ranks than cores here, so not pinned).
+  L10="./build/bin/ddp_launch --nproc 4 --net $NET --net-nodes 2 --net-uplink 1gbit --"
   LE="./build/bin/ddp_launch --elastic --nproc $NP $PIN --max-restarts 3 --net $NET --"
   link="a simulated $NET link per rank"
 else
   L="./build/bin/ddp_launch --nproc $NP $PIN --"
   LE="./build/bin/ddp_launch --elastic --nproc $NP $PIN --max-restarts 3 --"
+  L10="./build/bin/ddp_launch --nproc 4 --"
   link="loopback"
   [ "$NET" = none ] || echo "tour: running over loopback: the simulated network (ddp_launch --net) needs root and iproute2 (ip, tc)"
 fi
@@ -52,7 +56,7 @@ out=build/tour
 mkdir -p "$out"
 rm -f "$out"/*.json
 
-step() { echo; echo "==== [$1/9] $2"; }
+step() { echo; echo "==== [$1/10] $2"; }
 step 1 "stage 01: all-reduce (demo checked against the closed form, then a short benchmark)"
 $L $B/stage01_allreduce --bench --sizes 1MB,10MB,32MB --iters 5 --json $out/stage01.json
 T="--bench --preset tiny --context 128 --warmup 1 --steps 3"
@@ -72,6 +76,8 @@ step 8 "stage 08: the capstone, a byte-level language model trained on real text
 $L $B/stage08_train_lm --steps 100 --curve $out/stage08.json
 step 9 "stage 09: elastic, a rank killed (SIGKILL) as steps 6, 11 and 16 begin; the others go on, replacements join"
 DP_FAULT=die@*:step5,die@*:step10,die@*:step15 $LE $B/stage09_elastic --steps 20 --warmup 5 --curve $out/stage09.json
+step 10 "stage 10: a cluster of 2 nodes x 2 ranks: hierarchical all-reduce, HSDP, clipping (4 ranks share the cores)"
+$L10 $B/stage10_hierarchy --nodes 2 $T --json $out/stage10.json
 
 echo
 echo "==== summary (tiny Transformer, ${NPROC:-2} ranks, $link, this machine)"

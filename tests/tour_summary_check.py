@@ -3,8 +3,8 @@
 
   tour_summary_check.py SUMMARY_SCRIPT E2E_DIR STAGE08_CURVE STAGE09_CURVE
 
-E2E_DIR holds the JSON of the end-to-end runs of stages 01-07 (tests/stages/CMakeLists.txt: stage01_e2e_2ranks
-writes stage01_2.json, stage02_e2e ... stage07_e2e write stageNN.json); STAGE08_CURVE is stage08_curves_match's
+E2E_DIR holds the JSON of the end-to-end runs of stages 01-07 and 10 (tests/stages/CMakeLists.txt: stage01_e2e_2ranks
+writes stage01_2.json, stage02_e2e ... stage07_e2e and stage10_e2e write stageNN.json); STAGE08_CURVE is stage08_curves_match's
 2-rank DDP curve and STAGE09_CURVE stage09_elastic_kill's curve (a rank killed, a replacement joined). They are
 copied where the tour writes them (stageNN.json in one folder), the script runs on that folder, and every row
 of its table is checked against values computed here from the same files: the step of each stage's best row,
@@ -50,6 +50,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         sources = {"01": os.path.join(e2e, "stage01_2.json"), "08": curve08, "09": curve09}
         sources.update({n: os.path.join(e2e, f"stage{n}.json") for n, _ in NEEDLES})
+        sources["10"] = os.path.join(e2e, "stage10.json")
         docs = {}
         for n, src in sorted(sources.items()):
             if not os.path.exists(src):
@@ -79,7 +80,7 @@ def main():
         fail(f"{script} exited {out.returncode}")
     rows = table(out.stdout)
     got = [r[0] for r in rows]
-    want = ["01", "02", "03", "04", "05", "06", "07", "08", "09"]
+    want = ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10"]
     if got != want:
         fail(f"rows {got}, want one per stage in order {want}")
     for r in rows:
@@ -128,7 +129,17 @@ def main():
                 f"p95 {rec[math.ceil(0.95 * len(rec)) - 1]:.2f} s over {len(rec)} failure")
         if want not in by["09"][9]:
             fail(f"stage 09: notes {by['09'][9]!r} lack the recoveries {want!r}")
-    print("PASS tour summary: 9 rows, each as computed from its stage's run; the ceiling line follows the pinning")
+    # Stage 10: HSDP's step, and beside it its ratio to flat FSDP's and both uplinks' bytes (the formula).
+    hsdp = min((x for x in docs["10"]["rows"] if x["variant"] == "HSDP"), key=lambda x: x["step_s"])
+    fsdp = min((x for x in docs["10"]["rows"] if x["variant"] == "FSDP, flat"), key=lambda x: x["step_s"])
+    up = docs["10"]["uplink_bytes_per_step"]
+    if by["10"][3] != f"{hsdp['step_s']:.3f}":
+        fail(f"stage 10: step {by['10'][3]!r}, want HSDP's {hsdp['step_s']:.3f}")
+    want = (f"HSDP step {hsdp['step_s'] / fsdp['step_s']:.2f} x flat FSDP's; uplink {up['HSDP'] / 1e6:.0f} MB/step "
+            f"vs {up['FSDP, flat'] / 1e6:.0f}")
+    if want not in by["10"][9]:
+        fail(f"stage 10: notes {by['10'][9]!r} lack {want!r}")
+    print("PASS tour summary: 10 rows, each as computed from its stage's run; the ceiling line follows the pinning")
     return 0
 
 

@@ -16,6 +16,12 @@
                                               writes no checkpoint after the last finite step; a sample
                                               longer than --timeout fails no peer; a checkpoint write
                                               that never ends stops the run after 10 x --timeout
+  train_lm.py clip LAUNCH PROGRAM WORKDIR     --clip-grad-norm (every step clipped): DDP at 2 ranks and FSDP at 2
+                                              ranks draw one process's clipped curve and norms; unclipped differs
+  train_lm.py hsdp LAUNCH PROGRAM WORKDIR [clip]   extension 10a's --sync hsdp (clip: with --clip-grad-norm)
+                                              at 1 rank (1 node), 2 ranks (2 nodes x 1) and 4 (2 nodes x 2,
+                                              simulated by ddp_launch --net-nodes as root, else --nodes 2):
+                                              one process's curve (and norms), each log naming its mesh
 
 Exit 0: pass; 1: fail; 77: skipped (the corpus, Debian's fortunes package, is not installed).
 TOL: curves of different world sizes sum the same gradients in another order. This one bound is an
@@ -41,8 +47,8 @@ TOL = 1e-4
 STEPS = ["--steps", "30", "--eval-every", "10", "--sample", "0", "--batch", "8", "--context", "32", "--preset", "nano"]
 
 
-def run(launch, prog, n, args, log):
-    cmd = [launch, "--nproc", str(n), "--", prog] + args
+def run(launch, prog, n, args, log, net=()):
+    cmd = [launch, "--nproc", str(n), *net, "--", prog] + args
     with open(log, "w") as f:
         r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=240, start_new_session=True)
     out = open(log).read()
@@ -59,12 +65,13 @@ def must(ok, msg):
     return ok
 
 
-def train(launch, prog, work, name, n, extra):
+def train(launch, prog, work, name, n, extra, steps=STEPS, net=(), expect=""):
     path = os.path.join(work, name + ".json")
-    rc, out = run(launch, prog, n, STEPS + ["--curve", path] + extra, os.path.join(work, name + ".log"))
-    if rc != 0 or "PASS stage 08" not in out:
+    rc, out = run(launch, prog, n, steps + ["--curve", path] + extra, os.path.join(work, name + ".log"), net)
+    if rc != 0 or "PASS stage 08" not in out or expect not in out:
         print(out[-3000:])
-        raise SystemExit(f"FAIL: {name} ({n} ranks, {' '.join(extra)}) exited {rc}")
+        raise SystemExit(f"FAIL: {name} ({n} ranks, {' '.join(extra)}) exited {rc}" +
+                         (f"; its log must say '{expect}'" if expect and expect not in out else ""))
     return curve(path)
 
 
@@ -84,6 +91,66 @@ def curves(launch, prog, work):
                            ("fsdp2_acc2", 2, ["--sync", "fsdp", "--accumulate", "2"])]:
         ok = compare(f"{name} vs one process", ref, train(launch, prog, work, name, n, extra), TOL) and ok
     ok = must(ref[0][-1] < ref[0][0] - 2, f"the loss fell from {ref[0][0]:.3f} to {ref[0][-1]:.3f} (by more than 2)") and ok
+    return ok
+
+
+# Clipping and HSDP (issue 79): the tiny preset for 10 steps, every step clipped (0.5 is below the norm before
+# clipping at every one of these steps: 1.76 to 3.91 at 1 rank). About 2 s a run at 1 rank, 3 s at 4.
+SHORT = ["--steps", "10", "--warmup", "5", "--eval-every", "5", "--sample", "0", "--batch", "8", "--context", "32",
+         "--preset", "tiny"]
+CLIP = ["--clip-grad-norm", "0.5"]
+
+
+def norms(work, name):
+    """The norm before clipping at each step, from the curve (empty without --clip-grad-norm)."""
+    return [x[1] for x in json.load(open(os.path.join(work, name + ".json"))).get("grad_norm", [])]
+
+
+def compare_norms(name, a, b):
+    """The norms of two runs: their relative difference within TOL (the norm is a sum of P squares, not a loss)."""
+    d = max((abs(x - y) / y for x, y in zip(a, b)), default=float("inf"))
+    return must(len(a) == len(b) > 0 and d <= TOL, f"{name}: {len(a)} norms before clipping, max relative |diff| "
+                f"{d:.2e}, allowed {TOL:g}")
+
+
+def clip(launch, prog, work):
+    ref = train(launch, prog, work, "clip1", 1, CLIP, SHORT)
+    ref_norms = norms(work, "clip1")
+    ok = must(len(ref_norms) == 10 and min(ref_norms) > 0.5,
+              f"one process: the norm before clipping at each of {len(ref_norms)} steps, "
+              f"{min(ref_norms, default=0):.3f} to {max(ref_norms, default=0):.3f}, all above 0.5: every step clipped")
+    for name, n, extra in [("clip_ddp2", 2, []), ("clip_fsdp2_acc2", 2, ["--sync", "fsdp", "--accumulate", "2"])]:
+        ok = compare(f"{name} vs one process", ref, train(launch, prog, work, name, n, CLIP + extra, SHORT), TOL) and ok
+        ok = compare_norms(f"{name} vs one process", norms(work, name), ref_norms) and ok
+    plain = train(launch, prog, work, "noclip1", 1, [], SHORT)
+    d = max(abs(x - y) for x, y in zip(plain[0], ref[0]))
+    ok = must(d > 100 * TOL, f"the clipped curve differs from the unclipped one by {d:.2e} (> 100 x {TOL:g}): "
+              "clipping changes training") and ok
+    return ok
+
+
+def can_simulate_nodes():
+    """ddp_launch --net's needs, as tests/net_or_skip.sh checks them: root with CAP_NET_ADMIN (12) and CAP_SYS_ADMIN
+    (21), and iproute2's ip and tc."""
+    caps = int(next((l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff:")), "0"), 16)
+    return os.geteuid() == 0 and caps >> 12 & 1 and caps >> 21 & 1 and shutil.which("ip") and shutil.which("tc")
+
+
+def hsdp(launch, prog, work, extra):
+    """extra: [] or CLIP. Each run's log must name its mesh: the node count HSDP was given."""
+    four = (["--net", "10gbit", "--net-nodes", "2", "--net-uplink", "1gbit"], []) if can_simulate_nodes() else \
+        ((), ["--nodes", "2"])
+    ref = train(launch, prog, work, "hsdp1", 1, ["--sync", "hsdp"] + extra, SHORT, expect="HSDP on 1 node x 1 rank")
+    ok = True
+    for name, n, net, more, mesh in [("hsdp2_2x1", 2, (), ["--nodes", "2"], "2 nodes x 1 rank"),
+                                     ("hsdp4_2x2", 4, four[0], four[1], "2 nodes x 2 ranks")]:
+        got = train(launch, prog, work, name, n, ["--sync", "hsdp"] + extra + more, SHORT, net, "HSDP on " + mesh)
+        ok = compare(f"{name} ({mesh}{', simulated by --net-nodes' if net else ''}) vs one process", ref, got, TOL) \
+            and ok
+        if extra:
+            ok = compare_norms(f"{name} vs one process", norms(work, name), norms(work, "hsdp1")) and ok
+    ok = must(ref[0][-1] < ref[0][0] - 1, f"the loss fell from {ref[0][0]:.3f} to {ref[0][-1]:.3f} (by more than 1)") \
+        and ok
     return ok
 
 
@@ -236,7 +303,10 @@ def main():
         return 77
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    ok = {"curves": curves, "resume": resume, "lostwork": lostwork}[what](launch, prog, work)
+    if what == "hsdp":
+        ok = hsdp(launch, prog, work, CLIP if sys.argv[5:] == ["clip"] else [])
+    else:
+        ok = {"curves": curves, "resume": resume, "lostwork": lostwork, "clip": clip}[what](launch, prog, work)
     print("PASS" if ok else "FAILED")
     return 0 if ok else 1
 

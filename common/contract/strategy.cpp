@@ -1,5 +1,6 @@
 #include "common/contract/strategy.hpp"
 
+#include "common/base/errors.hpp"
 #include "common/base/format.hpp"
 #include "common/measure/memory.hpp"
 #include "common/model/params.hpp"
@@ -7,9 +8,31 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <stdexcept>
 
 namespace dp {
+
+GradientSpread Strategy::gradient_spread() {
+  throw UsageError(
+      fmt::format("{} cannot clip gradients: it does not say where its gradient lives when its optimizer steps "
+                  "(Strategy::gradient_spread()); drop --clip-grad-norm, or train with DDP, ZeRO-1, FSDP or HSDP",
+                  describe()));
+}
+
+void Strategy::set_max_grad_norm(double max_norm) {
+  if (!std::isfinite(max_norm) || max_norm < 0)
+    throw UsageError(
+        fmt::format("the gradient-norm limit must be a finite number >= 0 (0: no clipping), got {}; "
+                    "e.g. --clip-grad-norm 1.0",
+                    max_norm));
+  if (max_norm > 0) gradient_spread();  // a scheme that cannot clip says so now, before any step
+  max_grad_norm_ = max_norm;
+}
+
+void Strategy::clip_before_step() {
+  if (max_grad_norm_ > 0) last_grad_norm_ = clip_grad_norm(gradient_spread(), max_grad_norm_);
+}
 
 DdpStrategy::DdpStrategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, std::unique_ptr<GradSync> sync,
                          std::unique_ptr<torch::optim::Optimizer> opt, std::string name)
@@ -26,6 +49,8 @@ void DdpStrategy::zero_grad() {
 void DdpStrategy::after_backward() {
   if (sync_) sync_->after_backward();
 }
+
+GradientSpread DdpStrategy::gradient_spread() { return {{}, unique_parameters(*model_, true), nullptr}; }
 
 TrainingBytes DdpStrategy::bytes() const { return count_training_bytes(*model_, *opt_); }
 
@@ -109,6 +134,15 @@ MakeStrategy no_communication() {
             const MakeOptimizer& make_optimizer) -> std::unique_ptr<Strategy> {
     auto opt = make_optimizer(unique_parameters(*model));
     return std::make_unique<DdpStrategy>(pg, model, nullptr, std::move(opt));
+  };
+}
+
+MakeStrategy with_max_grad_norm(MakeStrategy make, double max_norm) {
+  return [make = std::move(make), max_norm](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
+                                            const MakeOptimizer& opt) {
+    auto s = make(pg, std::move(model), opt);
+    s->set_max_grad_norm(max_norm);
+    return s;
   };
 }
 

@@ -4,6 +4,7 @@
 // optimizer, is another, and the same check and benchmark serve them all.
 #pragma once
 
+#include "common/contract/clip.hpp"
 #include "common/contract/grad_sync.hpp"
 #include "common/dist/dist.hpp"
 #include "common/measure/accounting.hpp"
@@ -12,6 +13,7 @@
 
 #include "common/base/libtorch.hpp"
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -97,6 +99,26 @@ class Strategy {
   /// The optimizers that step (one; one per parameter; one per shard or bucket): where a learning-rate
   /// schedule sets each group's rate (set_learning_rate()).
   virtual std::vector<torch::optim::Optimizer*> optimizers() = 0;
+  /// Where the gradient the optimizer applies lives when it steps (common/contract/clip.hpp): what clipping
+  /// needs. The default throws dp::UsageError (such a scheme cannot clip): a scheme whose optimizers step during
+  /// backward, for one, has no moment at which the whole gradient is known.
+  virtual GradientSpread gradient_spread();
+
+  /// From the next step on, clip the gradient's global L2 norm to `max_norm` as torch.nn.utils.clip_grad_norm_
+  /// does on one process (0: no clipping). The scheme clips where its gradient is final, just before its
+  /// optimizer steps (ZeRO-1: after the reduce-scatter inside step()). Throws dp::UsageError for a negative or
+  /// non-finite value, or a scheme that cannot clip (gradient_spread()).
+  void set_max_grad_norm(double max_norm);
+  /// The norm before clipping in the last step (NaN before the first clipped step).
+  double last_grad_norm() const { return last_grad_norm_; }
+
+ protected:
+  /// Each step() calls it where the gradient is final, before its optimizer steps: clips when asked.
+  void clip_before_step();
+
+ private:
+  double max_grad_norm_ = 0;
+  double last_grad_norm_ = std::nan("");
 };
 
 /// Sets the learning rate of every parameter group of every optimizer of `s`.
@@ -133,7 +155,10 @@ class DdpStrategy : public Strategy {
   void set_requires_gradient_sync(bool sync) override {
     if (sync_) sync_->set_requires_gradient_sync(sync);
   }
-  void step() override { opt_->step(); }
+  void step() override {
+    clip_before_step();
+    opt_->step();
+  }
   int64_t calls_per_step() const override { return sync_ ? sync_->calls_per_step() : 0; }
   /// count_training_bytes(model, optimizer): every rank holds everything (16P with AdamW).
   TrainingBytes bytes() const override;
@@ -147,6 +172,8 @@ class DdpStrategy : public Strategy {
   FullState full_state_view() override { return whole_state(*model_, *opt_, /*copy=*/false); }
   void load_full_state(const FullState& s) override;
   std::vector<torch::optim::Optimizer*> optimizers() override { return {opt_.get()}; }
+  /// Every parameter whole and equal on every rank once the GradSync finished: the norm needs no communication.
+  GradientSpread gradient_spread() override;
 
  private:
   ProcessGroup& pg_;
@@ -163,6 +190,10 @@ std::vector<std::pair<std::string, torch::Tensor>> whole_parameters(torch::nn::M
 /// The MakeStrategy of a DDP stage: `make` builds its GradSync, then one optimizer over every unique
 /// parameter of the model (tied weights once).
 MakeStrategy ddp_strategy(MakeGradSync make, std::string name = "DDP");
+
+/// `make`'s strategies with set_max_grad_norm(max_norm) called once built (0: no clipping): every variant of a
+/// benchmark clipping alike.
+MakeStrategy with_max_grad_norm(MakeStrategy make, double max_norm);
 
 /// Each rank trains alone, no communication: the baseline every benchmark compares against.
 MakeStrategy no_communication();

@@ -89,6 +89,7 @@ struct ProcessGroup::Impl {
   std::string where;                                 // "gloo rank 1/4" for messages
   bool adopted = false;                              // comm belongs to its maker (Python): never shut it down
   std::unique_ptr<detail::ExchangeQueue> exchanges;  // Gloo's all-to-alls, one at a time (made on first use)
+  int subgroups = 0;                                 // new_group() calls so far: numbers the subgroups' keys
   // The correctness checks' record of asynchronous collectives (track_async); hooks launch from
   // autograd's threads, hence the lock.
   std::atomic<bool> tracking{false};
@@ -314,6 +315,39 @@ ProcessGroup ProcessGroup::adopt(std::shared_ptr<void> backend, int rank, int wo
   pg.device_ = device;
   pg.timeout_ = DistOptions{}.timeout;  // for this layer's own waits; the backend keeps its maker's timeout
   return pg;
+}
+
+ProcessGroup ProcessGroup::new_group(const std::vector<int>& ranks, const std::string& name) {
+  if (!impl_ || !impl_->store)
+    throw UsageError(
+        fmt::format("new_group('{}'): this group ({}) was adopted from its maker and has no store to "
+                    "form a subgroup through; make the subgroup where the group was made",
+                    name, impl_ ? impl_->where : "shut down"));
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= world_ || (i > 0 && ranks[i] <= ranks[i - 1]))
+      throw std::invalid_argument(fmt::format("new_group('{}'): ranks {} must be increasing ranks of 0..{}", name,
+                                              fmt::join(ranks, ","), world_ - 1));
+  }
+  const auto me = std::find(ranks.begin(), ranks.end(), rank_);
+  if (me == ranks.end())
+    throw std::invalid_argument(
+        fmt::format("new_group('{}'): rank {} is not one of its ranks {}; only the members "
+                    "form a subgroup",
+                    name, rank_, fmt::join(ranks, ",")));
+  DistOptions opts;
+  opts.backend = backend_;
+  opts.timeout = timeout_;
+  if (backend_ != "nccl") opts.device = device_.is_cuda() ? "cuda" : "cpu";
+  // The key holds the call's number and the members: two subgroups of different members, or made by
+  // different calls, never share a key, and every member of this one computes the same key.
+  const std::string key = fmt::format("dp_subgroup/{}/{}", impl_->subgroups++, fmt::join(ranks, ","));
+  const int sub_rank = static_cast<int>(me - ranks.begin());
+  ProcessGroup sub = init_with_store(c10::make_intrusive<c10d::PrefixStore>(key, impl_->store), sub_rank,
+                                     static_cast<int>(ranks.size()), opts);
+  sub.impl_->where =
+      fmt::format("{} {} group rank {}/{} (rank {}/{})", backend_, name, sub_rank, ranks.size(), rank_, world_);
+  set_log_rank(rank_, world_);  // forming it tagged this process's lines with its subgroup rank
+  return sub;
 }
 
 ProcessGroup::ProcessGroup(ProcessGroup&&) noexcept = default;

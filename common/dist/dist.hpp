@@ -74,6 +74,14 @@ class ProcessGroup {
   static ProcessGroup adopt(std::shared_ptr<void> backend, int rank, int world_size, const std::string& name,
                             torch::Device device);
 
+  /// A group of some of this group's ranks (`ranks`: this group's ranks, increasing, this rank among them),
+  /// formed through this group's store under a key of its own: torch.distributed's new_group(). Only the
+  /// members call it, but every rank of this group must make the same number of subgroups in the same order
+  /// (their keys are numbered, so that two meshes in one job never meet). The subgroup's rank is this rank's
+  /// index in `ranks`; `name` ("node", "replica") names it in messages. Throws std::invalid_argument for bad
+  /// ranks, dp::UsageError for an adopted group (no store to form it through). A collective of the members.
+  ProcessGroup new_group(const std::vector<int>& ranks, const std::string& name);
+
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   const std::string& backend() const { return backend_; }

@@ -1,5 +1,6 @@
 // Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and this project's own
-// variables (DP_*, ddp_launch's); a malformed value is a usage error (exit 2) that names the variable.
+// variables (DP_*, ddp_launch's, DP_NET_NODES among them); a malformed value is a usage error (exit 2) that
+// names the variable.
 #include "common/dist/launch_env.hpp"
 
 #include "common/base/errors.hpp"
@@ -41,6 +42,9 @@ LaunchEnv LaunchEnv::from_environment() {
   env.local_rank = env_int("LOCAL_RANK", env.rank, 0);
   env.local_world_size = env_int("LOCAL_WORLD_SIZE", env.world_size, 1);
   env.master_port = env_int("MASTER_PORT", 29500, 1);
+  env.net_nodes = env_int("DP_NET_NODES", 0, 1);
+  if (const char* u = std::getenv("DP_NET_UPLINK"); u && *u) env.net_uplink = u;
+  if (const char* b = std::getenv("DP_NET_UPLINK_BIT_S"); b && *b) env.net_uplink_bit_s = std::strtod(b, nullptr);
   if (const char* e = std::getenv("DP_ELASTIC_STORE"); e && *e) env.elastic_store = e;
   env.elastic_min = env_int("DP_ELASTIC_MIN", 1, 1);
   env.restart = env_int("DP_RESTART", 0, 0);

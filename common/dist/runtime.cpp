@@ -81,7 +81,7 @@ int configure_cpu_threads() {
   // rank runs slower than one alone. Our launcher exports OMP_NUM_THREADS; honour it (and a user's).
   int n = env_positive("OMP_NUM_THREADS");
   if (n == 0) {
-    const int local = std::max(1, LaunchEnv::from_environment().local_world_size);
+    const int local = std::max(1, LaunchEnv::from_environment().ranks_on_this_machine());
     n = std::max(1u, std::thread::hardware_concurrency() / local);
   }
   torch::set_num_threads(n);

@@ -32,6 +32,11 @@ void validate_bench_config(BenchConfig& cfg, int world) {
   if (cfg.global_batch % world != 0)
     throw UsageError(fmt::format("--batch {} cannot be split evenly over {} ranks; use a multiple of {}",
                                  cfg.global_batch, world, world));
+  if (cfg.accumulate < 1 || (cfg.global_batch / world) % cfg.accumulate != 0)
+    throw UsageError(
+        fmt::format("--accumulate {} does not divide the {} sequences per rank (--batch {} over {} ranks); "
+                    "use a divisor of {}",
+                    cfg.accumulate, cfg.global_batch / world, cfg.global_batch, world, cfg.global_batch / world));
   cfg.budget_s = cfg.budget.empty() ? 0 : parse_seconds(cfg.budget, "--budget");
   // Whole replicas on every rank: a model too large is refused now, not killed by the kernel later. With
   // bytes_per_param 0 the program checks its own needs: this check's remedy (shard the parameters) would
@@ -41,7 +46,7 @@ void validate_bench_config(BenchConfig& cfg, int world) {
     check_fits_in_memory(
         cfg.bytes_per_param * static_cast<double>(mcfg.num_parameters()) +
             activation_bytes(mcfg, cfg.global_batch / world, cfg.context),
-        LaunchEnv::from_environment().local_world_size,
+        LaunchEnv::from_environment().ranks_on_this_machine(),
         fmt::format("--preset {} ({} parameters, {:.0f} bytes each on every rank) with --context {} "
                     "and --batch {}",
                     cfg.preset, with_commas(mcfg.num_parameters()), cfg.bytes_per_param, cfg.context, cfg.global_batch),
@@ -74,31 +79,38 @@ struct Trainee {
   }
 
   // [step]
-  void step(const torch::Tensor& x, const torch::Tensor& y, const torch::Device& device, bool timed, int round) {
+  void step(const torch::Tensor& x, const torch::Tensor& y, const torch::Device& device, bool timed, int round,
+            int accumulate = 1) {
     trace::set_recording(timed);
     trace::Span whole("step", {{"variant", name}, {"round", round}});
     Timer step(device), phase(device);
     strategy->zero_grad();
-    torch::Tensor loss;
-    {  // through the strategy's runner where it has one (FSDP, ZeRO-1 gathering behind forward): unit by unit
-      trace::Span s("forward");
-      const UnitRunner run = strategy->runner();
-      loss = lm_loss(run ? model->forward_units(x, run) : model->forward(x), y);
+    double f = 0, b = 0, c = 0;
+    const int64_t rows = x.size(0) / accumulate;
+    for (int k = 0; k < accumulate; ++k) {  // K micro-batches (BenchConfig::accumulate); 1 but in stage 10
+      strategy->set_requires_gradient_sync(k == accumulate - 1);
+      torch::Tensor loss;
+      {  // through the strategy's runner where it has one (FSDP, ZeRO-1 gathering behind forward): unit by unit
+        trace::Span s("forward");
+        const UnitRunner run = strategy->runner();
+        const torch::Tensor xk = x.narrow(0, k * rows, rows), yk = y.narrow(0, k * rows, rows);
+        loss = lm_loss(run ? model->forward_units(xk, run) : model->forward(xk), yk) / accumulate;
+      }
+      f += phase.seconds();
+      phase.start();
+      {
+        trace::Span s("backward");
+        loss.backward();
+      }  // gradient hooks launch their all-reduces from in here
+      b += phase.seconds();
+      phase.start();
+      if (communicates) {
+        trace::Span s("sync");
+        strategy->after_backward();
+      }  // 02/03 communicate; 04/05 wait
+      c += phase.seconds();
+      phase.start();
     }
-    const double f = phase.seconds();
-    phase.start();
-    {
-      trace::Span s("backward");
-      loss.backward();
-    }  // gradient hooks launch their all-reduces from in here
-    const double b = phase.seconds();
-    phase.start();
-    if (communicates) {
-      trace::Span s("sync");
-      strategy->after_backward();
-    }  // 02/03 communicate; 04/05 wait
-    const double c = phase.seconds();
-    phase.start();
     {
       trace::Span s("optimizer");
       strategy->step();
@@ -146,7 +158,7 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
   const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
   const LaunchEnv env = LaunchEnv::from_environment();
   // + baseline, + the single-process model on rank 0
-  const size_t fit = models_that_fit(mcfg, env.local_world_size, pg.device());
+  const size_t fit = models_that_fit(mcfg, env.ranks_on_this_machine(), pg.device());
   const size_t per_group = std::max<size_t>(1, fit > 2 ? fit - 2 : 1);
   if (!cfg.trace.empty()) {
     pg.barrier();
@@ -180,7 +192,7 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
       auto x = shard_rows(gx, pg.rank(), W).to(pg.device());
       auto y = shard_rows(gy, pg.rank(), W).to(pg.device());
       for (auto& t : ts) {
-        t->step(x, y, pg.device(), timed, i);
+        t->step(x, y, pg.device(), timed, i, cfg.accumulate);
         if (i == 0) t->bytes = t->strategy->bytes();
       }
       trace::set_recording(false);
@@ -195,7 +207,7 @@ BenchRun bench_variants(ProcessGroup& pg, const BenchConfig& cfg, const std::vec
       if (solo) {
         const int mine = torch::get_num_threads();
         set_cpu_threads(single_process_threads());
-        solo->step(gx.to(pg.device()), gy.to(pg.device()), pg.device(), false, i);
+        solo->step(gx.to(pg.device()), gy.to(pg.device()), pg.device(), false, i, cfg.accumulate);
         set_cpu_threads(mine);
       }
       const double s = solo_t.seconds();
@@ -317,6 +329,7 @@ void record(Results& results, const BenchRun& run, const BenchConfig& cfg, int w
                         {"world_size", world},
                         {"link", link_description()},
                         {"global_batch", cfg.global_batch},
+                        {"accumulate", cfg.accumulate},
                         {"context", cfg.context},
                         {"steps_requested", run.steps_requested},
                         {"steps", row.step.n},

@@ -22,11 +22,12 @@ struct BenchConfig {
   std::string preset = "small";  ///< Transformer size preset (tiny, small, ..., xl, 2.7b)
   int64_t global_batch = 4;      ///< sequences per step, split evenly over the ranks
   int64_t context = 128;         ///< tokens per sequence
-  int warmup = 2;                ///< untimed steps
-  int steps = 10;                ///< timed steps (rounds); fewer only if --budget cuts them, which is reported
-  std::string budget;            ///< --budget text; empty: no budget
-  double budget_s = 0;           ///< stop timing after this long (0: never); set by validate_bench_config
-  std::string trace;             ///< --trace FILE: Chrome trace of the timed steps; empty: none
+  int accumulate = 1;   ///< micro-batches per step, only the last synchronizing: a divisor of the rows per rank
+  int warmup = 2;       ///< untimed steps
+  int steps = 10;       ///< timed steps (rounds); fewer only if --budget cuts them, which is reported
+  std::string budget;   ///< --budget text; empty: no budget
+  double budget_s = 0;  ///< stop timing after this long (0: never); set by validate_bench_config
+  std::string trace;    ///< --trace FILE: Chrome trace of the timed steps; empty: none
   /// Bytes per parameter a rank needs, for validate_bench_config()'s memory check: bench_variants()
   /// holds two replicas at a time (parameters, gradients, AdamW state, a gradient-sized buffer: 20 B
   /// each) and rank 0 a third, the single-process one. A stage that trains one replica at a time sets 20;

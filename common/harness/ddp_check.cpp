@@ -3,6 +3,7 @@
 #include "common/harness/ddp_check.hpp"
 
 #include "common/base/format.hpp"
+#include "common/contract/clip.hpp"
 #include "common/dist/runtime.hpp"
 #include "common/harness/hints.hpp"
 #include "common/measure/tolerance.hpp"
@@ -12,6 +13,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
+#include <torch/nn/utils/clip_grad.h>
 
 #include <algorithm>
 #include <mutex>
@@ -342,6 +344,15 @@ StrategyCheck StrategyCheck::cs336_fsdp(uint64_t seed) {
   return c;
 }
 
+namespace {
+
+// The reference's clipping: torch.nn.utils.clip_grad_norm_ over its parameters; returns the norm before.
+double clip_reference(torch::nn::Module& ref, double max_norm) {
+  return torch::nn::utils::clip_grad_norm_(unique_parameters(ref, true), max_norm);
+}
+
+}  // namespace
+
 // [check_strategy]
 Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const StrategyCheck& c) {
   const int W = pg.world_size(), r = pg.rank(), accumulate = c.accumulate;
@@ -366,6 +377,7 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
     return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(lr).momentum(momentum));
   };
   auto strategy = make(pg, model.ptr(), sgd_momentum);
+  strategy->set_max_grad_norm(c.max_grad_norm);
   const ComputeDtypeOf dtype_of = [&](const torch::nn::Module& m) { return strategy->compute_dtype(m); };
   const torch::ScalarType low = lowest_compute_dtype(*copy, dtype_of);
   auto ref_params = unique_named_parameters(*ref, /*trainable_only=*/true);
@@ -449,6 +461,7 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
       return last_token_loss(static_cast<ToyFSDPModelImpl&>(m).forward(tokens), labels);
     });
     G = std::max(G, max_abs_grad(unique_parameters(*ref, true)));
+    const double ref_norm = c.max_grad_norm > 0 ? clip_reference(*ref, c.max_grad_norm) : 0.0;
     ref_opt.step();
 
     // This rank's rows, in K micro-batches of rows / K: each mean loss / K, so that they add up to the
@@ -463,15 +476,37 @@ Margin check_strategy(ProcessGroup& pg, const MakeStrategy& make, const Strategy
     }
     strategy->step();
 
+    // Clipping: the norm before clipping differs from the reference's by at most ||g - g_ref||_2 <= sqrt(P) x
+    // rel x G, plus the reference's own fp32 sum of P squares (clip_grad_norm_; P x u(fp32) of it). The scale
+    // max / norm then differs by that bound / norm, relative, and moves each weight by lr x (that x G) more.
+    double clip_diff = 0;
+    if (c.max_grad_norm > 0) {
+      const double P = static_cast<double>(count_elements(unique_parameters(*ref, true)));
+      const double norm_bound = std::sqrt(P) * rel * G + P * unit_roundoff(torch::kFloat32) * ref_norm;
+      const double norm = strategy->last_grad_norm();
+      std::string problem;
+      if (!(std::abs(norm - ref_norm) <= norm_bound))
+        problem =
+            fmt::format("step {}: the gradient norm before clipping is {:.6g}, one process's {:.6g} (bound {:.3g})",
+                        step, norm, ref_norm, norm_bound) +
+            clip_norm_hint(norm / ref_norm);
+      fail_together(pg, problem);
+      clip_diff = norm_bound / ref_norm * G;
+    }
+
     const double w = max_abs(unique_parameters(*ref, true));
-    const double bound = sgd_weight_bound(lr, momentum, step, rel * G, w);
+    const double bound = sgd_weight_bound(lr, momentum, step, rel * G + clip_diff, w);
     // The PASS line shows the derivation of the step with the largest ratio: it says which step that was.
     compare(fmt::format("step {}", step), bound,
             fmt::format("lr {}{} x {} x ({} sums x u(fp32) + {:.0f} roundings x u({})) x max|g| {:.3g}, plus {} "
                         "of max|w| {:.3g}, after step {} of {}",
                         lr, momentum > 0 ? fmt::format(" with momentum {}", momentum) : "", count_of(step, "step"),
                         rows * W + W + accumulate, low_roundings, dtype_name(low), G, count_of(step, "ulp"), w, step,
-                        c.steps));
+                        c.steps) +
+                (clip_diff > 0 ? fmt::format("; clipping adds {:.3g} x max|g| to each gradient entry (the norm's bound "
+                                             "over the norm)",
+                                             clip_diff / G)
+                               : ""));
   }
   return worst_over_ranks(pg, worst);
 }

@@ -87,6 +87,10 @@ struct StrategyCheck {
   double momentum = 0.9;       ///< of SGD with lr 0.01
   uint64_t model_seed = 1000;  ///< rank 0's weights (+ 100 x seed); rank r seeds model_seed + 100 x seed + r
   uint64_t data_seed = 7001;   ///< step k (0, 1, ...) draws its data from data_seed + 1000 x seed + k
+  /// > 0: the strategy clips (Strategy::set_max_grad_norm()) and the reference calls clip_grad_norm_ with it;
+  /// each step's norm (Strategy::last_grad_norm()) must then equal the reference's within its bound, and a
+  /// mismatch is named by clip_norm_hint(). Set it below the norms (about 1 here) so that every step clips.
+  double max_grad_norm = 0;
   /// CS336 2026's test_fsdp_correctness: 10 rows per rank, plain SGD, weights from seed 42, data from
   /// seeds 123, 124, 125.
   static StrategyCheck cs336_fsdp(uint64_t seed = 0);

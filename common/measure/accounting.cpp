@@ -79,4 +79,45 @@ std::string describe(const TransformerConfig& cfg) {
       with_commas(p), format_bytes(double(m.params)), format_bytes(double(m.grads)), format_bytes(double(m.state)));
 }
 
+static void check_mesh(int nodes, int per_node) {
+  if (nodes < 1 || per_node < 1)
+    throw std::invalid_argument(fmt::format("a mesh of {} nodes x {} ranks: both must be >= 1", nodes, per_node));
+}
+
+TierBytes flat_ring_bytes(double bytes, int nodes, int per_node) {
+  check_mesh(nodes, per_node);
+  const double W = nodes * per_node;
+  const double per_rank = 2 * (W - 1) / W * bytes;  // every rank alike
+  const double crossing = nodes > 1 ? nodes : 0;    // ranks whose successor is on another node
+  return {per_rank * (W - crossing) / W, per_rank * crossing / W};
+}
+
+TierBytes hierarchical_bytes(double bytes, int nodes, int per_node) {
+  check_mesh(nodes, per_node);
+  const double L = per_node, M = nodes;
+  return {2 * (L - 1) / L * bytes, 2 * (M - 1) / M * bytes / L};
+}
+
+double uplink_bytes_flat(double bytes, int nodes, int per_node) {
+  check_mesh(nodes, per_node);
+  const double W = nodes * per_node;
+  return nodes > 1 ? 2 * (W - 1) / W * bytes : 0;  // what the node's one crossing rank sends
+}
+
+double uplink_bytes_hierarchical(double bytes, int nodes, int per_node) {
+  return per_node * hierarchical_bytes(bytes, nodes, per_node).inter;  // all L ranks of the node cross
+}
+
+double uplink_bytes_per_step(const std::string& scheme, int64_t num_params, int nodes, int per_node,
+                             int micro_batches) {
+  const double G = 4.0 * static_cast<double>(num_params);  // fp32 gradients (or weights) in bytes
+  const double W = nodes * per_node, L = per_node, K = micro_batches;
+  if (scheme == "DDP, flat ring") return uplink_bytes_flat(G, nodes, per_node);
+  if (scheme == "DDP, hierarchical" || scheme == "HSDP" || scheme == "HSDP, nothing until the last")
+    return uplink_bytes_hierarchical(G, nodes, per_node);
+  if (scheme == "HSDP, every micro-batch") return K * uplink_bytes_hierarchical(G, nodes, per_node);
+  if (scheme == "FSDP, flat") return 3 * K * L * (W - L) / W * G;
+  throw std::invalid_argument(fmt::format("uplink_bytes_per_step: unknown scheme '{}'", scheme));
+}
+
 }  // namespace dp

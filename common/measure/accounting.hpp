@@ -46,6 +46,48 @@ double cs336_bytes_per_step(int64_t num_params, int world_size);
 /// value (4 fp32, 2 bf16), and the fp32 gradients reduce-scattered: (N-1)/N x (2 g P + 4P).
 double fsdp_bytes_per_step(int64_t num_params, int world_size, int gather_bytes = 4);
 
+/// Bytes that ONE rank sends in one collective, by the links they cross: inside its node, or over the uplink
+/// between nodes. Ring arithmetic: every rank sends what it receives.
+struct TierBytes {
+  double intra = 0;
+  double inter = 0;
+};
+
+/// A ring all-reduce of `bytes` over W = nodes x per_node ranks in rank order, AVERAGED over the W ranks.
+/// Every rank sends 2(W-1)/W x bytes to its successor (W-1 steps of bytes/W to reduce-scatter, W-1 to
+/// all-gather). The successor of a node's last rank is the next node's first: when nodes > 1 those `nodes`
+/// ranks send all of theirs over an uplink and the other W - nodes all of theirs inside their node, so
+/// inter = nodes/W x 2(W-1)/W x bytes and intra = (W - nodes)/W x 2(W-1)/W x bytes (all intra when nodes == 1:
+/// the ring closes inside the node). It and the three below throw std::invalid_argument for nodes or per_node < 1.
+TierBytes flat_ring_bytes(double bytes, int nodes, int per_node);
+
+/// The hierarchical all-reduce of `bytes`, for every rank alike (M = nodes, L = per_node):
+/// intra = 2 (L-1)/L x bytes (the reduce-scatter and the all-gather inside the node, (L-1)/L x bytes each),
+/// inter = 2 (M-1)/M x bytes/L (a ring all-reduce of the rank's chunk of bytes/L across the M nodes).
+TierBytes hierarchical_bytes(double bytes, int nodes, int per_node);
+
+/// Bytes one node's uplink carries per direction in a flat ring all-reduce: the node's last rank sends its
+/// 2(W-1)/W x bytes out and its first rank receives as much from the node before. 0 when nodes == 1.
+double uplink_bytes_flat(double bytes, int nodes, int per_node);
+
+/// The same for the hierarchical all-reduce: the node's L ranks each send 2(M-1)/M x bytes/L out (and
+/// receive as much), so L x 2(M-1)/M x bytes/L = 2(M-1)/M x bytes, whatever L is.
+double uplink_bytes_hierarchical(double bytes, int nodes, int per_node);
+
+/// Bytes one node's uplink carries per training step, per direction, for P fp32 parameters on `nodes` nodes of
+/// `per_node` ranks and K `micro_batches` per step, by scheme (stage 10's table; scripts/pages/accounting.py):
+/// - "DDP, flat ring": uplink_bytes_flat(4P): the ring's node boundary carries one rank's whole share (once:
+///   the micro-batches before the last accumulate locally);
+/// - "DDP, hierarchical", "HSDP" (all-reduce on the last) and "HSDP, nothing until the last":
+///   uplink_bytes_hierarchical(4P) = 2(M-1)/M x 4P once, HSDP's all-reduce of the shards being the hierarchical
+///   all-reduce's middle step; "HSDP, every micro-batch": K times that;
+/// - "FSDP, flat": per micro-batch three all-to-alls of 4P (two gathers, one reduce-scatter; Gloo's are
+///   all-to-alls, common/comm/shard_comm.hpp), each rank sending (W-L)/W of each to other nodes, L ranks per
+///   node: 3K x L (W-L)/W x 4P.
+/// Throws std::invalid_argument for another scheme.
+double uplink_bytes_per_step(const std::string& scheme, int64_t num_params, int nodes, int per_node,
+                             int micro_batches = 1);
+
 /// About how many bytes of activations a TransformerLM's forward() keeps for backward: per token and
 /// layer the block's saved tensors (~12 d + 4 d_ff + 2 H T values), plus ~3 V for the logits and the
 /// loss, times `bytes_per_value`. An estimate for memory checks, not a measurement.

@@ -104,6 +104,9 @@ std::string machine_description() {
 
 std::string link_description() {
   const LaunchEnv env = LaunchEnv::from_environment();
+  if (!env.net.empty() && env.net_nodes > 0)  // ddp_launch --net-nodes: two tiers
+    return fmt::format("simulated {} link per rank, {} nodes joined by {} uplinks", env.net, env.net_nodes,
+                       env.net_uplink);
   if (!env.net.empty()) return fmt::format("simulated {} link per rank", env.net);
   return env.single_node() ? "loopback" : "network";
 }

@@ -30,8 +30,8 @@ class Results {
 
 /// One line describing this machine (CPU model, cores, memory, LibTorch version) for results.
 std::string machine_description();
-/// The link the ranks talk over: "simulated 1gbit link per rank" under ddp_launch --net (DP_NET),
-/// else "loopback" when every rank is on this node, else "network".
+/// The link the ranks talk over: "simulated 1gbit link per rank" under ddp_launch --net (DP_NET), with ", 2 nodes
+/// joined by 1gbit uplinks" under --net-nodes; else "loopback" when every rank is on this node, else "network".
 std::string link_description();
 /// The command that reproduces this run (for the "command" field next to the numbers): the launcher's
 /// whole command line when ddp_launch started us (DP_LAUNCH_COMMAND), else argv joined back.

@@ -2,7 +2,12 @@
 // the clock, report the median, and let the slowest rank set the pace.
 #include "common/measure/timing.hpp"
 
+#include "common/base/log.hpp"
 #include "common/dist/dist.hpp"
+#include "common/dist/launch_env.hpp"
+#include "common/dist/mesh.hpp"
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -117,6 +122,39 @@ CommModel measure_comm_model(ProcessGroup& pg) {
   m.w = (large - small) / std::max(t_large - t_small, 1e-9);
   // [model]
   return m;
+}
+
+double bus_bandwidth_alone(ProcessGroup& world, ProcessGroup& group, bool member, double bytes, int rounds) {
+  torch::Tensor t = torch::ones({static_cast<int64_t>(bytes / 4)}, torch::TensorOptions().device(world.device()));
+  std::vector<double> times;
+  for (int i = 0; i <= rounds; ++i) {  // round 0 is the warm-up
+    world.barrier();                   // nobody else is on the links while the members run
+    Timer timer(world.device());
+    if (member) group.all_reduce(t, "bus bandwidth");
+    const auto all = world.all_gather(timer.seconds());
+    if (i > 0) times.push_back(*std::max_element(all.begin(), all.end()));
+  }
+  const int n = group.world_size();
+  return 2.0 * (n - 1) / n * bytes * 8 / summarize(times).median;
+}
+
+nlohmann::json measure_tiers(Mesh& mesh, double bytes) {
+  const LaunchEnv env = LaunchEnv::from_environment();
+  nlohmann::json tiers = nlohmann::json::object();
+  auto line = [&](const char* where, int n, double bit_s, double link_bit_s, const std::string& link) {
+    print0("{}: {} ranks, {:.2f} Gbit/s bus bandwidth{}", where, n, bit_s / 1e9,
+           link_bit_s > 0 ? fmt::format(" = {:.2f} of the {} link", bit_s / link_bit_s, link) : " (loopback)");
+    tiers[where] = {{"ranks", n}, {"busbw_bit_s", bit_s}, {"link_bit_s", link_bit_s}};
+  };
+  if (mesh.per_node() > 1) {
+    const double b = bus_bandwidth_alone(mesh.world(), mesh.intra(), mesh.node() == 0, bytes);
+    line("inside a node", mesh.per_node(), b, env.net_bit_s, env.net);
+  }
+  if (mesh.nodes() > 1) {
+    const double b = bus_bandwidth_alone(mesh.world(), mesh.inter(), mesh.local() == 0, bytes);
+    line("across nodes", mesh.nodes(), b, env.net_uplink_bit_s, env.net_uplink);
+  }
+  return tiers;
 }
 
 }  // namespace dp

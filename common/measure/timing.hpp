@@ -3,6 +3,8 @@
 
 #include "common/base/libtorch.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <functional>
 #include <vector>
@@ -10,6 +12,7 @@
 namespace dp {
 
 class ProcessGroup;
+class Mesh;
 
 /// Waits for all queued device work (CUDA kernels) so a wall clock can be read; no-op on CPU.
 void sync_device(const torch::Device& device);
@@ -56,6 +59,19 @@ struct CommModel {
   /// n_b = sqrt(s / (w o)), a cap of sqrt(s w o) bytes; returned in MB (10^6 bytes).
   double best_bucket_cap_mb(double grad_bytes) const;
 };
+
+/// The bus bandwidth, in bits/s, of an all-reduce of `bytes` (fp32 ones) among the ranks of `group` while the
+/// other ranks of `world` wait: 2(n-1)/n x bytes x 8 over the median, of `rounds` rounds after a warm-up, of the
+/// slowest member's time, n = group.world_size() (stage 10 measures each tier of a cluster alone with it). Every
+/// rank of `world` calls it, `member` saying whether it takes part; what a non-member gets back means nothing.
+double bus_bandwidth_alone(ProcessGroup& world, ProcessGroup& group, bool member, double bytes, int rounds = 5);
+
+/// Each tier of a cluster measured alone with bus_bandwidth_alone(): an all-reduce of `bytes` among node 0's ranks
+/// (the link inside a node), then among the ranks of local index 0, one per node (the uplinks). Prints one line
+/// per tier (rank 0), each against its link's rate from the launch environment (ddp_launch --net, --net-uplink),
+/// and returns them as {"inside a node": {ranks, busbw_bit_s, link_bit_s}, "across nodes": {...}}; a tier of one
+/// rank is left out. A collective of the mesh's world.
+nlohmann::json measure_tiers(Mesh& mesh, double bytes);
 
 /// Measures o and w on `pg` (collective): the slowest rank's median of a 4 kB all-reduce, which is all
 /// overhead (4 kB at GB/s is microseconds), gives o; a 32 MB one, mostly bytes, gives w.

@@ -37,7 +37,7 @@ double estimated_bytes_per_rank(const FsdpBenchOptions& o, const std::string& va
 
 void check_memory(FsdpBenchOptions& o, int world) {
   // Where the tensors live: this machine's memory, shared by its ranks, or one GPU's, shared by those bound to it.
-  const MemoryPool pool = memory_pool(LaunchEnv::from_environment().local_world_size, o.cuda);
+  const MemoryPool pool = memory_pool(LaunchEnv::from_environment().ranks_on_this_machine(), o.cuda);
   const std::string remedy = o.compute_dtype == torch::kFloat32
                                  ? "use more ranks (more machines), a smaller --preset or --compute-dtype bf16"
                                  : "use more ranks (more machines) or a smaller --preset";

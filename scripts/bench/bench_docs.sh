@@ -2,7 +2,7 @@
 # Regenerates the benchmark results behind docs/ on this machine, then the plots, timelines and tables.
 # Every result file records the exact command (launcher included) and the machine, row by row.
 #
-#   bash scripts/bench/bench_docs.sh [PART...]      PART: allreduce ddp weak features torch small zero ext06a ext06d ext07a ext07b lm elastic (default:
+#   bash scripts/bench/bench_docs.sh [PART...]      PART: allreduce ddp weak features torch small zero ext06a ext06d ext07a ext07b lm hierarchy elastic (default:
 #                                             all), or ext07a-memory, lm-speed (one table of those parts alone)
 #
 # The DDP runs use the tiny Transformer with 10 timed steps: once over loopback (where Gloo's
@@ -12,7 +12,7 @@
 # runs are skipped with the reason. About 100 minutes on 2 cores (ext07a alone: about 15, torch about 35, elastic 15).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-parts=${*:-allreduce ddp weak features torch small zero ext06a ext06d ext07a ext07b lm elastic}
+parts=${*:-allreduce ddp weak features torch small zero ext06a ext06d ext07a ext07b lm hierarchy elastic}
 R=docs/results
 mkdir -p $R
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -245,13 +245,36 @@ for part in $parts; do
     if [ $net_ok = 1 ]; then $PY scripts/bench/weak_scaling.py --out $R/weak_scaling.json --rounds 5 --per-rank 2 \
         --ranks 1,2 --cpus-per-rank 1; else
       echo "(skipped: weak scaling runs on the simulated link: root and iproute2)"; fi ;;
+  hierarchy)
+    echo "== stage 10: 2 simulated nodes x 2 ranks, node links 10 Gbit/s, uplinks 1 Gbit/s (10:1) and 10 Gbit/s (1:1, the"
+    echo "   control); flat and hierarchical DDP, flat FSDP and HSDP on tiny; then HSDP's accumulation flavours"
+    echo "   (4 ranks share the 2 cores: not pinned; about 4 minutes)"
+    # Not small: its 4 ranks hold a baseline replica and a variant each, and rank 0 the single process, about 19 GB
+    # of 16P-byte replicas (P = 129 M) before activations: the kernel killed rank 0 on this 24 GB machine.
+    H="--net 10gbit --net-nodes 2"
+    # Stage 01's bus bandwidth on the two tiers: 2 nodes of 1 rank (every byte crosses the uplink) and of 2 (the
+    # ring crosses each uplink once each way, so the uplink sets its pace).
+    if [ $net_ok = 1 ]; then
+      files=()
+      for n in 2 4; do
+        $L --nproc $n $H --net-uplink 1gbit -- $B/stage01_allreduce --bench --sizes 10MB,32MB --warmup 2 --iters 10 \
+            --json $R/tiers_$n.json
+        files+=($R/tiers_$n.json)
+      done
+      $PY scripts/pages/merge_results.py $R/stage01_tiers.json "${files[@]}"
+      rm -f "${files[@]}"
+    fi
+    net $L --nproc 4 $H --net-uplink 1gbit -- $B/stage10_hierarchy $T --json $R/stage10_tiny_10to1.json
+    net $L --nproc 4 $H --net-uplink 10gbit -- $B/stage10_hierarchy $T --json $R/stage10_tiny_1to1.json
+    net $L --nproc 4 $H --net-uplink 1gbit -- $B/stage10_hierarchy $T --batch 16 --accumulate 4 \
+        --json $R/stage10_accumulate_10to1.json ;;
   elastic)
     echo "== stage 09: a rank killed, survived in memory, restarted or fallen back to a checkpoint (about 7 minutes)"
     $PY scripts/bench/elastic_bench.py --out $R/elastic.json
     echo "== stage 09: recovery over 27 failures, then 40 runs under random kill -9s (about 25 minutes)"
     $PY scripts/bench/elastic_chaos.py recovery --out $R/elastic_recovery.json
     $PY scripts/bench/elastic_chaos.py chaos --runs 40 --seed 1 --out $R/elastic_chaos.json ;;
-  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, weak, features, torch, small, zero, ext06a, ext06d, ext07a, ext07a-memory, lm, lm-speed, elastic)" >&2; exit 2 ;;
+  *) echo "bench_docs.sh: unknown part '$part' (allreduce, ddp, weak, features, torch, small, zero, ext06a, ext06d, ext07a, ext07a-memory, lm, lm-speed, hierarchy, elastic)" >&2; exit 2 ;;
   esac
 done
 
@@ -263,6 +286,7 @@ for f in $R/*.json; do
   case $f in */ext07b.json) continue ;; esac  # a save and a load, not variants: its table says it
   # Measured against a formula (rings) or by another program's rows (the Python package's): their tables say it.
   case $f in */rings.json|*/python_ddp_*.json) continue ;; esac
+  case $f in */stage10_*.json|*/stage01_tiers.json) continue ;; esac  # stage 10's page reads the steps beside the uplink bytes, as a table
   $PY scripts/pages/plot.py "$f"
 done
 $PY scripts/pages/figures.py  # the pictures of the ideas: two of them drawn from the traces just recorded

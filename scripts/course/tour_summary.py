@@ -12,7 +12,8 @@ import json, pathlib, sys
 
 IDEAS = {"01": "all-reduce", "02": "naive DDP", "03": "one flat all-reduce", "04": "overlap with backward",
          "05": "buckets", "06": "ZeRO-1 sharded AdamW", "07": "FSDP (ZeRO-3)",
-         "08": "capstone: real text", "09": "elastic: a rank dies, the run goes on"}
+         "08": "capstone: real text", "09": "elastic: a rank dies, the run goes on",
+         "10": "a cluster of nodes: HSDP"}
 
 def load(d, n):
     p = d / f"stage{n}.json"
@@ -82,6 +83,16 @@ def main(d):
         out.append(["09", IDEAS["09"], "PASS", f"{secs[len(secs) // 2]:.3f}", "-", "-", "-", "-", "-",
                     "members (slot.restart) " + " -> ".join(e["members"] for e in s9["events"])
                     + recovery_note(s9["events"]) + f"; loss {tr[0][1]:.2f} -> {tr[-1][1]:.2f}"])
+    s10 = load(d, "10")
+    if s10:  # HSDP against flat FSDP, both measured in this run, and what each sends over a node's uplink
+        hsdp, fsdp = pick(s10, "HSDP"), pick(s10, "FSDP, flat")
+        up = s10.get("uplink_bytes_per_step", {})
+        mesh = s10.get("mesh", {})
+        if hsdp and fsdp:
+            out.append(["10", IDEAS["10"], "PASS", f"{hsdp['step_s']:.3f}", f"{hsdp['ratio_to_no_comm']:.2f}", "-",
+                        f"{hsdp['exposed_comm_s']:+.3f}", "-", "-",
+                        f"{mesh.get('nodes', '?')} nodes x {mesh.get('per_node', '?')}: HSDP step {hsdp['step_s'] / fsdp['step_s']:.2f}"
+                        f" x flat FSDP's; uplink {up.get('HSDP', 0) / 1e6:.0f} MB/step vs {up.get('FSDP, flat', 0) / 1e6:.0f}"])
     head = ["stage", "idea", "check", "step (s)", "vs no-comm", "vs stage 02", "exposed comm (s)",
             "overlap efficiency", "speedup vs 1 process", "notes"]
     print("| " + " | ".join(head) + " |")

@@ -295,7 +295,7 @@ def cmd_update(args, meta):
 
 
 STAGE_PAGE = {"01": "01_allreduce.md", "02": "02_naive_ddp.md", "03": "03_flat.md", "04": "04_overlap.md",
-              "05": "05_bucketed.md", "06": "06_sharded_opt.md", "07": "07_fsdp.md"}
+              "05": "05_bucketed.md", "06": "06_sharded_opt.md", "07": "07_fsdp.md", "10": "10_hierarchy.md"}
 
 
 def page_block(stage, regions, meta):
@@ -358,6 +358,7 @@ STUB_CHECKS = {
     "05": ("test_strategy_contract", "Bucketed05"),
     "06": ("test_strategy_contract", "Zero1"),
     "07": ("test_strategy_contract", "Fsdp<"),
+    "10": ("test_stage10", "HierAllReduce"),
 }
 STUB_TIMEOUT_S = 180  # one stage's filtered run: a stub throws at the first step, so seconds; a hang fails
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Memory and communication per device for DDP, ZeRO-1/2/3 (FSDP) and tensor parallelism, by arithmetic.
+"""Memory and communication per device for DDP, ZeRO-1/2/3 (FSDP) and tensor parallelism, and per node's uplink on a
+cluster of two tiers (stage 10), by arithmetic.
 
 Prints the tables of docs/accounting.md: the formulas evaluated for this project's Transformer presets
 (data parallelism and ZeRO per device; tensor parallelism)
@@ -38,6 +39,29 @@ def per_device(p, n):
         "ZeRO-3 / FSDP": (16 * p / n, 3 * ring(n) * 4 * p),       # gather in forward and backward, reduce-scatter
         "ZeRO-3 / FSDP, bf16 gathers": (16 * p / n, ring(n) * (2 * p + 2 * p + 4 * p)),
     }
+
+
+def two_tier(p, m, l, k=1):
+    """Bytes one node's uplink carries per step, each direction, for P fp32 parameters on m nodes of l ranks with
+    k micro-batches (stage 10; common/measure/accounting.cpp's uplink_bytes_per_step()). A flat ring over W = m l
+    ranks in rank order crosses each node boundary once: one rank's whole 2(W-1)/W share. The hierarchical
+    all-reduce (and HSDP's all-reduce of its shards) sends 2(m-1)/m of each rank's 1/l chunk, l ranks per node.
+    Flat FSDP's gathers and reduce-scatter are all-to-alls here: each rank sends (W-l)/W of each buffer off its
+    node, three buffers per micro-batch."""
+    w, g = m * l, 4 * p
+    flat = 2 * (w - 1) / w * g if m > 1 else 0
+    hier = 2 * (m - 1) / m * g
+    return {"DDP, flat ring": flat, "DDP, hierarchical": hier, "FSDP, flat": 3 * k * l * (w - l) / w * g,
+            "HSDP": hier, "HSDP, every micro-batch": k * hier, "HSDP, nothing until the last": hier}
+
+
+def two_tier_table(m, l, k):
+    rows = [f"| preset | P | " + " | ".join(f"{s}: MB" for s in two_tier(1, m, l, k)) + " |",
+            "|---|---|" + "---|" * len(two_tier(1, m, l, k))]
+    for name, (d, dff, layers, _) in dplib.PRESETS.items():
+        p = dplib.num_parameters(d, dff, layers)
+        rows.append(f"| {name} | {p:,} | " + " | ".join(f"{b / 1e6:.1f}" for b in two_tier(p, m, l, k).values()) + " |")
+    return "\n".join(rows)
 
 
 def preset_table(n):
@@ -128,12 +152,17 @@ def main():
     if a.ranks < 1:
         ap.error(f"--ranks {a.ranks}: give 1 or more devices")
     if a.json:  # [{preset, params, world, rows: {scheme: [memory bytes, bytes sent per step]}}]
+        # "uplink": two_tier() on 2 nodes of n/2 ranks, 3 micro-batches, where n is even.
         print(json.dumps([{"preset": name, "params": dplib.num_parameters(d, dff, layers), "world": n,
-                           "rows": per_device(dplib.num_parameters(d, dff, layers), n)}
+                           "rows": per_device(dplib.num_parameters(d, dff, layers), n),
+                           "uplink": two_tier(dplib.num_parameters(d, dff, layers), 2, n // 2, 3) if n % 2 == 0 else {}}
                           for name, (d, dff, layers, _) in dplib.PRESETS.items() for n in (1, 2, 3, 4, 8)]))
         return 0
     out = "\n".join([f"Per device, N = {a.ranks}: training-state memory and bytes sent per step (GB = 10^9 B)\n",
                      preset_table(a.ranks),
+                     "\nTwo tiers, 2 nodes x 2 ranks, 1 micro-batch: what each node's uplink carries per step, each "
+                     "direction (MB = 10^6 B)\n", two_tier_table(2, 2, 1),
+                     "\nThe same with 4 micro-batches per step\n", two_tier_table(2, 2, 4),
                      f"\nTensor parallelism over {a.ranks} devices, fp32, batch 4 x context 128:\n",
                      tp_table(a.ranks, 4 * 128),
                      "\nCS336 2025 communication_accounting (XXL, FFN-only):\n", xxl(),

@@ -207,7 +207,7 @@ def env_int(name):
 
 
 def configure_cpu_threads():
-    """dp::configure_cpu_threads: OMP_NUM_THREADS if set (the launcher sets it), else cores / local ranks;
+    """dp::configure_cpu_threads: OMP_NUM_THREADS if set (the launcher sets it), else cores / ranks on this machine;
     and keep freed memory in the heap (glibc would unmap and re-fault hundreds of MB each step)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -218,7 +218,9 @@ def configure_cpu_threads():
         pass  # not glibc: the allocator's defaults, as ours would have there too
     n = env_int("OMP_NUM_THREADS")
     if n == 0:
-        n = max(1, (os.cpu_count() or 1) // max(1, env_int("LOCAL_WORLD_SIZE") or 1))
+        # ranks on this machine: LOCAL_WORLD_SIZE, times DP_NET_NODES under ddp_launch --net-nodes (simulated nodes)
+        local = max(1, env_int("LOCAL_WORLD_SIZE") or 1) * max(1, env_int("DP_NET_NODES") or 1)
+        n = max(1, (os.cpu_count() or 1) // local)
     torch.set_num_threads(n)
     return n
 

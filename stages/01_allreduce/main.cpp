@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
     if (run_bench && !cli.dist_options().on_gpu()) {
       uint64_t largest = 0;
       for (const auto& size : sizes) largest = std::max(largest, parse_size(size, "--sizes"));
-      check_fits_in_memory(1.1 * static_cast<double>(largest) + 0.4e9, env.local_world_size,
+      check_fits_in_memory(1.1 * static_cast<double>(largest) + 0.4e9, env.ranks_on_this_machine(),
                            "--sizes " + format_bytes(static_cast<double>(largest)),
                            "use smaller --sizes or fewer ranks");
     }

@@ -24,10 +24,13 @@ class Zero1Strategy : public Strategy {
       : pg_(pg), model_(std::move(model)) {
     broadcast_parameters(pg, *model_);
     opt_ = std::make_unique<Zero1Optimizer>(pg, unique_parameters(*model_), make);
+    opt_->set_before_local_step([this] { clip_before_step(); });
   }
   void zero_grad() override { opt_->zero_grad(); }
-  void after_backward() override {}  // the gradients' reduce-scatter is part of step()
-  void step() override { opt_->step(); }
+  void after_backward() override {}       // the gradients' reduce-scatter is part of step()
+  void step() override { opt_->step(); }  // clips inside, between its reduce-scatter and the local step
+  // This rank's chunk of the flat buffer over the group: after the reduce-scatter, the only gradient there is.
+  GradientSpread gradient_spread() override { return {{opt_->shard()}, {}, &pg_}; }
   int64_t calls_per_step() const override { return pg_.world_size() > 1 ? 2 : 0; }  // reduce-scatter, all-gather
   TrainingBytes bytes() const override { return count_training_bytes(*model_, opt_->local()); }
   double sent_bytes_per_step() const override {

@@ -76,6 +76,7 @@ void Zero1Optimizer::step() {
   auto grad = shard_.mutable_grad();
   reduce_scatter(*pg_, flat_grads_, grad, algo_, "gradients", scratch_);  // my chunk of the sum
   grad.div_(pg_->world_size());                                           // the DDP average
+  if (before_local_step_) before_local_step_();                           // (stage 10: clipping)
   local_->step();                                                         // 1/N of the optimizer's work
   all_gather_flat(*pg_, shard_, flat_params_, "parameters", AllGatherAlgo::automatic, scratch_);  // into the model
   // [/exercise 06.1]

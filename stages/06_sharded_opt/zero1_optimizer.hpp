@@ -51,6 +51,9 @@ class Zero1Optimizer {
   /// Reduce-scatters the gradients (sum / N), steps this rank's chunk, all-gathers the parameters into
   /// the model. A collective: every rank calls it.
   void step();
+  /// Runs `f` inside step(), between the reduce-scatter and the local step, when this rank's chunk holds the
+  /// averaged gradient: where stage 10's gradient clipping (Strategy::set_max_grad_norm()) scales it.
+  void set_before_local_step(std::function<void()> f) { before_local_step_ = std::move(f); }
   /// Zeroes the gradient buffer (every parameter's gradient). Local.
   void zero_grad();
 
@@ -81,6 +84,7 @@ class Zero1Optimizer {
   torch::Tensor flat_params_, flat_grads_, scratch_, shard_;
   std::unique_ptr<torch::optim::Optimizer> local_;
   std::string kind_;
+  std::function<void()> before_local_step_;
 };
 
 /// The tensors a flat-buffer ZeRO-1 shards: trainable ones, a tied weight once, in the order given. Throws

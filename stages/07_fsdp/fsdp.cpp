@@ -201,7 +201,7 @@ UnitRunner Fsdp::runner() {
 void Fsdp::on_gradient_ready(size_t h) {
   grad_seen_[h] = 1;
   const size_t u = unit_of_hook_[h];
-  if (++units_[u].ready == units_[u].sharded.size()) launch_reduce_scatter(u);
+  if (++units_[u].ready == units_[u].sharded.size() && reduce_this_backward()) launch_reduce_scatter(u);
 }
 
 // [reduce_scatter]
@@ -246,14 +246,16 @@ void Fsdp::complete_reduce_scatter(size_t u) {
     g = U.grad_shard.copy_(U.rs_out);
   U.rs_out = torch::Tensor();
   // [/exercise 07.2]
+  after_shard_reduced(u);
 }
 // [reduce_scatter]
 
 void Fsdp::finish_gradient_synchronization() {
   // A unit with a parameter that got no gradient this backward has not launched: do it now, in the
   // same order on every rank (reverse unit order, as backward would have).
+  const bool reduce = reduce_this_backward();
   for (size_t u = units_.size(); u-- > 0;)
-    if (!units_[u].scattered) launch_reduce_scatter(u);  // a unit no gradient reached: zeros
+    if (reduce && !units_[u].scattered) launch_reduce_scatter(u);  // a unit no gradient reached: zeros
   // Replicated gradients (the norms): one flat all-reduce, then the mean.
   std::vector<torch::Tensor> rep;
   for (auto& U : units_)
@@ -261,7 +263,7 @@ void Fsdp::finish_gradient_synchronization() {
       if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
       rep.push_back(p.grad());
     }
-  if (!rep.empty() && pg_.world_size() > 1) {
+  if (reduce && !rep.empty() && pg_.world_size() > 1) {
     auto flat = torch::utils::flatten_dense_tensors(rep);
     pg_.all_reduce(flat, "replicated");
     ++all_reduces_;

@@ -103,6 +103,12 @@ class Fsdp {
   void launch_gather(size_t u);
   void wait_gathered(size_t u);
   void free_full(size_t u);
+  /// false: this backward's gradients stay whole in the parameters' .grad for the next backward to add to,
+  /// with no reduce-scatter or all-reduce (stage 10's HSDP accumulating without communication).
+  virtual bool reduce_this_backward() const { return true; }
+  /// Unit u's reduce-scatter completed and its mean was added to the shard's gradient (stage 10's HSDP sends it
+  /// on across nodes from here, while backward goes on).
+  virtual void after_shard_reduced(size_t /*u*/) {}
 
  private:
   enum class State { freed, in_flight, gathered };

@@ -40,6 +40,7 @@ class FsdpStrategy : public Strategy {
   UnitRunner runner() override { return fsdp_.runner(); }
   void after_backward() override { fsdp_.finish_gradient_synchronization(); }
   void step() override {
+    clip_before_step();
     opt_->step();
     calls_ = collectives() - calls_at_start_;
     sent_ = fsdp_.sent_bytes() - sent_at_start_;
@@ -61,6 +62,7 @@ class FsdpStrategy : public Strategy {
     fsdp_.sharding().load_full_state(s, pg_.rank(), *opt_);
   }
   std::vector<torch::optim::Optimizer*> optimizers() override { return {opt_.get()}; }
+  GradientSpread gradient_spread() override { return sharded_spread(fsdp_.sharding(), pg_); }
 
  private:
   int64_t collectives() const { return fsdp_.all_gathers() + fsdp_.reduce_scatters() + fsdp_.all_reduces(); }

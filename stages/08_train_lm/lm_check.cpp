@@ -2,9 +2,14 @@
 #include "stages/08_train_lm/lm_check.hpp"
 
 #include "common/measure/tolerance.hpp"
+#include "common/model/params.hpp"
 #include "stages/08_train_lm/trainer.hpp"
 
+#include <fmt/format.h>
+#include <torch/nn/utils/clip_grad.h>
+
 #include <algorithm>
+#include <cmath>
 
 namespace dp {
 
@@ -40,7 +45,8 @@ LmCheck check_against_one_process(ProcessGroup& pg, const RunOptions& o, const T
   const double roundings = double(o.batch * o.context) + pg.world_size() + 2.0 * depth;
   const double u = unit_roundoff(torch::kFloat32);
   AdamWeightBound bound(lr, std::get<1>(adamw.betas()), adamw.eps());
-  double G = 0;
+  const double clip = o.trainer.max_grad_norm, P = static_cast<double>(count_elements(ref->parameters()));
+  double G = 0, norm_ratio = 0;  // norm_ratio: |norm - one process's| / its bound, worst step
   for (int64_t step = 0; step < kSteps; ++step) {
     const auto ids = sampler.local_ids(step);
     StepTimes t;
@@ -49,9 +55,19 @@ LmCheck check_against_one_process(ProcessGroup& pg, const RunOptions& o, const T
     auto [x, y] = windows(corpus.train, sampler.global_ids(step), o.context, pg.device());
     ref_opt.zero_grad();
     lm_loss(ref->forward(x), y).backward();
-    const double g = max_abs_grad(ref->parameters());
+    double g = max_abs_grad(ref->parameters()), rel = roundings * u;  // rel: of the gradient AdamW takes
+    if (clip > 0) {
+      // As common/harness/ddp_check.cpp's check_strategy: the norms differ by ||g - g_ref||_2 <= sqrt(P) x rel x G
+      // plus the reference's fp32 sum of P squares; the scale max / norm, and every clipped entry, by that / norm.
+      const double ref_norm = torch::nn::utils::clip_grad_norm_(ref->parameters(), clip);
+      const double norm_bound = std::sqrt(P) * rel * g + P * u * ref_norm;
+      const double norm = trainer->last_grad_norm();  // NaN when the trainer did not clip: that fails
+      norm_ratio = std::max(norm_ratio, std::isnan(norm) ? INFINITY : std::abs(norm - ref_norm) / norm_bound);
+      rel += norm_bound / ref_norm;
+      g *= std::min(1.0, clip / (ref_norm + 1e-6));
+    }
     G = std::max(G, g);
-    bound.add_step(ref->parameters(), roundings * u * g);
+    bound.add_step(ref->parameters(), rel * g);
     ref_opt.step();
   }
   std::vector<torch::Tensor> got;
@@ -60,14 +76,14 @@ LmCheck check_against_one_process(ProcessGroup& pg, const RunOptions& o, const T
   LmCheck c;
   for (size_t i = 0; i < ref_params.size(); ++i)
     c.max_abs_diff = std::max(c.max_abs_diff, (got[i] - ref_params[i]).abs().max().item<double>());
-  c.worst_ratio = bound.worst_ratio(got, ref_params);
+  c.worst_ratio = std::max(bound.worst_ratio(got, ref_params), norm_ratio);
   const auto diffs = pg.all_gather(c.max_abs_diff), ratios = pg.all_gather(c.worst_ratio);  // one verdict for all
   c.max_abs_diff = *std::max_element(diffs.begin(), diffs.end());
   c.worst_ratio = *std::max_element(ratios.begin(), ratios.end());
   c.derivation = fmt::format(
       "per entry, AdamW (lr {}) applied to gradient differences of {:.0f} roundings x u(fp32) "
-      "{:.2g} x max|g| {:.3g}",
-      lr, roundings, u, G);
+      "{:.2g} x max|g| {:.3g}{}",
+      lr, roundings, u, G, clip > 0 ? "; clipped: plus the norm's bound (sqrt(P) x that + P x u x norm) / norm" : "");
   return c;
 }
 

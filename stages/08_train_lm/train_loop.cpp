@@ -1,15 +1,17 @@
-// The capstone's training loop.
+// The capstone's training loop, and its program (train_lm_main(): stage 08's main, and extension 10a's).
 #include "stages/08_train_lm/train_loop.hpp"
 
 #include "common/base/format.hpp"
+#include "common/dist/launch_env.hpp"
 #include "common/dist/runtime.hpp"
 #include "common/measure/accounting.hpp"
-#include "common/measure/cli.hpp"     // check_writable
+#include "common/measure/cli.hpp"     // Cli, check_writable
 #include "common/measure/memory.hpp"  // check_fits_in_memory
 #include "common/measure/results.hpp"
 #include "common/measure/timing.hpp"
 #include "common/model/models.hpp"
 #include "common/model/params.hpp"
+#include "stages/08_train_lm/lm_check.hpp"
 #include "stages/08_train_lm/lm_checkpoint.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -25,21 +27,24 @@ namespace dp {
 using json = nlohmann::json;
 
 json RunOptions::config() const {
-  return {{"corpus", corpus},
-          {"preset", preset},
-          {"context", context},
-          {"batch", batch},
-          {"accumulate", accumulate},
-          {"lr", lr},
-          {"warmup", warmup},
-          {"weight_decay", trainer.weight_decay},
-          {"seed", seed},
-          {"world_size", world_size},
-          {"sync", trainer.sync},
-          {"steps", steps},
-          {"eval_every", eval_every},
-          {"checkpoint_every", checkpoint_every},
-          {"bucket_mb", trainer.bucket_mb}};
+  json c = {{"corpus", corpus},
+            {"preset", preset},
+            {"context", context},
+            {"batch", batch},
+            {"accumulate", accumulate},
+            {"lr", lr},
+            {"warmup", warmup},
+            {"weight_decay", trainer.weight_decay},
+            {"seed", seed},
+            {"world_size", world_size},
+            {"sync", trainer.sync},
+            {"steps", steps},
+            {"eval_every", eval_every},
+            {"checkpoint_every", checkpoint_every},
+            {"bucket_mb", trainer.bucket_mb}};
+  // Only when on: a checkpoint written without clipping has no such key, and still resumes without it.
+  if (trainer.max_grad_norm > 0) c["max_grad_norm"] = trainer.max_grad_norm;
+  return c;
 }
 
 void add_training_options(CLI::App& app, RunOptions& o) {
@@ -72,6 +77,7 @@ void validate_run_options(const RunOptions& o) {
 }
 
 void check_run_fits(const RunOptions& o, int world_size, int ranks_here, bool on_gpu) {
+  validate_sync(o.trainer, world_size);  // what a registered scheme cannot take (hsdp: a node count)
   const int64_t split = world_size * o.accumulate;
   if (o.batch % split != 0)
     throw UsageError(
@@ -86,7 +92,9 @@ void check_run_fits(const RunOptions& o, int world_size, int ranks_here, bool on
   // it, 12 bytes a parameter). Measured on `small` (114 M parameters, DDP), peak resident: 2.84 GB
   // training, 2.81 GB saving, 5.30 GB resuming (21 bytes a parameter more).
   const double checkpoint = o.checkpoint.empty() || on_gpu ? 0 : 32.0 * static_cast<double>(m.num_parameters());
-  check_fits_in_memory(peak_training_bytes(m, o.trainer.sync, world_size, o.batch / split) + checkpoint, pool.ranks,
+  // A scheme registered by a later stage is estimated as DDP's whole replica: more than any sharding holds.
+  const std::string design = o.trainer.sync == "zero1" || o.trainer.sync == "fsdp" ? o.trainer.sync : "ddp";
+  check_fits_in_memory(peak_training_bytes(m, design, world_size, o.batch / split) + checkpoint, pool.ranks,
                        fmt::format("--sync {} --preset {} --context {} with micro-batches of {} sequences",
                                    o.trainer.sync, o.preset, o.context, o.batch / split),
                        fmt::format("use a smaller --preset or --context, a larger --accumulate, fewer ranks on this "
@@ -204,12 +212,15 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
     sync_s.push_back(t.sync);
     opt_s.push_back(t.optimizer);
     curve["train"].push_back({step, loss, secs});
+    const bool clips = o.trainer.max_grad_norm > 0;  // the norm is global: the same number on every rank
+    if (clips) curve["grad_norm"].push_back({step, trainer->last_grad_norm()});
     const bool last = step + 1 == o.steps, eval = (step + 1) % o.eval_every == 0 || last;
     double val = NAN;
     if (eval) curve["val"].push_back({step, val = validation_loss(pg, *trainer, o, corpus)});
     if ((step + 1) % every == 0 || eval || step == start)
-      print0("step {:5d}/{}  loss {:.4f}{}  lr {:.2e}  {:.0f} tokens/s", step + 1, o.steps, loss,
-             eval ? fmt::format("  val {:.4f}", val) : std::string(), lr_at(o, step),
+      print0("step {:5d}/{}  loss {:.4f}{}{}  lr {:.2e}  {:.0f} tokens/s", step + 1, o.steps, loss,
+             eval ? fmt::format("  val {:.4f}", val) : std::string(),
+             clips ? fmt::format("  |g| {:.3f}", trainer->last_grad_norm()) : std::string(), lr_at(o, step),
              static_cast<double>(o.batch * o.context) / secs);
     // Every N steps with --checkpoint-every, and at the end whenever --checkpoint was asked for.
     if (!o.checkpoint.empty() && (last || (o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0))) {
@@ -235,8 +246,8 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
   // fail after --timeout, however long sampling takes (--sample 3000 at --timeout 3s did).
   pg.barrier();
   if (o.sample_bytes > 0 && pg.rank() == 0) {
-    if (o.trainer.sync == "fsdp") {
-      print0("(no sample: under FSDP no rank holds the whole model)");
+    if (!trainer->holds_whole_model()) {
+      print0("(no sample: under {} no rank holds the whole model)", o.trainer.sync);
     } else {
       curve["sample"] = sample_text(model, o, o.sample_bytes, pg.device());
       print0("sampled from the model (prompt \"The \", temperature 0.8):\n{}", curve["sample"].get<std::string>());
@@ -248,6 +259,77 @@ json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, Dist
     if (!f) throw UsageError(fmt::format("cannot write --curve {}", o.curve));
   }
   return curve;
+}
+
+int train_lm_main(int argc, char** argv, const std::string& program, const std::string& description,
+                  const std::function<void(CLI::App&)>& add_options) {
+  Cli cli(program, description);
+  RunOptions o;
+  add_training_options(cli.app(), o);  // --corpus, --preset, --context, --batch, --accumulate, --steps, --lr, --warmup
+  cli.app().add_option("--sync", o.trainer.sync, sync_help())->check(CLI::IsMember(sync_names()));
+  cli.app()
+      .add_option("--bucket-mb", o.trainer.bucket_mb, "DDP's bucket cap in MB (stage 05; default 25)")
+      ->check(PositiveFinite);
+  cli.app()
+      .add_option("--clip-grad-norm", o.trainer.max_grad_norm,
+                  "Clip the gradient's global L2 norm to this before each step, as torch's clip_grad_norm_ (0: off)")
+      ->check(NonNegativeFinite);
+  cli.app()
+      .add_option("--eval-every", o.eval_every, "Validation loss every N steps (and at the end)")
+      ->check(PositiveInt);
+  cli.app().add_option("--checkpoint", o.checkpoint, "Checkpoint file (written atomically)");
+  cli.app()
+      .add_option("--checkpoint-every", o.checkpoint_every, "Save every N steps (needs --checkpoint)")
+      ->check(PositiveInt);
+  cli.app().add_flag("--resume", o.resume, "Continue from --checkpoint (any world size, --sync or --accumulate)");
+  cli.app().add_option("--curve", o.curve, "Write the loss curve, timings and sample as JSON (rank 0)");
+  cli.app()
+      .add_option("--sample", o.sample_bytes, "Bytes of text to sample from the model at the end (0: none)")
+      ->check(NonNegativeFinite);
+  if (add_options) add_options(cli.app());
+  if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
+  o.seed = cli.common().seed;
+
+  return run_main([&] {
+    o.command = command_line(argc, argv);  // reads the launch environment: inside run_main, whose errors exit 2
+    configure_cpu_threads();
+    check_blas();
+    // Bad input exits 2 before the process group forms: flags, a missing checkpoint or corpus, a batch the
+    // world size does not split, a model this machine cannot hold. The launch environment knows this rank
+    // and the world size already.
+    validate_run_options(o);
+    if (cli.app().count("--bucket-mb") && o.trainer.sync != "ddp")  // given, it would be ignored
+      throw UsageError(fmt::format("--bucket-mb sets DDP's buckets; --sync {} has none: leave it out", o.trainer.sync));
+    const LaunchEnv env = LaunchEnv::from_environment();
+    const TextCorpus corpus = load_corpus(o.corpus, o.batch, o.context);
+    DistributedSampler sampler(window_count(corpus.train, o.context), o.batch, o.seed, env.rank, env.world_size);
+    check_run_fits(o, env.world_size, env.ranks_on_this_machine(), cli.dist_options().on_gpu());
+    auto pg = ProcessGroup::init_from_env(cli.dist_options());
+    o.world_size = pg.world_size();
+    print0("process group: backend {}, world size {}; corpus {}: {} bytes of training text, {} held out", pg.backend(),
+           pg.world_size(), corpus.source, corpus.train.numel(), corpus.val.numel());
+
+    // [check]
+    const LmCheck check = check_against_one_process(pg, o, corpus);
+    print0(
+        "{} {} trains like one process: 2 steps of a 2-layer model on real batches, max |diff| {:.3g} "
+        "(ratio {:.2f} to its bound; bound = {})",
+        check.ok() ? "PASS" : "FAIL", o.trainer.sync, check.max_abs_diff, check.worst_ratio, check.derivation);
+    if (!check.ok()) throw CheckFailed("the synchronized model differs from single-process training");
+    // [check]
+
+    const json curve = train(pg, o, corpus, sampler);  // ends with a barrier: every rank has trained every step
+
+    const auto& train_curve = curve.at("train");
+    const double first = train_curve.front().at(1).get<double>(), last = train_curve.back().at(1).get<double>();
+    if (!std::isfinite(last) || last >= first)
+      throw CheckFailed(
+          fmt::format("the training loss did not fall: {:.4f} at the first step, {:.4f} at the last", first, last));
+    print0("PASS stage 08: {} trained {} steps on {}, loss {:.3f} -> {:.3f}", o.trainer.sync, o.steps,
+           count_of(pg.world_size(), "rank"), first, last);
+    pg.shutdown();
+    return 0;
+  });
 }
 
 }  // namespace dp

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -81,9 +82,15 @@ struct NonFiniteLoss : std::runtime_error {
 /// written to o.curve. Checkpoints (with --checkpoint) every o.checkpoint_every steps and after the last
 /// step; throws NonFiniteLoss at the first non-finite loss. Ends with a barrier, its last collective; rank 0
 /// then samples o.sample_bytes alone. The curve: {"config", "train": [[step, loss,
-/// tokens/s]...], "val": [[step, loss]...],
+/// tokens/s]...], "val": [[step, loss]...], with --clip-grad-norm "grad_norm": [[step, norm before clipping]...],
 /// "phases": median seconds per step of data, forward, backward, sync, optimizer (this rank), "sample",
 /// "command", "machine", "link"}.
 nlohmann::json train(ProcessGroup& pg, const RunOptions& o, const TextCorpus& corpus, DistributedSampler& sampler);
+
+/// Stage 08's program, returning its exit code: the flags (and a caller's own, added by `add_options`; --sync takes
+/// every name register_sync() holds), bad input refused (exit 2) before the process group forms, the check
+/// against one process, training. `program` and `description` head --help.
+int train_lm_main(int argc, char** argv, const std::string& program, const std::string& description,
+                  const std::function<void(CLI::App&)>& add_options = {});
 
 }  // namespace dp

@@ -8,9 +8,9 @@
 #include "stages/07_fsdp/strategies.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <functional>
-#include <map>
 #include <stdexcept>
 
 namespace dp {
@@ -25,23 +25,51 @@ optim::AdamWOptions lm_adamw(const TrainerOptions& o) {
 // [lookup]
 // --sync is a name for a Strategy. Each is its stage's class behind the contract: DDP accumulates under
 // no_sync(); ZeRO-1's step() reduce-scatters, steps this rank's chunk and all-gathers; FSDP runs the
-// model through its unit runner and reduce-scatters after every micro-batch.
-static const std::map<std::string, std::function<MakeStrategy(const TrainerOptions&)>>& syncs() {
-  static const std::map<std::string, std::function<MakeStrategy(const TrainerOptions&)>> table = {
-      {"ddp", [](const TrainerOptions& o) { return bucketed_ddp_strategy(o.bucket_mb); }},
-      {"zero1", [](const TrainerOptions&) { return zero1_strategy(); }},
-      {"fsdp", [](const TrainerOptions&) { return fsdp_strategy({}); }},
+// model through its unit runner and reduce-scatters after every micro-batch. An extension of a later stage adds
+// its own at run time (register_sync()): stage 08 links none of them.
+struct SyncEntry {
+  std::string name, help;
+  std::function<MakeStrategy(const TrainerOptions&)> make;
+  std::function<void(const TrainerOptions&, int)> validate;
+};
+
+static std::vector<SyncEntry>& syncs() {
+  static std::vector<SyncEntry> table = {
+      {"ddp", "stage 05", [](const TrainerOptions& o) { return bucketed_ddp_strategy(o.bucket_mb); }, {}},
+      {"zero1", "stage 06", [](const TrainerOptions&) { return zero1_strategy(); }, {}},
+      {"fsdp", "stage 07", [](const TrainerOptions&) { return fsdp_strategy({}); }, {}},
   };
   return table;
 }
 // [lookup]
 
-std::vector<std::string> sync_names() { return {"ddp", "zero1", "fsdp"}; }
+void register_sync(std::string name, std::string help, std::function<MakeStrategy(const TrainerOptions&)> make,
+                   std::function<void(const TrainerOptions&, int)> validate) {
+  syncs().push_back({std::move(name), std::move(help), std::move(make), std::move(validate)});
+}
 
-MakeStrategy strategy_for(const TrainerOptions& o) {
-  const auto it = syncs().find(o.sync);
-  if (it == syncs().end()) throw UsageError(fmt::format("--sync {}: unknown; choose ddp, zero1 or fsdp", o.sync));
-  return it->second(o);
+std::vector<std::string> sync_names() {
+  std::vector<std::string> names;
+  for (const auto& e : syncs()) names.push_back(e.name);
+  return names;
+}
+
+std::string sync_help() {
+  std::vector<std::string> parts;
+  for (const auto& e : syncs()) parts.push_back(fmt::format("{} ({})", e.name, e.help));
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+static const SyncEntry& sync_entry(const std::string& name) {
+  for (const auto& e : syncs())
+    if (e.name == name) return e;
+  throw UsageError(fmt::format("--sync {}: unknown; choose one of {}", name, fmt::join(sync_names(), ", ")));
+}
+
+MakeStrategy strategy_for(const TrainerOptions& o) { return sync_entry(o.sync).make(o); }
+
+void validate_sync(const TrainerOptions& o, int world_size) {
+  if (const auto& e = sync_entry(o.sync); e.validate) e.validate(o, world_size);
 }
 
 LmTrainer::LmTrainer(ProcessGroup& pg, TransformerLM model, const TrainerOptions& o)
@@ -58,6 +86,7 @@ LmTrainer::LmTrainer(ProcessGroup& pg, TransformerLM model, const TrainerOptions
   strategy_ = strategy_for(o)(pg, model.ptr(), [adamw](std::vector<torch::Tensor> p) {
     return std::unique_ptr<optim::Optimizer>(std::make_unique<optim::AdamW>(std::move(p), adamw));
   });
+  strategy_->set_max_grad_norm(o.max_grad_norm);  // clips inside step(), where each scheme's gradient is final
 }
 
 // [step]

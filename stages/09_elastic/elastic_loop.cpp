@@ -27,6 +27,11 @@ namespace dp {
 using json = nlohmann::json;
 
 void validate_elastic_options(const ElasticOptions& o) {
+  if (o.run.trainer.sync == "hsdp")
+    throw UsageError(
+        "--sync hsdp: an elastic run loses and gains single ranks, and HSDP's mesh needs whole nodes of equal size: "
+        "a lost rank would break its node's shard group. Train it with ext10a_train_lm --sync hsdp and resume from "
+        "its checkpoint at another world size instead (or use --sync ddp here)");
   if (o.run.trainer.sync != "ddp")
     throw UsageError(fmt::format(
         "--sync {}: elastic training needs every rank to hold the whole model and optimizer state, and with {} a "

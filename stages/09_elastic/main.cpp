@@ -57,9 +57,11 @@ int main(int argc, char** argv) {
   r.sample_bytes = 0;
   add_training_options(cli.app(), r);  // stage 08's: --corpus, --preset, --context, --batch, --accumulate, --steps,
                                        // --lr, --warmup
+  std::vector<std::string> syncs = sync_names();
+  syncs.push_back("hsdp");  // extension 10a's (stage 08 with stage 10's HSDP): named here to be refused with the reason
   cli.app()
-      .add_option("--sync", r.trainer.sync, "ddp only (zero1 and fsdp are refused: a dead rank's shard is gone)")
-      ->check(CLI::IsMember(sync_names()));
+      .add_option("--sync", r.trainer.sync, "ddp only (zero1, fsdp and hsdp are refused: a dead rank's shard is gone)")
+      ->check(CLI::IsMember(syncs));
   cli.app().add_option("--checkpoint", r.checkpoint,
                        "Checkpoint file: written at the end, when too few ranks are left, and with "
                        "--checkpoint-every; loaded when nobody alive holds the state");
@@ -105,7 +107,7 @@ int main(int argc, char** argv) {
     if (dist.on_gpu()) throw UsageError("stage 09 runs on the CPU over Gloo; drop --device cuda / --backend nccl");
     validate_elastic_options(o);
     validate_run_options(r);
-    check_run_fits(r, o.max_ranks, env.local_world_size);  // every started rank: the most any membership holds
+    check_run_fits(r, o.max_ranks, env.ranks_on_this_machine());  // every started rank: the most any membership holds
     if (!o.trace.empty()) check_writable("--trace", o.trace);
     r.world_size = env.world_size;
     const TextCorpus corpus = load_corpus(r.corpus, r.batch, r.context);

@@ -509,6 +509,32 @@ TEST(LaunchEnv, ReadsTorchrunVariablesAndRejectsBadOnes) {
   EXPECT_EQ(env.world_size, 1);
 }
 
+// ddp_launch --nproc 4 --net 10gbit --net-nodes 2 --net-uplink 1gbit: rank 3 is local rank 1 of 2 on simulated
+// node 1, and all 4 ranks share this machine: threads and memory are divided by 4, not by LOCAL_WORLD_SIZE.
+TEST(LaunchEnv, SimulatedNodesShareThisMachine) {
+  for (auto [k, v] : {std::pair{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}})
+    setenv(k, v, 1);
+  auto env = dp::LaunchEnv::from_environment();
+  EXPECT_EQ(env.net_nodes, 0);
+  EXPECT_EQ(env.ranks_on_this_machine(), 2);  // two real machines of 2 ranks each
+  EXPECT_FALSE(env.single_node());
+  setenv("DP_NET_NODES", "2", 1);
+  setenv("DP_NET_UPLINK", "1gbit", 1);
+  setenv("DP_NET_UPLINK_BIT_S", "1000000000", 1);
+  env = dp::LaunchEnv::from_environment();
+  EXPECT_EQ(env.net_nodes, 2);
+  EXPECT_EQ(env.net_uplink, "1gbit");
+  EXPECT_EQ(env.net_uplink_bit_s, 1e9);
+  EXPECT_EQ(env.local_world_size, 2);
+  EXPECT_EQ(env.ranks_on_this_machine(), 4);
+  EXPECT_TRUE(env.single_node());
+  setenv("DP_NET_NODES", "two", 1);
+  EXPECT_THROW(dp::LaunchEnv::from_environment(), dp::UsageError);
+  for (auto v :
+       {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "DP_NET_NODES", "DP_NET_UPLINK", "DP_NET_UPLINK_BIT_S"})
+    unsetenv(v);
+}
+
 // Stage 05's overhead model (common/measure/timing.hpp). The cap it predicts minimises t(n_b) = s / (n_b w) + n_b o:
 // with o = 1 ms, w = 1 GB/s and s = 100 MB, sqrt(s w o) = 10 MB, i.e. 10 buckets, and 9 or 11 take longer.
 TEST(CommModel, BestCapMinimisesTheModelledTime) {

@@ -176,7 +176,18 @@ TEST(Accounting, MatchesScript) {
     EXPECT_TRUE(near(dp::fsdp_expected_bytes(P, N).total(), s["ZeRO-3 / FSDP"][0])) << at;
     EXPECT_TRUE(near(dp::fsdp_bytes_per_step(P, N), s["ZeRO-3 / FSDP"][1])) << at;
     EXPECT_TRUE(near(dp::fsdp_bytes_per_step(P, N, 2), s["ZeRO-3 / FSDP, bf16 gathers"][1])) << at;
+    if (N % 2 == 0) {  // two tiers: 2 nodes of N/2 ranks, 3 micro-batches
+      ASSERT_EQ(r["uplink"].size(), 6u) << at;
+      for (const auto& [scheme, bytes] : r["uplink"].items())
+        EXPECT_TRUE(near(dp::uplink_bytes_per_step(scheme, P, 2, N / 2, 3), bytes.get<double>()))
+            << at << ", " << scheme;
+    }
   }
+  // Two tiers at one point: 2 nodes x 2 ranks, 1000 parameters (4000 bytes), 3 micro-batches.
+  EXPECT_DOUBLE_EQ(dp::uplink_bytes_per_step("DDP, flat ring", 1000, 2, 2, 3), 1.5 * 4000);
+  EXPECT_DOUBLE_EQ(dp::uplink_bytes_per_step("HSDP", 1000, 2, 2, 3), 4000);
+  EXPECT_DOUBLE_EQ(dp::uplink_bytes_per_step("HSDP, every micro-batch", 1000, 2, 2, 3), 3 * 4000);
+  EXPECT_DOUBLE_EQ(dp::uplink_bytes_per_step("FSDP, flat", 1000, 2, 2, 3), 9 * 4000);
   // Closed forms at one point, so that a formula changed in both places at once is still caught.
   EXPECT_EQ(dp::zero1_expected_bytes(1000, 4).total(), 4000 + 4000 + 2000);
   EXPECT_EQ(dp::fsdp_expected_bytes(1000, 4).total(), 4000);

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# net_bandwidth.sh LAUNCHER STAGE01 NPROC RATE EXPECTED_GBPS [TOLERANCE]
-# Runs stage01's all-reduce benchmark (10 MB) on NPROC ranks under `ddp_launch --net RATE` and checks
+# net_bandwidth.sh LAUNCHER STAGE01 NPROC RATE EXPECTED_GBPS [TOLERANCE [LAUNCHER OPTIONS...]]
+# Runs stage01's all-reduce benchmark (10 MB) on NPROC ranks under `ddp_launch --net RATE` (and the launcher
+# options after TOLERANCE, e.g. --net-nodes 2 --net-uplink 500mbit, whose ring crosses each uplink once per
+# direction, so that its bus bandwidth is the uplink's rate) and checks
 # the bus bandwidth of its fastest round against the closed form RATE/8 (EXPECTED_GBPS, GB = 10^9 B) within
 # TOLERANCE (default 0.15). A ring all-reduce moves 2(n-1)/n of the buffer over every link in each
 # direction, so its bus bandwidth is the link rate whatever n is. What it cannot reach: Ethernet, IP
@@ -8,6 +10,7 @@
 # Exit 77 (ctest: skipped) with the reason when this machine cannot build the network.
 set -u
 launch=$1; prog=$2; nproc=$3; rate=$4; want=$5; tol=${6:-0.15}
+shift $(( $# < 6 ? $# : 6 )); extra=("$@")
 
 skip() { echo "SKIP: $*"; exit 77; }
 caps=$(awk '/^CapEff:/ {print $2}' /proc/self/status)
@@ -25,11 +28,11 @@ dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 # run whose fastest round is too SLOW is tried once more and the better attempt counts: a busy host cannot
 # make a round faster, so a link shaped too fast still fails at once, and one shaped too slow fails twice.
 attempt() {  # prints the verdict; exit 0 within tolerance, 3 too slow, 1 otherwise
-  timeout -k 5 150 "$launch" --nproc "$nproc" --net "$rate" -- \
+  timeout -k 5 150 "$launch" --nproc "$nproc" --net "$rate" "${extra[@]}" -- \
     "$prog" --bench --sizes 10MB --warmup 3 --iters 20 --json "$dir/out.json" >"$dir/log" 2>&1
   local rc=$?
   [ $rc = 0 ] || { echo "ddp_launch exited with $rc:"; cat "$dir/log"; return 1; }
-  python3 - "$dir/out.json" "$nproc" "$rate" "$want" "$tol" <<'PY'
+  python3 - "$dir/out.json" "$nproc" "$rate${extra[*]:+ ${extra[*]}}" "$want" "$tol" <<'PY'
 import json, sys
 path, nproc, rate, want, tol = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
 row = json.load(open(path))["rows"][0]

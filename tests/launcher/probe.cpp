@@ -1,7 +1,7 @@
 // launch_probe: a stand-in "training program" for the launcher tests. No torch: it only reads the
 // environment the launcher gave it and misbehaves on request.
 //
-//   launch_probe env                 print the contract's variables as KEY=VALUE lines
+//   launch_probe env                 print the contract's variables (and --net's) as KEY=VALUE lines
 //   launch_probe exit R C            rank R says so on stderr, exits with code C; the others sleep 60 s
 //   launch_probe kill R              rank R sends itself SIGKILL; the other ranks sleep 60 s
 //   launch_probe stubborn R C        like exit, but the other ranks (and children) ignore SIGTERM
@@ -18,6 +18,10 @@
 //                                    MASTER_ADDR:MASTER_PORT and prints their source addresses (PEERS=),
 //                                    the others print CONNECT_MS= (one round trip); then each rank
 //                                    writes rank<R>.pid and sleeps S seconds (default 0). Exit 3 on failure.
+//   launch_probe stream FROM TO MB   (for --net) rank FROM sends MB megabytes (10^6 B) over one TCP connection
+//                                    to rank TO (at MASTER_ADDR + TO, port MASTER_PORT + 1), which prints
+//                                    STREAM_MBIT= (the rate of the last 90% of the bytes, in Mbit/s) and
+//                                    STREAM_BYTES=; the other ranks exit 0. Exit 3 on failure.
 //   launch_probe elastic R S [C]     (for --elastic) print DP_ELASTIC_STORE, DP_ELASTIC_MIN and DP_RESTART;
 //                                    rank R's first process kills itself (SIGKILL); every other process,
 //                                    replacements included, sleeps S seconds and exits with C (default 0)
@@ -43,6 +47,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -188,6 +193,67 @@ int net_mode(int rank, int world, double hold_s) {
   return 0;
 }
 
+// `probe stream`: one bulk TCP transfer between two ranks, timed where it arrives. The first 10% of the bytes
+// are left out of the rate: TCP's slow start and the token bucket's initial burst are not the link's rate.
+int stream_mode(int rank, int from, int to, double mb) {
+  if (rank != from && rank != to) return 0;
+  const char* master_addr = std::getenv("MASTER_ADDR");
+  in_addr base{};
+  if (!master_addr || ::inet_pton(AF_INET, master_addr, &base) != 1) return 3;
+  sockaddr_in peer{};
+  peer.sin_family = AF_INET;
+  peer.sin_port = htons(static_cast<uint16_t>(env_int("MASTER_PORT") + 1));
+  const auto total = static_cast<std::size_t>(mb * 1e6);
+  std::vector<char> buf(1 << 20, 'x');
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (rank == to) {
+    peer.sin_addr.s_addr = htonl(INADDR_ANY);
+    const int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&peer), sizeof(peer)) != 0 || ::listen(fd, 4) != 0) {
+      std::fprintf(stderr, "probe: cannot listen: %s\n", std::strerror(errno));
+      return 3;
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 20000) <= 0) return 3;
+    const int c = ::accept(fd, nullptr, nullptr);
+    if (c < 0) return 3;
+    std::size_t got = 0, mark_bytes = 0;
+    double mark = 0, last = 0;
+    for (ssize_t n; (n = ::read(c, buf.data(), buf.size())) > 0;) {
+      got += static_cast<std::size_t>(n);
+      last = now_s();
+      if (mark == 0 && got >= total / 10) mark = last, mark_bytes = got;
+    }
+    ::close(c);
+    std::printf("STREAM_BYTES=%zu\nSTREAM_MBIT=%.1f\n", got,
+                last > mark && mark > 0 ? static_cast<double>(got - mark_bytes) * 8 / (last - mark) / 1e6 : 0.0);
+    ::close(fd);
+    return got == total ? 0 : 3;
+  }
+  peer.sin_addr.s_addr = htonl(ntohl(base.s_addr) + static_cast<uint32_t>(to));
+  bool connected = false;
+  for (const double deadline = now_s() + 20; !connected && now_s() < deadline;) {
+    connected = ::connect(fd, reinterpret_cast<sockaddr*>(&peer), sizeof(peer)) == 0;
+    if (!connected) {  // the receiver may not listen yet: retry on a fresh socket
+      ::close(fd);
+      fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sleep_s(0.02);
+    }
+  }
+  if (!connected) {
+    std::fprintf(stderr, "probe: rank %d cannot connect to rank %d\n", rank, to);
+    return 3;
+  }
+  for (std::size_t sent = 0; sent < total;) {
+    const ssize_t n = ::write(fd, buf.data(), std::min(buf.size(), total - sent));
+    if (n <= 0) return 3;
+    sent += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -197,9 +263,9 @@ int main(int argc, char** argv) {
   const auto arg = [&](int i) { return argc > i ? std::atoi(argv[i]) : 0; };
 
   if (mode == "env") {
-    for (const char* key :
-         {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-          "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "DP_LAUNCHER"}) {
+    for (const char* key : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                            "MASTER_PORT", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "DP_LAUNCHER",
+                            "GLOO_SOCKET_IFNAME", "DP_NET", "DP_NET_NODES", "DP_NET_UPLINK", "DP_NET_UPLINK_BIT_S"}) {
       const char* v = std::getenv(key);
       std::printf("%s=%s\n", key, v ? v : "<unset>");
     }
@@ -277,6 +343,7 @@ int main(int argc, char** argv) {
     sleep_s(argc > 2 ? std::atof(argv[2]) : 0);
     return 0;
   }
+  if (mode == "stream") return stream_mode(rank, arg(2), arg(3), argc > 4 ? std::atof(argv[4]) : 10);
   if (mode == "net") return net_mode(rank, world, argc > 2 ? std::atof(argv[2]) : 0);
   if (mode == "partial") {
     std::printf("no newline here");

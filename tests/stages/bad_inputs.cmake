@@ -224,6 +224,14 @@ dp_bad_input(stage08_resume_without_checkpoint 2 "--resume need --checkpoint FIL
 dp_bad_input(stage08_resume_missing_file 2 "checkpoint /nonexistent/lm.ckpt does not exist"
   ${S08} --resume --checkpoint /nonexistent/lm.ckpt)
 dp_bad_input(stage08_unknown_sync 2 "--sync" ${S08} --sync zero3)
+dp_bad_input(stage08_hsdp_needs_ext10a 2 "--sync: hsdp not in" ${S08} --sync hsdp)  # stage 08 links no stage 10
+dp_bad_input(stage08_clip_grad_norm_negative 2 "--clip-grad-norm: '-1'" ${S08} --clip-grad-norm -1)
+# Extension 10a: HSDP's node count must divide the world, checked before the group forms (rank 1 alone, its
+# rendezvous unreachable, gets the refusal at once).
+set(E10A $<TARGET_FILE:ext10a_train_lm>)
+dp_bad_input(ext10a_nodes_do_not_divide 2
+  "\\[rank 1/3\\] error: --sync hsdp over 2 nodes: 3 ranks do not split into equal nodes; give --nodes a divisor of 3"
+  env RANK=1 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=9 ${E10A} --sync hsdp --nodes 2 --batch 12 --timeout 2s)
 dp_bad_input(stage08_bucket_mb_without_ddp 2 "--bucket-mb sets DDP's buckets. --sync fsdp has none" ${S08} --sync fsdp --bucket-mb 5)
 dp_bad_input(stage08_missing_corpus 2 "--corpus /nonexistent: no such file or directory.*apt-get install fortunes"
   ${S08} --corpus /nonexistent)
@@ -279,6 +287,9 @@ set(ELASTIC_ENV env RANK=0 WORLD_SIZE=3 LOCAL_WORLD_SIZE=3 DP_ELASTIC_STORE=/tmp
 dp_bad_input(stage09_zero1_refused 2 "--sync zero1: elastic training needs every rank to hold the whole model.*HSDP.*checkpoint"
   ${S09} --sync zero1)
 dp_bad_input(stage09_fsdp_refused 2 "--sync fsdp: .*with FSDP a dead rank's shard dies with it" ${S09} --sync fsdp)
+dp_bad_input(stage09_hsdp_refused 2
+  "--sync hsdp: an elastic run loses and gains single ranks, and HSDP's mesh needs whole nodes.*ext10a_train_lm --sync hsdp and resume from its checkpoint"
+  ${S09} --sync hsdp)
 dp_bad_input(stage09_batch_not_split 2 "--batch 10 does not split evenly over every membership from 1 to 3 ranks .*use a multiple of 6"
   ${ELASTIC_ENV} ${S09} --batch 10)
 # Whole replicas of `large` for the 3 ranks started on this machine (stage 09 trains with DDP only).

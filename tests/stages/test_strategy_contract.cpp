@@ -1,11 +1,11 @@
 // The training-strategy contract (common/contract/strategy.hpp), one test body for every way of training data
 // parallel: DDP in each stage's form (02-05), the optimizer overlapped with communication (05), each
-// ZeRO-1 design (06) and FSDP (07, in fp32 and bf16). On CS336 2026's ToyFSDPModel (dp::check_strategy):
-// after construction every rank holds rank 0's weights, after every step full_parameters() equals
-// single-process training (computing in the strategy's compute dtype) within the derived bound on every
-// rank, at 1 to 4 ranks; and what a strategy says of itself (calls, bytes held and sent, a description)
-// agrees with the accounting. Last, mutants (a skipped synchronisation, gradients summed and not
-// averaged, a wrong shard, weights not broadcast, bf16 compute not declared) must each be caught.
+// ZeRO-1 design (06), FSDP (07, in fp32 and bf16) and HSDP (10, in each accumulation flavour). On CS336 2026's
+// ToyFSDPModel (dp::check_strategy): after construction every rank holds rank 0's weights, after every step
+// full_parameters() equals single-process training (computing in the strategy's compute dtype) within the derived bound
+// on every rank, at 1 to 4 ranks; and what a strategy says of itself (calls, bytes held and sent, a description) agrees
+// with the accounting. Last, mutants (a skipped synchronisation, gradients summed and not averaged, a wrong shard,
+// weights not broadcast, bf16 compute not declared) must each be caught.
 #include "common/contract/grad_sync.hpp"
 #include "common/contract/strategy.hpp"
 #include "common/dist/runtime.hpp"
@@ -18,6 +18,7 @@
 #include "extensions/06b_cs336_design/cs336_design.hpp"
 #include "stages/06_sharded_opt/strategies.hpp"
 #include "stages/07_fsdp/strategies.hpp"
+#include "stages/10_hierarchy/strategies.hpp"
 #include "tests/stages/ddp_variants.hpp"
 #include "tests/stages/fsdp_modes.hpp"
 #include "tests/support/expect.hpp"
@@ -33,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 // The strategies as types, in the global namespace so that GoogleTest names the tests plainly
@@ -95,6 +97,25 @@ struct Fsdp {
   static constexpr double buffers = 0.0;  // its gathered units are transient: gathered_peak_bytes()
 };
 using dp::testing::FsdpMode;
+// Stage 10's HSDP in each accumulation flavour, on 2 nodes when the world is even (2x1: replicas only, 2x2: both
+// tiers) and 1 node otherwise (FSDP in one node). The state and parameters are sharded over a node: at the 2
+// ranks of AccountsForItself a node holds one rank, so nothing is sharded there.
+template <dp::HsdpSync Sync>
+struct Hsdp {
+  static MakeStrategy make() {
+    return [](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const dp::MakeOptimizer& opt) {
+      return dp::hsdp_strategy(pg.world_size() % 2 == 0 ? 2 : 1, {}, Sync)(pg, std::move(model), opt);
+    };
+  }
+  static constexpr bool shards_state = false, shards_params = false;
+  static constexpr bool gathers_units = true;  // FSDP's gathers, even over a node of one rank
+  static constexpr double buffers = 0.0;
+};
+// Whether a scheme gathers units whole for compute: the ones that shard parameters, and any that says so.
+template <typename T, typename = void>
+struct GathersUnits : std::bool_constant<T::shards_params> {};
+template <typename T>
+struct GathersUnits<T, std::void_t<decltype(T::gathers_units)>> : std::true_type {};
 
 namespace {
 
@@ -102,9 +123,11 @@ using dp::testing::run_ranks;
 
 template <typename S>
 class StrategyContract : public ::testing::Test {};
-using Strategies = ::testing::Types<Ddp<Naive>, Ddp<Flat>, Ddp<Overlap>, Bucketed05, OverlappedOptimizer, Cs336, Zero1,
-                                    Zero1Buckets, Zero1BucketsOverlap, Fsdp<FsdpMode<false, true>>,
-                                    Fsdp<FsdpMode<false, false>>, Fsdp<FsdpMode<true, true>>>;
+using Strategies =
+    ::testing::Types<Ddp<Naive>, Ddp<Flat>, Ddp<Overlap>, Bucketed05, OverlappedOptimizer, Cs336, Zero1, Zero1Buckets,
+                     Zero1BucketsOverlap, Fsdp<FsdpMode<false, true>>, Fsdp<FsdpMode<false, false>>,
+                     Fsdp<FsdpMode<true, true>>, Hsdp<dp::HsdpSync::every_micro_batch>,
+                     Hsdp<dp::HsdpSync::all_reduce_last>, Hsdp<dp::HsdpSync::none_until_last>>;
 TYPED_TEST_SUITE(StrategyContract, Strategies);
 
 // The same batch split over 1 to 4 ranks (4 rows each): equal to one process after each of 3 steps; at
@@ -150,9 +173,9 @@ TYPED_TEST(StrategyContract, PassesCs336FsdpCorrectness) {
 // and extension 06a: they reduce-scatter inside step(), so no rank ever holds the averaged gradient whole.
 template <typename S>
 class GradientSyncContract : public ::testing::Test {};
-using SyncedAfterBackward =
-    ::testing::Types<Ddp<Naive>, Ddp<Flat>, Ddp<Overlap>, Bucketed05, OverlappedOptimizer, Cs336,
-                     Fsdp<FsdpMode<false, true>>, Fsdp<FsdpMode<false, false>>, Fsdp<FsdpMode<true, true>>>;
+using SyncedAfterBackward = ::testing::Types<Ddp<Naive>, Ddp<Flat>, Ddp<Overlap>, Bucketed05, OverlappedOptimizer,
+                                             Cs336, Fsdp<FsdpMode<false, true>>, Fsdp<FsdpMode<false, false>>,
+                                             Fsdp<FsdpMode<true, true>>, Hsdp<dp::HsdpSync::all_reduce_last>>;
 TYPED_TEST_SUITE(GradientSyncContract, SyncedAfterBackward);
 
 TYPED_TEST(GradientSyncContract, GradientsAveragedAfterBackward) {
@@ -345,7 +368,7 @@ TYPED_TEST(StrategyContract, AccountsForItself) {
     EXPECT_NEAR(s->buffer_bytes(), TypeParam::buffers * 4.0 * P, 0.02 * 4.0 * P) << d;
     // Weights gathered whole for compute: FSDP's, at least one unit's and never more than the whole model
     // in fp32 (4P bytes); nothing where every rank keeps whole parameters.
-    if (TypeParam::shards_params) {
+    if (GathersUnits<TypeParam>::value) {
       EXPECT_GT(s->gathered_peak_bytes(), 0.0) << d;
       EXPECT_LE(s->gathered_peak_bytes(), 4.0 * P) << d;
     } else {

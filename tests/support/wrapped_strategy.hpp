@@ -18,7 +18,13 @@ class WrappedStrategy : public Strategy {
   UnitRunner runner() override { return inner_->runner(); }
   void after_backward() override { inner_->after_backward(); }
   void set_requires_gradient_sync(bool sync) override { inner_->set_requires_gradient_sync(sync); }
-  void step() override { inner_->step(); }
+  // A mutant's clipping (set_max_grad_norm() on the wrapper) runs here, on the inner scheme's gradient spread:
+  // right for the schemes whose gradient is final before step() (DDP, FSDP, HSDP; not ZeRO-1).
+  void step() override {
+    clip_before_step();
+    inner_->step();
+  }
+  GradientSpread gradient_spread() override { return inner_->gradient_spread(); }
   int64_t calls_per_step() const override { return inner_->calls_per_step(); }
   TrainingBytes bytes() const override { return inner_->bytes(); }
   double sent_bytes_per_step() const override { return inner_->sent_bytes_per_step(); }

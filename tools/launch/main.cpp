@@ -1,7 +1,8 @@
 // ddp_launch: start N ranks of a program and supervise them -- this tutorial's torchrun.
 //
 //   ddp_launch [--nproc N] [--nnodes M --node-rank K --master-addr HOST --master-port P] -- PROGRAM [ARGS...]
-//   ddp_launch --nproc N --net RATE [--net-subnet CIDR] [--net-delay MS] -- PROGRAM [ARGS...]
+//   ddp_launch --nproc N --net RATE [--net-subnet CIDR] [--net-delay MS]
+//              [--net-nodes M --net-uplink UPRATE] -- PROGRAM [ARGS...]
 //   ddp_launch --net-cleanup
 //   ddp_launch --free-ports N        (N ports free now, outside the ephemeral range, for scripts)
 //
@@ -31,8 +32,10 @@
 //
 // --net RATE runs every rank in a network namespace of its own behind a link shaped to RATE, a
 // small cluster on one machine (net.hpp); MASTER_ADDR is then rank 0's address there, and each rank
-// also gets GLOO_SOCKET_IFNAME and DP_NET. The namespaces are removed on every way out but SIGKILL,
-// whose leftovers the next --net run or --net-cleanup removes.
+// also gets GLOO_SOCKET_IFNAME and DP_NET. --net-nodes M groups the ranks into M simulated nodes behind
+// uplinks at UPRATE (LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK then describe the simulated node). The
+// namespaces are removed on every way out but SIGKILL, whose leftovers the next --net run or --net-cleanup
+// removes.
 //
 // Limits (shared with torchrun): a process that leaves its rank's group (setsid) is not tracked, and
 // if the launcher itself is SIGKILLed only the ranks die (PDEATHSIG), not what they forked.

@@ -24,7 +24,12 @@ namespace {
 
 const std::string kNetnsDir = "/run/netns";  // where `ip netns add` mounts named namespaces
 const std::string kPrefix = "dpnet";
-const std::string kBridge = "dpnet-br";  // inside the bridge namespace
+const std::string kBridge = "dpnet-br";  // inside the bridge namespace; with --net-nodes, the spine
+
+// --net-nodes: node n's bridge, and its uplink's two ends (in node n's bridge and in the spine).
+std::string node_bridge(int n) { return fmt::format("dpnet-n{}", n); }
+std::string uplink_dev(int n) { return fmt::format("dpup{}", n); }
+std::string uplink_spine_dev(int n) { return fmt::format("dpup{}-s", n); }
 
 // Token bucket sizing (tbf). burst: bytes the bucket holds, i.e. how much may leave at once after an
 // idle moment. It should hold the largest packet -- with segmentation offload a veth can hand tbf
@@ -125,10 +130,16 @@ Network::Network(const NetSpec& spec, int nproc)
 Network::~Network() { teardown(); }
 
 std::vector<std::pair<std::string, std::string>> Network::rank_env(int local_rank) const {
-  return {{"MASTER_ADDR", ipv4_text(spec_.subnet + 1)},
-          {"GLOO_SOCKET_IFNAME", fmt::format("{}{}", kPrefix, local_rank)},
-          {"DP_NET", spec_.rate_text},
-          {"DP_NET_BIT_S", std::to_string(spec_.rate_bit_s)}};
+  std::vector<std::pair<std::string, std::string>> env{{"MASTER_ADDR", ipv4_text(spec_.subnet + 1)},
+                                                       {"GLOO_SOCKET_IFNAME", fmt::format("{}{}", kPrefix, local_rank)},
+                                                       {"DP_NET", spec_.rate_text},
+                                                       {"DP_NET_BIT_S", std::to_string(spec_.rate_bit_s)}};
+  if (spec_.nodes > 0) {  // without --net-nodes nothing is added: a flat run's environment is as it was
+    env.insert(env.end(), {{"DP_NET_NODES", std::to_string(spec_.nodes)},
+                           {"DP_NET_UPLINK", spec_.uplink_text},
+                           {"DP_NET_UPLINK_BIT_S", std::to_string(spec_.uplink_bit_s)}});
+  }
+  return env;
 }
 
 void Network::add_namespace(const std::string& name) {
@@ -147,8 +158,15 @@ void Network::build() {
   const std::string bridge_ns = tag_ + "-b";
   add_namespace(bridge_ns);
   if (spec_.delay_ms > 0) check_netem();  // before any rank exists: fail fast, and exit 2
+  if (spec_.nodes > 0 && spec_.uplink_bit_s > spec_.rate_bit_s) {
+    say(
+        fmt::format("note: --net-uplink {} is faster than --net {}: the rank links, not the uplinks, set the pace "
+                    "between nodes",
+                    spec_.uplink_text, spec_.rate_text));
+  }
   must({"ip", "-n", bridge_ns, "link", "add", kBridge, "type", "bridge"});
   must({"ip", "-n", bridge_ns, "link", "set", kBridge, "up"});
+  for (int n = 0; n < spec_.nodes; ++n) build_uplink(n);
   for (int i = 0; i < nproc_; ++i) build_rank(i);
   for (int i = 0; i < nproc_; ++i) {
     const std::string path = fmt::format("{}/{}-r{}", kNetnsDir, tag_, i);
@@ -158,9 +176,27 @@ void Network::build() {
   }
 }
 
+// --net-nodes, node n: its bridge dpnet-n<n>, joined to the spine (dpnet-br) by the veth pair dpup<n> /
+// dpup<n>-s, both in the bridge namespace. Both ends shaped to the uplink rate: dpup<n> limits what leaves
+// the node, dpup<n>-s what enters it. No delay: --net-delay is the rank links'.
+void Network::build_uplink(int n) {
+  const std::string ns = tag_ + "-b", bridge = node_bridge(n), dev = uplink_dev(n), spine = uplink_spine_dev(n);
+  must({"ip", "-n", ns, "link", "add", bridge, "type", "bridge"});
+  must({"ip", "-n", ns, "link", "set", bridge, "up"});
+  must({"ip", "-n", ns, "link", "add", dev, "type", "veth", "peer", "name", spine});
+  if (::access("/proc/sys/net/ipv6", F_OK) == 0) {
+    must({"ip", "-n", ns, "link", "set", dev, "addrgenmode", "none"});
+    must({"ip", "-n", ns, "link", "set", spine, "addrgenmode", "none"});
+  }
+  must({"ip", "-n", ns, "link", "set", dev, "master", bridge, "up"});
+  must({"ip", "-n", ns, "link", "set", spine, "master", kBridge, "up"});
+  shape(ns, dev, spec_.uplink_bit_s, false);
+  shape(ns, spine, spec_.uplink_bit_s, false);
+}
+
 // Rank i: namespace dpnet<pid>-r<i> with interface dpnet<i> (address subnet+i+1), whose veth peer
-// dpnet<i>-br is a port of the bridge. Both ends shaped: the rank's end limits what it sends, the
-// bridge's end what it receives.
+// dpnet<i>-br is a port of the bridge (with --net-nodes, of its node's bridge). Both ends shaped: the
+// rank's end limits what it sends, the bridge's end what it receives.
 void Network::build_rank(int i) {
   const std::string ns = fmt::format("{}-r{}", tag_, i), bridge_ns = tag_ + "-b";
   const std::string dev = fmt::format("{}{}", kPrefix, i), peer = dev + "-br";
@@ -177,22 +213,18 @@ void Network::build_rank(int i) {
   const std::string addr = fmt::format("{}/{}", ipv4_text(host), spec_.prefix_len);
   must({"ip", "-n", ns, "addr", "add", addr, "dev", dev});  // on-link route only: no default route
   must({"ip", "-n", ns, "link", "set", dev, "up"});
-  must({"ip", "-n", bridge_ns, "link", "set", peer, "master", kBridge, "up"});
-  shape(ns, dev, spec_.delay_ms > 0);
-  shape(bridge_ns, peer, false);  // the delay is one-way: added once, on the sender's side
+  const std::string bridge = spec_.nodes > 0 ? node_bridge(spec_.node_of(i, nproc_)) : kBridge;
+  must({"ip", "-n", bridge_ns, "link", "set", peer, "master", bridge, "up"});
+  shape(ns, dev, spec_.rate_bit_s, spec_.delay_ms > 0);
+  shape(bridge_ns, peer, spec_.rate_bit_s, false);  // the delay is one-way: added once, on the sender's side
 }
 
-void Network::shape(const std::string& ns, const std::string& dev, bool with_delay) {
-  const double bytes_per_s = static_cast<double>(spec_.rate_bit_s) / 8;
+void Network::shape(const std::string& ns, const std::string& dev, uint64_t rate_bit_s, bool with_delay) {
+  const double bytes_per_s = static_cast<double>(rate_bit_s) / 8;
   const auto burst = static_cast<long long>(std::max(bytes_per_s * kBurstSeconds, kMinBurstBytes));
   const auto limit = burst + static_cast<long long>(bytes_per_s * kQueueSeconds);
-  std::vector<std::string> tbf{"tbf",
-                               "rate",
-                               fmt::format("{}bit", spec_.rate_bit_s),
-                               "burst",
-                               std::to_string(burst),
-                               "limit",
-                               std::to_string(limit)};
+  std::vector<std::string> tbf{
+      "tbf", "rate", fmt::format("{}bit", rate_bit_s), "burst", std::to_string(burst), "limit", std::to_string(limit)};
   std::vector<std::string> cmd{"tc", "-n", ns, "qdisc", "add", "dev", dev};
   if (with_delay) {
     // netem delays every packet, then hands it to its child, the tbf. netem's limit counts packets: it
@@ -236,7 +268,8 @@ void Network::teardown() noexcept {
   try {
     for (int fd : fds_) ::close(fd);  // an open descriptor would keep its namespace alive
     fds_.clear();
-    // Rank namespaces first (each takes its veth pair along), the bridge's last (and the bridge).
+    // Rank namespaces first (each takes its veth pair along), the bridge's last (and the bridges and
+    // uplinks in it).
     for (auto it = created_.rbegin(); it != created_.rend(); ++it) {
       const CommandResult r = run_command({"ip", "netns", "delete", *it});
       if (r.code != 0) say(fmt::format("cannot remove network namespace {}: {}", *it, one_line(r.output)));

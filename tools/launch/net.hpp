@@ -9,6 +9,12 @@
 //
 // Names carry the launcher's pid: namespaces dpnet<pid>-b (bridge) and dpnet<pid>-r<i> (rank i);
 // inside them the rank's interface is dpnet<i>, its bridge-side peer dpnet<i>-br, the bridge dpnet-br.
+//
+// --net-nodes M (two tiers): the ranks form M simulated nodes of nproc/M consecutive ranks. Node n has a
+// bridge of its own, dpnet-n<n>, where its ranks' dpnet<i>-br are ports; a veth pair dpup<n> (in dpnet-n<n>)
+// / dpup<n>-s (in dpnet-br, now the spine) is its uplink, both ends shaped to --net-uplink: dpup<n> limits
+// what leaves node n, dpup<n>-s what enters it. Every bridge and uplink lives in dpnet<pid>-b, so the
+// cleanup and the teardown are those of the flat network.
 // A launcher killed by SIGKILL cannot clean up; the next --net run (or --net-cleanup) removes the
 // namespaces of launchers that are gone, and deleting a namespace deletes its veths and its bridge.
 #pragma once
@@ -28,9 +34,10 @@ struct NetError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// --net's value, tc's units: bit, kbit, mbit, gbit, tbit (bits/s), bps, kbps, mbps, gbps, tbps
-// (bytes/s, as in tc), and the 1024-based kibit, mibit, ... Returns bits/s; throws UsageError.
-uint64_t parse_rate(const std::string& text);
+// --net's (or --net-uplink's: `flag`, named in the message) value, tc's units: bit, kbit, mbit, gbit, tbit
+// (bits/s), bps, kbps, mbps, gbps, tbps (bytes/s, as in tc), and the 1024-based kibit, mibit, ... Returns
+// bits/s; throws UsageError.
+uint64_t parse_rate(const std::string& text, const std::string& flag = "--net");
 
 // --net-subnet "a.b.c.d/len" into spec.subnet and spec.prefix_len; it must hold `hosts` addresses
 // besides its network and broadcast addresses. Throws UsageError.
@@ -71,13 +78,15 @@ class Network {
   // forked child before exec.
   int netns_fd(int local_rank) const { return fds_.at(static_cast<std::size_t>(local_rank)); }
 
-  // What rank i adds to the contract: MASTER_ADDR (rank 0's address), GLOO_SOCKET_IFNAME, DP_NET.
+  // What rank i adds to the contract: MASTER_ADDR (rank 0's address), GLOO_SOCKET_IFNAME, DP_NET,
+  // DP_NET_BIT_S; with --net-nodes also DP_NET_NODES, DP_NET_UPLINK and DP_NET_UPLINK_BIT_S.
   std::vector<std::pair<std::string, std::string>> rank_env(int local_rank) const;
 
  private:
   void build();
+  void build_uplink(int node);
   void build_rank(int i);
-  void shape(const std::string& ns, const std::string& dev, bool with_delay);
+  void shape(const std::string& ns, const std::string& dev, uint64_t rate_bit_s, bool with_delay);
   void check_netem();
   void add_namespace(const std::string& name);
   void teardown() noexcept;

@@ -17,9 +17,13 @@
 namespace ddp_launch {
 namespace {
 
-constexpr const char* kRateExamples =
-    "e.g. --net 1gbit, --net 500mbit or --net 10gbit (tc's units: bit, kbit, mbit, gbit, tbit; "
-    "bps, kbps, mbps, gbps, tbps are bytes/s)";
+// "e.g. --net 1gbit, ..." with the flag that was given (--net or --net-uplink).
+std::string rate_examples(const std::string& flag) {
+  return fmt::format(
+      "e.g. {0} 1gbit, {0} 500mbit or {0} 10gbit (tc's units: bit, kbit, mbit, gbit, tbit; "
+      "bps, kbps, mbps, gbps, tbps are bytes/s)",
+      flag);
+}
 
 // Below 1 Mbit/s the token bucket's smallest sensible burst (64 KiB, see net.cpp) is half a second
 // of traffic, so the link would no longer look like RATE; above 1 Tbit/s tbf cannot keep up anyway.
@@ -43,7 +47,7 @@ bool has_capability(int bit) {
 
 }  // namespace
 
-uint64_t parse_rate(const std::string& text) {
+uint64_t parse_rate(const std::string& text, const std::string& flag) {
   const std::string s = lower(text);
   // A plain decimal number (digits, at most one '.'), then a unit: no sign, no exponent, no blanks.
   std::size_t i = 0;
@@ -78,12 +82,15 @@ uint64_t parse_rate(const std::string& text) {
   const bool number_ok = !number.empty() && std::count(number.begin(), number.end(), '.') <= 1 &&
                          std::isdigit(static_cast<unsigned char>(number[0]));
   if (!number_ok || !found) {
-    throw UsageError(fmt::format("--net expects a positive rate with a unit, got '{}'; {}", text, kRateExamples));
+    throw UsageError(
+        fmt::format("{} expects a positive rate with a unit, got '{}'; {}", flag, text, rate_examples(flag)));
   }
   const double bits = std::strtod(number.c_str(), nullptr) * found->bits;
-  if (bits == 0) throw UsageError(fmt::format("--net rate must be positive, got '{}'; {}", text, kRateExamples));
+  if (bits == 0)
+    throw UsageError(fmt::format("{} rate must be positive, got '{}'; {}", flag, text, rate_examples(flag)));
   if (bits < kMinRate || bits > kMaxRate) {
-    throw UsageError(fmt::format("--net rate must be between 1mbit and 1tbit, got '{}'; {}", text, kRateExamples));
+    throw UsageError(
+        fmt::format("{} rate must be between 1mbit and 1tbit, got '{}'; {}", flag, text, rate_examples(flag)));
   }
   return static_cast<uint64_t>(std::llround(bits));
 }

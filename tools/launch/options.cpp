@@ -84,9 +84,27 @@ launcher exits; leftovers of a SIGKILLed launcher go with the next --net run or 
 built. --net is refused with --nnodes > 1: two real machines need no simulation; --net simulates
 a cluster on one machine. See docs/launching.md.
 
+Two tiers (--net RATE --net-nodes M --net-uplink UPRATE): the ranks form M simulated nodes of nproc/M
+consecutive ranks (node of rank i = i / (nproc/M)). Each node has a bridge of its own (dpnet-n<n>) for
+its ranks' links at RATE, and one uplink (veth dpup<n> / dpup<n>-s, tbf UPRATE on both ends) to a spine
+bridge (dpnet-br); all of them live in dpnet<pid>-b:
+
+              spine dpnet-br
+          UPRATE /        \ UPRATE        one uplink per node, shaped each way
+       dpnet-n0             dpnet-n1      one bridge per node
+      RATE /   \ RATE     RATE /   \ RATE
+      rank 0  rank 1      rank 2  rank 3  (--nproc 4 --net-nodes 2)
+
+--net-uplink has no default: it is required with --net-nodes (an uplink faster than RATE is allowed,
+with a note). M must divide --nproc. Ranks then get LOCAL_RANK = i mod (nproc/M), LOCAL_WORLD_SIZE =
+nproc/M, GROUP_RANK = i / (nproc/M) (RANK and WORLD_SIZE as ever; GLOO_SOCKET_IFNAME stays dpnet<i>),
+and DP_NET_NODES = M, DP_NET_UPLINK = UPRATE, DP_NET_UPLINK_BIT_S = UPRATE in bits/s, so a program
+knows that all M x nproc/M ranks share this machine. Without --net-nodes none of these are set.
+
 Examples:
   ddp_launch --nproc 2 -- ./build/bin/stage01_allreduce
   ddp_launch --nproc 4 --net 1gbit -- ./build/bin/stage01_allreduce --bench --sizes 10MB
+  ddp_launch --nproc 4 --net 10gbit --net-nodes 2 --net-uplink 1gbit -- ./build/bin/stage01_allreduce --bench
 
   # two machines, two ranks each: node 0 is 10.0.0.1 and hosts rank 0's store
   ddp_launch --nnodes 2 --node-rank 0 --nproc 2 --master-addr 10.0.0.1 --master-port 29500 \
@@ -202,7 +220,7 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
   app.footer(kFooter);
 
   std::string nproc_s = "2", nnodes_s = "1", node_rank_s = "0", port_s, timeout_s = "5", threads_s;
-  std::string net_s, subnet_s, delay_s;
+  std::string net_s, subnet_s, delay_s, net_nodes_s, uplink_s;
   bool no_prefix = false;
   std::string min_nproc_s, max_restarts_s, restart_delay_s;
   app.add_option("--nproc,--nproc-per-node", nproc_s, "ranks to start on this node (default 2)")->type_name("N");
@@ -226,6 +244,12 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
   app.add_option("--net-subnet", subnet_s, "with --net: the ranks' IPv4 network (default 198.18.0.0/15)")
       ->type_name("CIDR");
   app.add_option("--net-delay", delay_s, "with --net: added one-way delay per link (needs netem)")->type_name("MS");
+  app.add_option("--net-nodes", net_nodes_s,
+                 "with --net: group the ranks into M simulated nodes of nproc/M, a bridge each, joined by uplinks")
+      ->type_name("M");
+  app.add_option("--net-uplink", uplink_s,
+                 "with --net-nodes (required there): each node's uplink rate, each way (e.g. 1gbit)")
+      ->type_name("RATE");
   app.add_flag("--elastic", out.elastic, "a failed rank does not stop the others (stages/09_elastic)");
   app.add_option("--min-nproc", min_nproc_s, "with --elastic: fewest ranks the run goes on with (default 1)")
       ->type_name("M");
@@ -316,9 +340,41 @@ bool parse_options(int argc, char** argv, LaunchOptions& out) {
                    [](unsigned char c) { return std::tolower(c); });
     if (!subnet_s.empty()) parse_subnet(subnet_s, out.nproc, out.net);
     if (!delay_s.empty()) out.net.delay_ms = parse_delay_ms(delay_s);
-  } else if (!subnet_s.empty() || !delay_s.empty()) {
-    throw UsageError(fmt::format("{} only applies to a simulated network; add --net RATE, e.g. --net 1gbit",
-                                 subnet_s.empty() ? "--net-delay" : "--net-subnet"));
+    if (!net_nodes_s.empty()) {
+      int divisor = out.nproc;  // the smallest divisor of --nproc above 1, for the examples (1 if there is none)
+      for (int d = out.nproc - 1; d > 1; --d)
+        if (out.nproc % d == 0) divisor = d;
+      if (out.nproc == 1) divisor = 1;
+      out.net.nodes = parse_int("--net-nodes", net_nodes_s, 1, out.nproc,
+                                fmt::format("it counts simulated nodes of at least one rank each, so use a divisor "
+                                            "of --nproc ({}), e.g. --net-nodes {}",
+                                            out.nproc, divisor));
+      if (out.nproc % out.net.nodes != 0)
+        throw UsageError(
+            fmt::format("--net-nodes {} does not divide --nproc {}: every simulated node holds nproc/M ranks; use a "
+                        "divisor of {} (e.g. --net-nodes {}) or --nproc {}",
+                        out.net.nodes, out.nproc, out.nproc, divisor, (out.nproc / out.net.nodes + 1) * out.net.nodes));
+      if (uplink_s.empty())
+        throw UsageError(fmt::format(
+            "--net-nodes {} needs --net-uplink RATE, the rate of each node's link to the spine (--net {} is "
+            "the rate of each rank's link within its node); add e.g. --net-uplink 1gbit",
+            out.net.nodes, out.net.rate_text));
+      out.net.uplink_bit_s = parse_rate(uplink_s, "--net-uplink");
+      out.net.uplink_text = uplink_s;
+      std::transform(out.net.uplink_text.begin(), out.net.uplink_text.end(), out.net.uplink_text.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+    } else if (!uplink_s.empty()) {
+      throw UsageError(
+          fmt::format("--net-uplink {} is the rate between simulated nodes and there are none; add --net-nodes M "
+                      "(e.g. --net-nodes 2), or drop --net-uplink",
+                      uplink_s));
+    }
+  } else if (!subnet_s.empty() || !delay_s.empty() || !net_nodes_s.empty() || !uplink_s.empty()) {
+    const std::string flag = !subnet_s.empty()      ? "--net-subnet"
+                             : !delay_s.empty()     ? "--net-delay"
+                             : !net_nodes_s.empty() ? "--net-nodes " + net_nodes_s
+                                                    : "--net-uplink " + uplink_s;
+    throw UsageError(fmt::format("{} only applies to a simulated network; add --net RATE, e.g. --net 1gbit", flag));
   }
 
   if (out.elastic) {
@@ -443,6 +499,12 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
   env["WORLD_SIZE"] = std::to_string(o.world_size());
   env["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc);
   env["GROUP_RANK"] = std::to_string(o.node_rank);
+  if (o.net.nodes > 0) {  // --net-nodes: torchrun's contract as the simulated nodes would see it (--net: one node)
+    const int per_node = o.net.ranks_per_node(o.nproc);
+    env["LOCAL_RANK"] = std::to_string(local_rank % per_node);
+    env["LOCAL_WORLD_SIZE"] = std::to_string(per_node);
+    env["GROUP_RANK"] = std::to_string(o.net.node_of(local_rank, o.nproc));
+  }
   env["MASTER_ADDR"] = o.master_addr;
   env["MASTER_PORT"] = std::to_string(o.master_port);
   // OpenMP threads that finish a parallel region spin for a while before they sleep (the "active"

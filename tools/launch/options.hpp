@@ -16,7 +16,15 @@ struct NetSpec {
   uint32_t subnet = 0xC6120000;  // network address in host byte order: 198.18.0.0 (RFC 2544)
   int prefix_len = 15;           // 198.18.0.0/15
   double delay_ms = 0;           // --net-delay: added one-way delay in milliseconds; 0: none
+  // --net-nodes M: the ranks grouped into M simulated nodes of nproc/M consecutive ranks, each node a bridge of
+  // its own joined to a spine bridge by an uplink shaped to --net-uplink. 0: one flat switch (no --net-nodes).
+  int nodes = 0;
+  std::string uplink_text;    // --net-uplink as given, lower-cased ("1gbit"); exported as DP_NET_UPLINK
+  uint64_t uplink_bit_s = 0;  // the same in bits per second
   bool enabled() const { return rate_bit_s > 0; }
+  // The simulated node of the launcher's rank index i (0 .. nproc-1), and the ranks each node holds.
+  int ranks_per_node(int nproc) const { return nodes > 0 ? nproc / nodes : nproc; }
+  int node_of(int i, int nproc) const { return nodes > 0 ? i / ranks_per_node(nproc) : 0; }
 };
 
 // Everything the launcher needs to know, already validated: every field holds a usable value.
@@ -34,7 +42,7 @@ struct LaunchOptions {
   // K cores too). 0: not pinned, the ranks share every core.
   int cpus_per_rank = 0;
   std::vector<std::string> command;  // PROGRAM ARGS...
-  NetSpec net;                       // --net, --net-subnet, --net-delay
+  NetSpec net;                       // --net, --net-subnet, --net-delay, --net-nodes, --net-uplink
   bool net_cleanup = false;          // --net-cleanup: remove leftovers of dead launchers, then exit
   int free_ports = 0;                // --free-ports N: print N free ports (pick_free_port), then exit
   std::string launch_command;        // this launcher's whole command line, shell-quoted (DP_LAUNCH_COMMAND)
@@ -83,6 +91,8 @@ std::string openblas_coretype_for_this_cpu();
 // (RANK, LOCAL_RANK, WORLD_SIZE, ...) overwritten and the thread-count variables, OMP_WAIT_POLICY and
 // OPENBLAS_CORETYPE (openblas_coretype_for_this_cpu()) added where unset.
 // `extra` (--net's MASTER_ADDR, GLOO_SOCKET_IFNAME, DP_NET) is applied last and wins.
+// With --net-nodes M, LOCAL_RANK, LOCAL_WORLD_SIZE and GROUP_RANK describe the rank's simulated node
+// (local_rank mod nproc/M, nproc/M, local_rank / (nproc/M)); `local_rank` itself stays the launcher's index.
 // With --elastic, also DP_ELASTIC_STORE, DP_ELASTIC_MIN and DP_RESTART (`restart`: how many processes this
 // slot had before this one; torchrun calls it TORCHELASTIC_RESTART_COUNT).
 std::vector<std::string> rank_environment(const LaunchOptions& opts, int local_rank,
