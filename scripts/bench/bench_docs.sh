@@ -249,8 +249,9 @@ for part in $parts; do
     echo "== stage 10: 2 simulated nodes x 2 ranks, node links 10 Gbit/s, uplinks 1 Gbit/s (10:1) and 10 Gbit/s (1:1, the"
     echo "   control); flat and hierarchical DDP, flat FSDP and HSDP on tiny; then HSDP's accumulation flavours"
     echo "   (4 ranks share the 2 cores: not pinned; about 4 minutes)"
-    # Not small: its 4 ranks hold a baseline replica and a variant each, and rank 0 the single process, about 19 GB
-    # of 16P-byte replicas (P = 129 M) before activations: the kernel killed rank 0 on this 24 GB machine.
+    # Not small (P = 129 M): beside each variant its 4 ranks hold a no-communication replica (2.1 GB each), and rank 0
+    # the single process: with a DDP row about 19 GB before activations, and even with FSDP and HSDP alone
+    # (--variants fsdp,hsdp) the kernel killed rank 0 in the second group on this 24 GB machine.
     H="--net 10gbit --net-nodes 2"
     # Stage 01's bus bandwidth on the two tiers: 2 nodes of 1 rank (every byte crosses the uplink) and of 2 (the
     # ring crosses each uplink once each way, so the uplink sets its pace).
@@ -264,7 +265,12 @@ for part in $parts; do
       $PY scripts/pages/merge_results.py $R/stage01_tiers.json "${files[@]}"
       rm -f "${files[@]}"
     fi
-    net $L --nproc 4 $H --net-uplink 1gbit -- $B/stage10_hierarchy $T --json $R/stage10_tiny_10to1.json
+    net $L --nproc 4 $H --net-uplink 1gbit -- $B/stage10_hierarchy $T --json $R/stage10_tiny_10to1.json \
+        --trace $R/stage10_tiny_10to1.trace.json
+    if [ -f $R/stage10_tiny_10to1.trace.json ]; then
+      gzip -9f $R/stage10_tiny_10to1.trace.json
+      $PY scripts/trace/uplink_bytes.py  # each node's uplink bytes per step, from the trace and by formula
+    fi
     net $L --nproc 4 $H --net-uplink 10gbit -- $B/stage10_hierarchy $T --json $R/stage10_tiny_1to1.json
     net $L --nproc 4 $H --net-uplink 1gbit -- $B/stage10_hierarchy $T --batch 16 --accumulate 4 \
         --json $R/stage10_accumulate_10to1.json ;;

@@ -44,8 +44,8 @@ void HierarchicalAllReduce::run(torch::Tensor& flat, const std::string& label) {
     reduce_scatter(mesh_.intra(), buf, mine, ReduceScatterAlgo::automatic, label, scratch);
     sent_.intra += (L - 1) * chunk_bytes;
   }
-  if (M > 1) {  // 2: a ring of M ranks sends 2(M-1) pieces of chunk/M
-    mesh_.inter().all_reduce(mine, label);
+  if (M > 1) {                                                // 2: a ring of M ranks sends 2(M-1) pieces of chunk/M
+    mesh_.inter().all_reduce(mine, label + " across nodes");  // the label says it crosses (uplink_bytes.py)
     sent_.inter += 2.0 * (M - 1) / M * chunk_bytes;
   }
   if (L > 1) {  // 3: each rank sends its chunk to the L-1 others

@@ -36,6 +36,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 using namespace dp;
 
 namespace {
@@ -112,11 +114,16 @@ int main(int argc, char** argv) {
   cli.app()
       .add_option("--tier-mb", tier_mb, "MB (10^6 B) of the all-reduce that measures each tier")
       ->check(PositiveFinite);
+  std::vector<std::string> names{"ddp", "hier-ddp", "fsdp", "hsdp"};
+  cli.app()
+      .add_option("--variants", names, "With --bench: the rows besides no communication: ddp, hier-ddp, fsdp, hsdp")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"ddp", "hier-ddp", "fsdp", "hsdp"}));
   cli.app()
       .add_option("--accumulate", cfg.accumulate, "With --bench: micro-batches per step (HSDP's flavours differ there)")
       ->check(PositiveInt);
   add_bench_options(cli.app(), cfg);
-  bench_only(cli.app(), {"--clip-grad-norm", "--accumulate"});
+  bench_only(cli.app(), {"--clip-grad-norm", "--accumulate", "--variants"});
   if (int rc = cli.parse(argc, argv); rc >= 0) return rc;
 
   return run_main([&] {
@@ -143,10 +150,12 @@ int main(int argc, char** argv) {
       // [bench]
       const int M = mesh.nodes(), L = mesh.per_node();
       // Each row's scheme in common/measure/accounting.hpp's uplink_bytes_per_step(), and its strategy.
-      std::vector<std::pair<std::string, MakeStrategy>> schemes{{"DDP, flat ring", bucketed_ddp_strategy(25)},
-                                                                {"DDP, hierarchical", hierarchical_ddp_strategy(M, 25)},
-                                                                {"FSDP, flat", fsdp_strategy({})},
-                                                                {"HSDP", hsdp_strategy(M)}};
+      std::vector<std::pair<std::string, MakeStrategy>> schemes;
+      auto wanted = [&](const char* v) { return std::find(names.begin(), names.end(), v) != names.end(); };
+      if (wanted("ddp")) schemes.push_back({"DDP, flat ring", bucketed_ddp_strategy(25)});
+      if (wanted("hier-ddp")) schemes.push_back({"DDP, hierarchical", hierarchical_ddp_strategy(M, 25)});
+      if (wanted("fsdp")) schemes.push_back({"FSDP, flat", fsdp_strategy({})});
+      if (wanted("hsdp")) schemes.push_back({"HSDP", hsdp_strategy(M)});
       // With micro-batches, HSDP in each flavour (what crosses the uplink K times or once) in place of the flat rows.
       if (cfg.accumulate > 1)
         schemes = {{"HSDP, every micro-batch", hsdp_strategy(M, {}, HsdpSync::every_micro_batch)},
