@@ -3,9 +3,10 @@
 
     /usr/bin/python3 scripts/trace/uplink_bytes.py [--check]
 
-Reads docs/results/stage10_tiny_10to1.trace.json.gz (stage10_hierarchy --bench --trace, 2 nodes x 2 ranks) and
-the run's JSON (docs/results/stage10_tiny_10to1.json: the mesh and common/measure/accounting.cpp's
-uplink_bytes_per_step() per variant), and writes docs/results/stage10_uplink.json: per variant, the bytes one
+Reads docs/results/stage10_tiny_10to1_traced.trace.json.gz (stage10_hierarchy --bench --trace, 2 nodes x 2 ranks;
+a launch of its own, since recording slows the steps the page times) and the run's JSON
+(docs/results/stage10_tiny_10to1_traced.json: the mesh and common/measure/accounting.cpp's uplink_bytes_per_step()
+per variant), and writes docs/results/stage10_uplink.json: per variant, the bytes one
 node's uplink carries per step, each direction, median over the timed rounds, from the trace and from the
 formula. The trace records every collective a rank launched with its bytes and label, not its group, so:
 
@@ -30,7 +31,7 @@ import dplib  # noqa: E402
 from dplib import trace as tl  # noqa: E402
 
 RESULTS = str(dplib.RESULTS)
-RUN = "stage10_tiny_10to1"
+RUN = "stage10_tiny_10to1_traced"
 OUT = os.path.join(RESULTS, "stage10_uplink.json")
 TOLERANCE = 0.01  # the counted and the formula's bytes differ by the padding of a few shards at most
 
