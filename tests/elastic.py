@@ -9,7 +9,7 @@ wrote (ctest runs it first, as a fixture), or else a run of its own. It trains t
 what happened, the loss curve (every step's loss within TOL of the uninterrupted run's: the same global
 batch, split over other memberships, sums the same gradients in another order; TOL and its measurement
 are tests/train_lm.py's), that the program's own check of bit-identical replicas passed at every step,
-that every failure the curve records was seen after it (at least 1 ms), and that no process of the run is left.
+that every failure the curve records was seen after it (at least 0.1 ms), and that no process of the run is left.
 
   kill      3 ranks, rank 1 killed (SIGKILL) at step 4, a replacement joins (--max-restarts 1)
   shrink    3 ranks, rank 2 killed at step 4, no replacement: the run ends on 2
@@ -105,15 +105,18 @@ def compare(check, name, ref, path, steps=STEPS):
 
 
 def seen_after_failure(check, name, path):
-    """Every failure the curve records was seen some time after it: a killed peer reaches a survivor's collective
-    in milliseconds, never at the instant the survivor noticed it. A 0.000 s meant that the survivor took its own
-    time for the failure's (a member slow to stamp its last step had stamped it after the fault fired)."""
+    """Every failure the curve records was seen some time after it: a killed peer's death (its exit, the kernel
+    closing its sockets) reaches a survivor's collective in a fraction of a millisecond or more, never at the instant
+    the survivor noticed it. The mistake this guards against, the survivor taking its own time for the failure's
+    (a member slow to stamp its last step had stamped it after the fault fired), reads two clocks microseconds
+    apart. So at least 0.1 ms: the fastest seen honestly was 0.5 ms (a rank dying as a quorum round began, CI
+    2026-12-07), which the earlier 1 ms bound failed."""
     if not os.path.exists(path):
         return
     for ev in json.load(open(path))["events"]:
         if "seen_s" in ev:
-            check(ev["seen_s"] >= 1e-3, f"{name}: the failure before round {ev['round']} was seen {ev['seen_s']:.4f} s "
-                                        "after it (at least 1 ms: the fault's own time, not the survivor's)")
+            check(ev["seen_s"] >= 1e-4, f"{name}: the failure before round {ev['round']} was seen {ev['seen_s']:.5f} s "
+                                        "after it (at least 0.1 ms: the fault's own time, not the survivor's)")
 
 
 # The scenarios that assert an exact sequence of world sizes ("ranks 3 -> 2") give the round 2 s to settle
