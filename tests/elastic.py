@@ -20,8 +20,9 @@ that every failure the curve records was seen after it (at least 0.1 ms), and th
   quorum    4 ranks, rank 1 killed at step 3 and rank 2 in the round that follows, once it claimed its slot:
             the round leaves it out (marked dead by the launcher), or its group cannot form and the next round
             goes on without it
-  heal      3 ranks, rank 1 killed at step 3 and replaced; the member sending the state to the
-            replacement is killed as it starts; replaced in turn (--max-restarts 2)
+  heal      3 ranks, rank 1 killed at step 3 and replaced; the survivors pause 5 s at step 5 so the replacement
+            arrives in time; the member sending the state to the replacement is killed as it starts; replaced in
+            turn (--max-restarts 2)
   late      3 ranks, rank 1 killed before the last step; the survivors train it and pause (DP_FAULT pause,
             5 s) as they end, and the replacement, 4 s after the kill, finds the run over: it says so, exit 0
   allkill   3 ranks, every one killed as step 8 begins, --max-restarts 3, a checkpoint every 3 steps: the
@@ -165,7 +166,8 @@ SCENARIOS = {
     "early": (3, ["--max-restarts", "3"], ["--checkpoint-every", "5"], "die@0:step2,die@1:step2,die@2:step2", 0,
               ["nobody held the state: no checkpoint written yet, step 0", "2 steps to redo"]),
     # The newcomer is healed by the last holder, who dies as it starts: the newcomers alone load the last checkpoint.
-    "lastholder": (2, ["--max-restarts", "2"], ["--checkpoint-every", "2"], "die@1:step3,die@*:heal", 0,
+    # The holder pauses 5 s at step 5 should the replacement be slow to start (as "heal" below).
+    "lastholder": (2, ["--max-restarts", "2"], ["--checkpoint-every", "2"], "die@1:step3,pause@0:step5,die@*:heal", 0,
                    ["die at heal", "restart 2 of 2", "nobody held the state", " to redo"]),
     # The writer dies with step 6's checkpoint half written (PATH.tmp), the others as they leave: step 3's loads.
     "ckptkill": (3, ["--max-restarts", "3"], ["--checkpoint-every", "3"],
@@ -174,9 +176,12 @@ SCENARIOS = {
     "nocheckpoint": (3, ["--max-restarts", "5"], [], "die@0:step7,die@1:step7,die@2:step7", 3,
                      ["this run has no checkpoint to go back to; run it with --checkpoint FILE --checkpoint-every N",
                       "the run cannot go on (the rank says why above), so no replacement starts", "!restart 4 of 5"]),
-    "heal": (3, ["--max-restarts", "2"], [], "die@1:step3,die@*:heal", 0,
+    "heal": (3, ["--max-restarts", "2"], [], "die@1:step3,pause@0:step5,pause@2:step5,die@*:heal", 0,
              # The first replacement either waits for the 2-rank generation to notice it ("a newcomer waits") or
              # arrives before that generation's round closes and is in it: either way a source dies healing it.
+             # The survivors pause together 5 s at step 5 (neither waits on the other), so that a replacement slow
+             # to start (it joined at step 9 of 10 on an idle machine; under CI's load once after the last step,
+             # which left nobody to heal) still finds the run going.
              ["die at heal", "restart 2 of 2", ("a newcomer waits", "before this newcomer had the state")]),
 }
 
