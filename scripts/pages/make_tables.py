@@ -213,6 +213,83 @@ def python_ddp_table(doc):
     return lines, notes
 
 
+def low_byte_table(doc):
+    """Extension 05e's benchmark: per hook, the bytes each rank sent per step, the step, and its ratio round by round
+    to the fp32 all-reduce's step and to the fp32 lower bound (forward + max(backward, one fp32 all-reduce) + optimizer,
+    from the no-communication row's medians and each round's all-reduce)."""
+    rows = doc["rows"]
+    base = next(r for r in rows if r["variant"] == r["baseline"])
+    fp32 = next((r for r in rows if r["variant"].startswith("fp32 hook")), None)
+    lb = doc["low_byte"]["lower_bound_samples_s"]
+    head = ["hook", "MB sent per rank per step", "step (s), median [95% CI]", "x fp32 all-reduce [95% CI]",
+            "x lower bound [95% CI]"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines.append(f"| no communication | 0 | {fmt_ci(base['step_samples_s'], '{:.3f}')} | - | "
+                 f"{fmt_ci([a / b for a, b in zip(base['step_samples_s'], lb)], '{:.3f}')} |")
+    for h in doc["low_byte"]["rows"]:
+        r = next(r for r in rows if r["variant"].startswith(h["hook"] + " hook,"))
+        vs = compare(r, fp32) if fp32 is not None else None
+        lines.append(f"| {HOOK_WORDS.get(h['hook'], h['hook'])} | {h['sent_MB_per_step']:.2f} | "
+                     f"{fmt_ci(r['step_samples_s'], '{:.3f}')} | "
+                     f"{'-' if vs is None else f'{vs[0]:.3f} [{vs[1]:.3f}, {vs[2]:.3f}]'} | "
+                     f"{fmt_ci(h['ratio_to_lower_bound_samples'], '{:.3f}')} |")
+    lines.append(f"| lower bound: forward + max(backward, fp32 all-reduce) + optimizer | - | {fmt_ci(lb, '{:.3f}')} | - | 1 |")
+    r0 = rows[0]
+    notes = [f"{r0['preset']}, {r0['world_size']} ranks, {r0['link']}, {len(lb)} rounds of "
+             f"{doc['steps_requested']} timed steps; buckets of {r0['variant'].split(', ')[1]}; int8 blocks of "
+             f"{doc['block']} values; PowerSGD rank {doc['powersgd_rank']}. Lower bound (medians): forward "
+             f"{base['forward_s']:.3f} + max(backward {base['backward_s']:.3f}, one fp32 all-reduce "
+             f"{np.median(doc['flat_allreduce_samples_s']):.3f}) + optimizer {base['optimizer_s']:.3f} s."]
+    return lines, notes
+
+
+HOOK_WORDS = {"fp32": "fp32 all-reduce (stage 05)", "fp16-allreduce": "fp16 all-reduce, fp16 sums (extension 05a)",
+              "bf16": "bf16 wire, fp32 sums", "fp16": "fp16 wire, fp32 sums", "int8": "int8 wire, fp32 sums",
+              "bf16-lowsum": "bf16 wire, bf16 sums", "fp16-lowsum": "fp16 wire, fp16 sums",
+              "powersgd": "PowerSGD, error feedback"}
+
+
+def low_byte_errors_table(doc):
+    """Extension 05e's error study: each format's relative error (median over draws) per number of simulated ranks,
+    the slope of log(error) over log(ranks), and the worst |error| / derived bound over every value (fp32 sums)."""
+    errs = doc["errors"]
+    ranks = sorted({e["ranks"] for e in errs})
+    formats = list(dict.fromkeys(e["format"] for e in errs))
+    head = ["format"] + [f"{w} ranks" for w in ranks] + ["slope over log(ranks)", "worst error / bound"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for f in formats:
+        med = [float(np.median([e["relative_error"] for e in errs if e["format"] == f and e["ranks"] == w])) for w in ranks]
+        slope = float(np.polyfit(np.log(ranks), np.log(med), 1)[0])
+        worst = max(e["worst_over_bound"] for e in errs if e["format"] == f)
+        lines.append("| " + " | ".join([f] + [f"{m:.2e}" for m in med] + [f"{slope:+.2f}",
+                                                                           f"{worst:.2f}" if worst > 0 else "-"]) + " |")
+    draws = len({e["seed"] for e in errs})
+    return lines, [f"Relative error ||average - exact|| / ||exact|| over every gradient value of {doc['preset']}, "
+                   f"median over {draws} draws of per-rank gradients (2 sequences each); ranks simulated by "
+                   "`low_byte_average()`, bit-identical to the collective. Worst error / bound: the largest over every "
+                   "value, rank count and draw (at most 1 where the design holds; '-' where no bound is derived)."]
+
+
+def low_byte_curves_table(doc):
+    """Extension 05e's loss curves: the final loss per hook, its distance from fp32's, and fp32 on other data."""
+    curves = doc["curves"]
+    ref = next(c for c in curves if c["hook"] == "fp32" and c["data"] == 0)
+    other = next(c for c in curves if c["data"] == 1)
+    noise = abs(other["final_loss"] - ref["final_loss"])
+    head = ["run", "loss at step 1", "final loss (mean of the last tenth)", "|final - fp32's|",
+            "max over steps of |loss - fp32's|"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in curves:
+        name = HOOK_WORDS.get(c["hook"], c["hook"]) + (", other data" if c["data"] else "")
+        gap = max(abs(a - b) for a, b in zip(c["losses"], ref["losses"]))
+        lines.append(f"| {name} | {c['losses'][0]:.4f} | {c['final_loss']:.4f} | "
+                     f"{abs(c['final_loss'] - ref['final_loss']):.4f} | {gap:.4f} |")
+    n = len(ref["losses"])
+    return lines, [f"{n} steps of AdamW (lr 1e-3) on text from a Markov chain (256 states, 4 successors each), "
+                   f"{doc.get('preset', '')} model; the bound each hook is held to: fp32 on other data ends "
+                   f"{noise:.4f} from fp32."]
+
+
 def plain_table(doc, cols):
     present = [c for c in cols if any(c[0] in r for r in doc["rows"])]
     lines = ["| " + " | ".join(h for _, h, _ in present) + " |", "|" + "---|" * len(present)]
@@ -356,7 +433,10 @@ def table(name):
         return samples(load(name[:-7]))
     doc = load(name)
     kind = doc["benchmark"].split(":")[0]
-    if name in COLUMNS_BY_FILE:
+    if kind == "ext05e":
+        lines, notes = (low_byte_table(doc) if "low_byte" in doc else low_byte_errors_table(doc) if "errors" in doc
+                        else low_byte_curves_table(doc))
+    elif name in COLUMNS_BY_FILE:
         lines, notes = plain_table(doc, COLUMNS_BY_FILE[name])
     else:
         lines, notes = (torch_ddp_table(doc) if kind == "compare_torch_ddp" else gpu_check_table(doc) if kind == "gpu_check" else

@@ -1,0 +1,84 @@
+#include "extensions/05e_low_byte/low_byte_hook.hpp"
+
+#include "common/base/errors.hpp"
+#include "extensions/05a_comm_hooks/low_precision_hooks.hpp"
+#include "extensions/05e_low_byte/powersgd.hpp"
+#include "stages/05_bucketed/bucketed_ddp.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <atomic>
+
+namespace dp {
+
+BucketWork LowByteHook::launch(torch::Tensor& bucket, const std::string& label) {
+  std::shared_future<void> done = worker_.submit([this, bucket, label]() mutable { reduce_.run(bucket, label); },
+                                                 label.empty() ? "a bucket" : label);
+  BucketWork w;  // no Work of its own: wait() goes straight to `then`, which waits for the worker
+  w.then = [done] { done.get(); };
+  w.wire_bytes = bucket.numel() * static_cast<int64_t>(bucket.element_size());
+  return w;
+}
+
+CommHook low_byte_hook(std::shared_ptr<LowByteHook> state) {
+  return
+      [state](ProcessGroup&, torch::Tensor& bucket, const std::string& label) { return state->launch(bucket, label); };
+}
+
+std::vector<std::string> low_byte_hook_names() {
+  return {"fp32", "fp16-allreduce", "bf16", "fp16", "int8", "bf16-lowsum", "fp16-lowsum", "powersgd"};
+}
+
+namespace {
+
+// A ring all-reduce of `wire_bytes` sends 2 (W - 1) / W of them from each rank.
+int64_t ring_bytes(int64_t wire_bytes, int world) { return 2 * int64_t{world - 1} * wire_bytes / world; }
+
+// `hook`, adding to *sent what a ring all-reduce of each call's BucketWork::wire_bytes sends.
+CommHook counted_ring(CommHook hook, std::shared_ptr<std::atomic<int64_t>> sent) {
+  return [hook, sent](ProcessGroup& pg, torch::Tensor& bucket, const std::string& label) {
+    auto w = hook(pg, bucket, label);
+    *sent += ring_bytes(w.wire_bytes, pg.world_size());
+    return w;
+  };
+}
+
+}  // namespace
+
+NamedHook make_low_byte_hook(const std::string& name, ProcessGroup& pg, const BucketedDdp& ddp,
+                             const LowByteHookOptions& opts) {
+  const auto names = low_byte_hook_names();
+  if (std::find(names.begin(), names.end(), name) == names.end())
+    throw UsageError(fmt::format("unknown communication hook '{}': use {}", name, fmt::join(names, ", ")));
+  auto sent = std::make_shared<std::atomic<int64_t>>(0);
+  auto read = [sent] { return sent->load(); };
+  if (name == "fp32") return {counted_ring(allreduce_hook(), sent), read};
+  if (name == "fp16-allreduce") return {counted_ring(make_comm_hook("fp16", pg), sent), read};  // extension 05a's
+  if (name == "powersgd") {
+    PowerSgdOptions p;
+    p.rank = opts.powersgd_rank;
+    p.seed = opts.seed;
+    auto state = std::make_shared<PowerSgd>(bucket_shapes(ddp), p);
+    auto hook = powersgd_hook(state);
+    auto calls = std::make_shared<int64_t>(0);
+    const auto buckets = static_cast<int64_t>(ddp.bucket_count());
+    // Two ring all-reduces per bucket (P, then Q), of wire_elements(b) fp32 values together.
+    CommHook counted = [hook, state, sent, calls, buckets](ProcessGroup& g, torch::Tensor& bucket,
+                                                           const std::string& label) {
+      const auto b = static_cast<size_t>((*calls)++ % buckets);
+      *sent += ring_bytes(4 * state->wire_elements(b), g.world_size());
+      return hook(g, bucket, label);
+    };
+    return {counted, read};
+  }
+  LowByteOptions lb;
+  const bool in_wire = name == "bf16-lowsum" || name == "fp16-lowsum";
+  lb.wire = parse_wire_format(name.substr(0, 4), opts.block);
+  lb.sum = in_wire ? SumIn::wire : SumIn::fp32;
+  auto state = std::make_shared<LowByteHook>(pg, lb);
+  return {low_byte_hook(state), [state] { return state->sent_bytes(); }};
+}
+
+}  // namespace dp
