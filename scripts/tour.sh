@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The tour: every stage in order through the launcher (CPU, Gloo, 2 ranks), each checking itself and
-# printing its key numbers, then one summary table. A few minutes on a 2-core machine.
+# The tour: every stage in order through the launcher (CPU, Gloo, 2 ranks; stage 10: 4, as 2 nodes x 2), each
+# checking itself and printing its key numbers, then one summary table. A few minutes on a 2-core machine.
 #   bash scripts/tour.sh            # the tour (sizes that finish quickly)
 #   bash scripts/tour.sh --full     # also re-run every benchmark behind docs/ and regenerate tables and plots
 set -euo pipefail
@@ -80,7 +80,7 @@ step 10 "stage 10: a cluster of 2 nodes x 2 ranks: hierarchical all-reduce, HSDP
 $L10 $B/stage10_hierarchy --nodes 2 $T --json $out/stage10.json
 
 echo
-echo "==== summary (tiny Transformer, ${NPROC:-2} ranks, $link, this machine)"
+echo "==== summary (tiny Transformer, ${NPROC:-2} ranks (stage 10: 4, as 2 nodes x 2), $link, this machine)"
 $PY scripts/course/tour_summary.py $out
 
 if [ $full = 1 ]; then

@@ -2,6 +2,7 @@
 #include "common/model/data.hpp"
 
 #include "common/base/errors.hpp"
+#include "common/base/hash.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -9,16 +10,6 @@
 namespace dp {
 
 namespace {
-
-// SplitMix64 finaliser: spreads consecutive step numbers over all 64 bits, so that seed ^ mix(step)
-// gives unrelated generator seeds for steps 0, 1, 2, ... (a plain seed + step would make run
-// (seed 1, step 0) replay run (seed 0, step 1)).
-uint64_t mix(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 void require_positive(int64_t v, const char* what) {
   if (v <= 0) throw UsageError(fmt::format("{} must be positive, got {}", what, v));
@@ -32,7 +23,7 @@ std::pair<torch::Tensor, torch::Tensor> token_batch(int64_t batch, int64_t conte
   require_positive(context_length, "context length");
   require_positive(vocab, "vocabulary size");
   // Our own generator: drawing these tokens leaves torch::manual_seed's stream untouched.
-  auto gen = at::detail::createCPUGenerator(seed ^ mix(static_cast<uint64_t>(step)));
+  auto gen = at::detail::createCPUGenerator(seed ^ splitmix64(static_cast<uint64_t>(step)));
   // One extra column so that every input position has a next token to predict.
   auto tokens = torch::randint(0, vocab, {batch, context_length + 1}, gen, torch::kLong);  // [B, T+1]
   auto inputs = tokens.narrow(1, 0, context_length).contiguous();                          // [B, T]
@@ -58,7 +49,7 @@ std::pair<torch::Tensor, torch::Tensor> regression_batch(int64_t rows, int64_t i
   require_positive(rows, "rows");
   require_positive(in, "input width");
   require_positive(out, "output width");
-  auto gen = at::detail::createCPUGenerator(mix(seed));
+  auto gen = at::detail::createCPUGenerator(splitmix64(seed));
   auto x = torch::randn({rows, in}, gen, torch::kFloat32);   // [rows, in]
   auto y = torch::randn({rows, out}, gen, torch::kFloat32);  // [rows, out]
   return {x, y};

@@ -84,6 +84,43 @@ std::pair<torch::Tensor, torch::Tensor> markov_batch(int64_t rows, int64_t conte
 }
 // [markov]
 
+// PowerSGD's books, over 4 steps of one bucket (a 24 x 40 matrix, a vector of 24, rank 2: well below full rank):
+// what was applied plus what every rank still owes (its error memory), averaged, equals what was produced (the
+// exact average of the gradients). Each side is a sum of at most 8 fp32 results of size up to S = max |gradient| +
+// max |error| (steps x (applied, owed) and the products behind them); 64 u32 S covers their roundings with margin.
+void check_powersgd_books(ProcessGroup& pg, const Options& o) {
+  const int W = pg.world_size();
+  PowerSgdOptions p;
+  p.rank = std::min(2, o.hook.powersgd_rank);
+  p.seed = o.hook.seed;
+  PowerSgd state({{{24, 40}, {24}}}, p);
+  auto applied = torch::zeros({24 * 40 + 24}, torch::kDouble);
+  auto produced = torch::zeros_like(applied);
+  double size = 0;
+  for (int t = 0; t < 4; ++t) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + 10 * t + pg.rank());
+    auto g = torch::randn({24 * 40 + 24}, gen);
+    auto avg = g.clone();
+    pg.all_reduce(avg);
+    produced += avg.to(torch::kDouble) / W;
+    size = std::max(size, g.abs().max().item<double>() + state.error(0).abs().max().item<double>());
+    auto bucket = g.clone();
+    state.launch(pg, bucket, "powersgd check").wait();
+    applied += bucket.to(torch::kDouble);
+  }
+  auto owed = state.error(0).clone();
+  pg.all_reduce(owed);
+  const double off = (applied + owed.to(torch::kDouble) / W - produced).abs().max().item<double>();
+  const double bound = 64 * std::ldexp(1.0, -24) * size;
+  if (off > bound)
+    throw CheckFailed(
+        fmt::format("PowerSGD: applied + owed differs from produced by {:.3g} (bound {:.3g})", off, bound));
+  print0(
+      "PASS hook powersgd (rank {}, error feedback): applied + owed = produced over 4 steps, within {:.2g} (bound "
+      "{:.2g})",
+      p.rank, off, bound);
+}
+
 // [checks]
 // Each rounding hook's collective against its one-process model and its bound, on buffers of the sizes of
 // `model`'s gradients; PowerSGD's books. Throws dp::CheckFailed on a mismatch.
@@ -116,6 +153,7 @@ void run_checks(ProcessGroup& pg, const Options& o, TransformerLM& model) {
     print0("PASS hook {} ({}): every gradient tensor's average equals the one-process model bit for bit{}", name,
            opts.name(), in_wire ? "" : ", within the derived bound of the exact average");
   }
+  if (std::find(o.hooks.begin(), o.hooks.end(), "powersgd") != o.hooks.end()) check_powersgd_books(pg, o);
 }
 // [checks]
 
@@ -152,8 +190,10 @@ nlohmann::json error_study(const Options& o, const TransformerConfig& mcfg, uint
         auto err = low_byte_average(xs, k).to(torch::kDouble) - exact;
         const double rel = (err.norm() / exact.norm()).item<double>();
         double worst = 0;  // the largest |error| / bound over the values, for fp32 sums (must be <= 1)
+        // A value that is exactly 0 on every rank has bound 0 and error 0: 0 / tiny = 0, where 0 / 0 would be NaN,
+        // which passes every comparison; a nonzero error there is huge and fails.
         if (k.sum == SumIn::fp32)
-          worst = (err.abs() / low_byte_bound(xs, k.wire).to(torch::kDouble)).max().item<double>();
+          worst = (err.abs() / low_byte_bound(xs, k.wire).to(torch::kDouble).clamp_min(1e-300)).max().item<double>();
         if (worst > 1)
           throw CheckFailed(fmt::format("{} at {} ranks: an error {:.2f} x its derived bound", k.name(), W, worst));
         out.push_back(
@@ -161,19 +201,38 @@ nlohmann::json error_study(const Options& o, const TransformerConfig& mcfg, uint
       }
     }
   }
+  // Per format: the median over draws at each W, and the least-squares slope of log(error) over log(W).
+  nlohmann::json summary = nlohmann::json::object();
   print0("\nrelative error ||avg - exact|| / ||exact|| of {} gradients, median over {} draws:", mcfg.name, o.seeds);
-  print0("{:<26}{}", "format", fmt::format("{}", fmt::join(o.error_ranks, "          ")));
+  print0("{:<26}{}{:>8}", "format", fmt::format("{}", fmt::join(o.error_ranks, "          ")), "slope");
   for (const auto& k : kinds) {
     std::string line = fmt::format("{:<26}", k.name());
+    std::vector<double> xs, ys;
+    nlohmann::json medians = nlohmann::json::object();
     for (int W : o.error_ranks) {
       std::vector<double> v;
       for (const auto& r : out)
         if (r["format"] == k.name() && r["ranks"] == W) v.push_back(r["relative_error"]);
-      line += fmt::format("{:<11.3e}", summarize(v).median);
+      const double m = summarize(v).median;
+      medians[std::to_string(W)] = m;
+      xs.push_back(std::log(W));
+      ys.push_back(std::log(m));
+      line += fmt::format("{:<11.3e}", m);
     }
-    print0("{}", line);
+    double mx = 0, my = 0, sxy = 0, sxx = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      mx += xs[i] / xs.size();
+      my += ys[i] / ys.size();
+    }
+    for (size_t i = 0; i < xs.size(); ++i) {
+      sxy += (xs[i] - mx) * (ys[i] - my);
+      sxx += (xs[i] - mx) * (xs[i] - mx);
+    }
+    const double slope = sxx > 0 ? sxy / sxx : 0;
+    summary[k.name()] = {{"median_by_ranks", medians}, {"slope", slope}};
+    print0("{}{:>+8.2f}", line, slope);
   }
-  return out;
+  return {{"draws", out}, {"summary", summary}};
 }
 // [errors]
 
@@ -230,18 +289,27 @@ nlohmann::json loss_curves(ProcessGroup& pg, const Options& o, const BenchConfig
 }
 
 // After --bench: each hook's bytes per step, counted over 2 steps of a fresh DDP, and each row's step over the fp32
-// lower bound, round by round: forward + max(backward, the round's fp32 all-reduce) + optimizer, the first three
-// the no-communication row's medians.
+// lower bound, round by round: forward + max(backward, the round's fp32 all-reduce) + optimizer, the first three the
+// medians of the no-communication row of the row's group. Where the variants were measured in groups (a model too
+// large for all of them at once), the all-reduce's median over all rounds stands for each round's.
 nlohmann::json bytes_and_bound(ProcessGroup& pg, const Options& o, const BenchConfig& cfg, const Results& results) {
   const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
-  const nlohmann::json* base = nullptr;
-  for (const auto& r : results.rows())
-    if (r["variant"] == r["baseline"]) base = &r;
-  std::vector<double> bound;
-  for (double flat : results.meta["flat_allreduce_samples_s"])
-    bound.push_back((*base)["forward_s"].get<double>() + std::max((*base)["backward_s"].get<double>(), flat) +
-                    (*base)["optimizer_s"].get<double>());
-  nlohmann::json out = {{"lower_bound_samples_s", bound}, {"rows", nlohmann::json::array()}};
+  const std::vector<double> flat = results.meta["flat_allreduce_samples_s"];
+  int baselines = 0;
+  for (const auto& r : results.rows()) baselines += r["variant"] == r["baseline"];
+  auto bound_of = [&](const nlohmann::json& row) {
+    const nlohmann::json* base = nullptr;
+    for (const auto& r : results.rows())
+      if (r["variant"] == row["baseline"] && r["group"] == row["group"]) base = &r;
+    std::vector<double> bound;
+    for (size_t i = 0; i < row["step_samples_s"].size(); ++i) {
+      const double f = baselines == 1 && i < flat.size() ? flat[i] : summarize(flat).median;
+      bound.push_back((*base)["forward_s"].get<double>() + std::max((*base)["backward_s"].get<double>(), f) +
+                      (*base)["optimizer_s"].get<double>());
+    }
+    return bound;
+  };
+  nlohmann::json out = {{"rows", nlohmann::json::array()}};
   print0("\n{:<28} {:>12} {:>9} {:>22}", "hook", "MB sent/step", "x fp32", "x lower bound [min-max]");
   double fp32_bytes = 0;
   for (const auto& h : o.hooks) {
@@ -258,15 +326,19 @@ nlohmann::json bytes_and_bound(ProcessGroup& pg, const Options& o, const BenchCo
     }
     const double mb = sent() / 2.0 / 1e6;
     if (h == "fp32") fp32_bytes = mb;
-    std::vector<double> ratio;
+    std::vector<double> bound, ratio;
     for (const auto& r : results.rows())
-      if (r["variant"].get<std::string>().rfind(h + " hook,", 0) == 0)
-        for (size_t i = 0; i < bound.size() && i < r["step_samples_s"].size(); ++i)
-          ratio.push_back(r["step_samples_s"][i].get<double>() / bound[i]);
+      if (r["variant"].get<std::string>().rfind(h + " hook,", 0) == 0) {
+        bound = bound_of(r);
+        for (size_t i = 0; i < bound.size(); ++i) ratio.push_back(r["step_samples_s"][i].get<double>() / bound[i]);
+      }
     const Stats s = summarize(ratio);
     print0("{:<28} {:>12.2f} {:>9} {:>10.3f} [{:.3f}-{:.3f}]", h, mb,
            fp32_bytes > 0 ? fmt::format("{:.3f}", mb / fp32_bytes) : "-", s.median, s.min, s.max);
-    out["rows"].push_back({{"hook", h}, {"sent_MB_per_step", mb}, {"ratio_to_lower_bound_samples", ratio}});
+    out["rows"].push_back({{"hook", h},
+                           {"sent_MB_per_step", mb},
+                           {"lower_bound_samples_s", bound},
+                           {"ratio_to_lower_bound_samples", ratio}});
   }
   return out;
 }
@@ -308,6 +380,13 @@ int main(int argc, char** argv) {
     for (const auto& h : o.hooks)
       if (std::find(names.begin(), names.end(), h) == names.end())
         throw UsageError(fmt::format("unknown communication hook '{}': use {}", h, fmt::join(names, ", ")));
+    // A block longer than a bucket would pad every bucket up to W whole blocks: refuse it.
+    const auto bucket_values = static_cast<int64_t>(o.cap * 1e6 / 4);
+    if (o.hook.block > bucket_values)
+      throw UsageError(
+          fmt::format("--block {}: longer than a {:g} MB bucket ({} fp32 values); use a block of at most {} "
+                      "or a larger --cap",
+                      o.hook.block, o.cap, bucket_values, bucket_values));
     const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
     torch::manual_seed(cli.common().seed);
     TransformerLM model(mcfg);
@@ -337,7 +416,11 @@ int main(int argc, char** argv) {
       print0("\n{}", ddp_table(results));
       results.meta["low_byte"] = bytes_and_bound(pg, o, cfg, results);
     }
-    if (o.errors && pg.rank() == 0) results.meta["errors"] = error_study(o, mcfg, cli.common().seed);
+    if (o.errors && pg.rank() == 0) {
+      auto e = error_study(o, mcfg, cli.common().seed);
+      results.meta["errors"] = e["draws"];
+      results.meta["error_summary"] = e["summary"];
+    }
     if (o.curve > 0) results.meta["curves"] = loss_curves(pg, o, cfg, cli.common().seed);
     results.meta["preset"] = cfg.preset;
     results.meta["context"] = cfg.context;

@@ -2,6 +2,7 @@
 #include "extensions/05e_low_byte/powersgd.hpp"
 
 #include "common/base/errors.hpp"
+#include "common/base/hash.hpp"
 #include "common/model/params.hpp"  // shape_text()
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -16,15 +17,6 @@
 namespace dp {
 
 namespace {
-
-// SplitMix64's finaliser: spreads nearby integers (bucket 0, 1, 2; step 0, 1, 2) over all 64 bits, so that
-// the seeds built from them below give unrelated streams.
-uint64_t mix(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 // The matrix view of a parameter of shape `shape`: [shape[0], numel / shape[0]], or {0, 0} when it is no
 // matrix (fewer than 2 dims, or no element).
@@ -161,7 +153,8 @@ bool PowerSgd::compressed(size_t b, size_t i) const { return buckets_.at(b).is_c
 void PowerSgd::draw_q(size_t b, size_t i, const torch::Tensor& q) const {
   // One stream per (seed, bucket, matrix, step): the same numbers on every rank, drawn on the CPU so that a
   // GPU rank gets them too, and independent of torch's global generator.
-  const uint64_t key = mix(opts_.seed ^ mix(b ^ mix(i ^ mix(static_cast<uint64_t>(buckets_[b].steps)))));
+  const uint64_t key =
+      splitmix64(opts_.seed ^ splitmix64(b ^ splitmix64(i ^ splitmix64(static_cast<uint64_t>(buckets_[b].steps)))));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(key);
   q.copy_(torch::randn({q.size(0), q.size(1)}, gen, torch::kFloat));
 }

@@ -64,6 +64,33 @@ def two_tier_table(m, l, k):
     return "\n".join(rows)
 
 
+def wire_values(d, dff, layers, fmt, block=256, r=4, vocab=dplib.VOCAB):
+    """What one rank's whole gradient costs on the wire in bytes, before the ring's 2(N-1)/N (extension 05e):
+    P values at 4 B (fp32), 2 B (bf16, fp16) or 1 + 4/B B (int8: one fp32 scale per block of B values); PowerSGD
+    sends r (n + m) fp32 values per n x m matrix (embedding and lm_head V x d, per block 4 d x d, 3 d_ff x d)
+    and every vector (the norms) whole."""
+    p = dplib.num_parameters(d, dff, layers, vocab)
+    if fmt == "powersgd":
+        matrices = 2 * (vocab + d) + layers * (4 * 2 * d + 3 * (dff + d))
+        return 4 * (r * matrices + layers * 2 * d + d)
+    return {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1 + 4 / block}[fmt] * p
+
+
+def low_byte_table(ranks=(2, 4)):
+    rows = ["| preset | on the wire | bytes per gradient value | " + " | ".join(f"MB sent per rank per step, N = {n}"
+                                                                           for n in ranks) + " |",
+            "|---|---|---|" + "---|" * len(ranks)]
+    for name in ("tiny", "small"):
+        d, dff, layers, _ = dplib.PRESETS[name]
+        p = dplib.num_parameters(d, dff, layers)
+        for fmt, words in (("fp32", "fp32"), ("bf16", "bf16 or fp16"), ("int8", "int8, blocks of 256"),
+                           ("powersgd", "PowerSGD, rank 4")):
+            b = wire_values(d, dff, layers, fmt)
+            rows.append(f"| {name} | {words} | {b / p:.4f} | " + " | ".join(f"{2 * (n - 1) / n * b / 1e6:.2f}"
+                                                                           for n in ranks) + " |")
+    return "\n".join(rows)
+
+
 def preset_table(n):
     rows = ["| preset | P | " + " | ".join(f"{k}: GB, GB sent" for k in per_device(1, n)) + " |",
             "|---|---|" + "---|" * len(per_device(1, n))]
@@ -163,6 +190,8 @@ def main():
                      "\nTwo tiers, 2 nodes x 2 ranks, 1 micro-batch: what each node's uplink carries per step, each "
                      "direction (MB = 10^6 B)\n", two_tier_table(2, 2, 1),
                      "\nThe same with 4 micro-batches per step\n", two_tier_table(2, 2, 4),
+                     "\nOne DDP step's gradient on the wire, each format of extension 05e (MB = 10^6 B)\n",
+                     low_byte_table(),
                      f"\nTensor parallelism over {a.ranks} devices, fp32, batch 4 x context 128:\n",
                      tp_table(a.ranks, 4 * 128),
                      "\nCS336 2025 communication_accounting (XXL, FFN-only):\n", xxl(),
