@@ -40,7 +40,8 @@ LANG = {".cpp": "cpp", ".hpp": "cpp", ".h": "cpp", ".py": "python", ".sh": "sh",
 
 # A raw Doxygen command on a line of its own, or a block this script wrote before.
 RAW = re.compile(r"^\\(snippet|include) +(\S+)(?: +(.+?))? *$", re.M)
-BLOCK = re.compile(r"^<!-- (snippet|include): (\S+)(?: (.+?))? -->\n```\w*\n.*?^```\n<!-- /\1 -->$", re.M | re.S)
+# A block left empty (its code fence lost) is one too: it is filled, and --check finds it stale.
+BLOCK = re.compile(r"^<!-- (snippet|include): (\S+)(?: (.+?))? -->\n(?:```\w*\n.*?^```\n)?<!-- /\1 -->$", re.M | re.S)
 
 
 class MarkerError(Exception):
