@@ -47,11 +47,22 @@ CommHook counted_ring(CommHook hook, std::shared_ptr<std::atomic<int64_t>> sent)
 
 }  // namespace
 
-NamedHook make_low_byte_hook(const std::string& name, ProcessGroup& pg, const BucketedDdp& ddp,
-                             const LowByteHookOptions& opts) {
+void check_low_byte_hook_name(const std::string& name) {
   const auto names = low_byte_hook_names();
   if (std::find(names.begin(), names.end(), name) == names.end())
     throw UsageError(fmt::format("unknown communication hook '{}': use {}", name, fmt::join(names, ", ")));
+}
+
+std::optional<LowByteOptions> rounding_hook_options(const std::string& name, int64_t block) {
+  check_low_byte_hook_name(name);
+  if (name == "fp32" || name == "fp16-allreduce" || name == "powersgd") return std::nullopt;
+  const bool in_wire = name == "bf16-lowsum" || name == "fp16-lowsum";
+  return LowByteOptions{parse_wire_format(name.substr(0, 4), block), in_wire ? SumIn::wire : SumIn::fp32};
+}
+
+NamedHook make_low_byte_hook(const std::string& name, ProcessGroup& pg, const BucketedDdp& ddp,
+                             const LowByteHookOptions& opts) {
+  check_low_byte_hook_name(name);
   auto sent = std::make_shared<std::atomic<int64_t>>(0);
   auto read = [sent] { return sent->load(); };
   if (name == "fp32") return {counted_ring(allreduce_hook(), sent), read};
@@ -73,11 +84,7 @@ NamedHook make_low_byte_hook(const std::string& name, ProcessGroup& pg, const Bu
     };
     return {counted, read};
   }
-  LowByteOptions lb;
-  const bool in_wire = name == "bf16-lowsum" || name == "fp16-lowsum";
-  lb.wire = parse_wire_format(name.substr(0, 4), opts.block);
-  lb.sum = in_wire ? SumIn::wire : SumIn::fp32;
-  auto state = std::make_shared<LowByteHook>(pg, lb);
+  auto state = std::make_shared<LowByteHook>(pg, *rounding_hook_options(name, opts.block));
   return {low_byte_hook(state), [state] { return state->sent_bytes(); }};
 }
 

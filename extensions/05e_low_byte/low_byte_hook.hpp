@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,13 @@ CommHook low_byte_hook(std::shared_ptr<LowByteHook> state);
 /// "bf16-lowsum", "fp16-lowsum" (that wire summed in 16 bits on the all-to-all path: the mistake, measured),
 /// "powersgd" (rank from the options).
 std::vector<std::string> low_byte_hook_names();
+
+/// Throws dp::UsageError naming `name` and the choices unless it is one of low_byte_hook_names().
+void check_low_byte_hook_name(const std::string& name);
+
+/// The wire and the sums of a rounding hook ("bf16", "fp16", "int8" with `block` values per scale, "bf16-lowsum",
+/// "fp16-lowsum"); std::nullopt for the others ("fp32", "fp16-allreduce", "powersgd"). `name` is checked first.
+std::optional<LowByteOptions> rounding_hook_options(const std::string& name, int64_t block);
 
 /// How make_low_byte_hook() builds a hook.
 struct LowByteHookOptions {

@@ -127,9 +127,10 @@ void check_powersgd_books(ProcessGroup& pg, const Options& o) {
 void run_checks(ProcessGroup& pg, const Options& o, TransformerLM& model) {
   const int W = pg.world_size();
   for (const auto& name : o.hooks) {
-    if (name == "fp32" || name == "fp16-allreduce" || name == "powersgd") continue;
-    const bool in_wire = name == "bf16-lowsum" || name == "fp16-lowsum";
-    const LowByteOptions opts{parse_wire_format(name.substr(0, 4), o.hook.block), in_wire ? SumIn::wire : SumIn::fp32};
+    const auto rounding = rounding_hook_options(name, o.hook.block);
+    if (!rounding) continue;  // fp32, 05a's fp16 all-reduce, PowerSGD: no one-process model to compare with
+    const LowByteOptions& opts = *rounding;
+    const bool in_wire = opts.sum == SumIn::wire;
     int64_t outside = 0;
     bool same = true;
     uint64_t draw = 0;
@@ -376,10 +377,7 @@ int main(int argc, char** argv) {
     const int world = LaunchEnv::from_environment().world_size;
     validate_bench_config(cfg, world);
     // Bad input before the group forms: unknown names, a block, PowerSGD's rank against the model's matrices.
-    const auto names = low_byte_hook_names();
-    for (const auto& h : o.hooks)
-      if (std::find(names.begin(), names.end(), h) == names.end())
-        throw UsageError(fmt::format("unknown communication hook '{}': use {}", h, fmt::join(names, ", ")));
+    for (const auto& h : o.hooks) check_low_byte_hook_name(h);
     // A block longer than a bucket would pad every bucket up to W whole blocks: refuse it.
     const auto bucket_values = static_cast<int64_t>(o.cap * 1e6 / 4);
     if (o.hook.block > bucket_values)
