@@ -11,7 +11,8 @@ batch, split over other memberships, sums the same gradients in another order; T
 are tests/train_lm.py's), that the program's own check of bit-identical replicas passed at every step,
 that every failure the curve records was seen after it (at least 0.1 ms), and that no process of the run is left.
 
-  kill      3 ranks, rank 1 killed (SIGKILL) at step 4, a replacement joins (--max-restarts 1)
+  kill      3 ranks, rank 1 killed (SIGKILL) at step 4, a replacement joins (--max-restarts 1); the survivors
+            pause 5 s at step 6 so that it arrives in time
   shrink    3 ranks, rank 2 killed at step 4, no replacement: the run ends on 2
   hang      3 ranks, rank 1 stopped (SIGSTOP) at step 4: left out after --timeout 5s, killed at the end
   slow      3 ranks, rank 1 killed at step 4; survivor 2 pauses 5 s before it leaves its group, at the default
@@ -131,7 +132,9 @@ SETTLE = ["--settle", "2"]
 
 SCENARIOS = {
     # name: (ranks, launcher args, program args, DP_FAULT, expected exit, lines that must appear; "!line": must not)
-    "kill": (3, ["--max-restarts", "1"], [], "die@1:step4", 0,
+    # The survivors pause 5 s together at step 6 (neither waits on the other) so that a replacement slow to start
+    # under CI's load still joins before the last step (CI once saw it arrive after it, and no " 1.1)" line).
+    "kill": (3, ["--max-restarts", "1"], [], "die@1:step4,pause@0:step6,pause@2:step6", 0,
              ["rank 1 was killed by signal 9 (SIGKILL); elastic: 2 ranks go on, and a replacement starts",
               "after a failure at step 5", " 1.1)", "ranks 3 -> "]),
     # The survivors' lines carry the launcher's tags (slots 0 and 1), never their ranks in generation 0, which
