@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <functional>
 #include <stdexcept>
 
 namespace dp {
@@ -25,21 +26,47 @@ torch::ScalarType wire_dtype(const WireSpec& wire) {
 }
 
 // [sum]
-// The W decoded pieces of one chunk added up, in rank order, then divided by W: in fp32, or (the mistake,
-// SumIn::wire) in the wire's 16-bit dtype, each addition rounded there. `pieces[k]` is rank k's, fp32.
-torch::Tensor average_of(const std::vector<torch::Tensor>& pieces, const LowByteOptions& opts) {
+// The W decoded pieces of one chunk added up in rank order: in fp32, or (the mistake, SumIn::wire) in the wire's
+// 16-bit dtype, each addition rounded there. `pieces[k]` is rank k's, fp32; the sum comes back in fp32.
+torch::Tensor sum_of(const std::vector<torch::Tensor>& pieces, const LowByteOptions& opts) {
   const auto W = static_cast<int64_t>(pieces.size());
   if (opts.sum == SumIn::fp32) {
     auto acc = pieces[0].clone();
     for (int64_t k = 1; k < W; ++k) acc.add_(pieces[k]);
-    return acc.div_(W);
+    return acc;
   }
   const auto low = wire_dtype(opts.wire);
   auto acc = pieces[0].to(low);
   for (int64_t k = 1; k < W; ++k) acc = acc + pieces[k].to(low);  // rounded to 16 bits after every addition
-  return acc.to(torch::kFloat).div_(W);
+  return acc.to(torch::kFloat);
+}
+
+// The average: the sum, then divided by W in fp32.
+torch::Tensor average_of(const std::vector<torch::Tensor>& pieces, const LowByteOptions& opts) {
+  return sum_of(pieces, opts).div_(static_cast<int64_t>(pieces.size()));
 }
 // [sum]
+
+// `n` rounded up to whole blocks of the wire: the values a chunk of n is encoded as.
+int64_t whole_blocks(const WireSpec& wire, int64_t n) {
+  return (n + wire.granule() - 1) / wire.granule() * wire.granule();
+}
+
+// `f` (a round trip, a rounding bound) applied to each of the W chunks of `x` (fp32 [W x n]) on its own, each
+// padded with zeros to whole blocks as the sharded collectives encode it: a new fp32 [W x n].
+torch::Tensor per_chunk(const torch::Tensor& x, int world,
+                        const std::function<torch::Tensor(const WireSpec&, const torch::Tensor&)>& f,
+                        const WireSpec& wire) {
+  const int64_t n = x.numel() / world, cp = whole_blocks(wire, n);
+  if (n * world != x.numel()) throw std::invalid_argument("low-byte model: a buffer's length is not W chunks");
+  auto out = torch::empty({x.numel()}, torch::kFloat);
+  auto padded = torch::zeros({cp}, torch::kFloat);
+  for (int r = 0; r < world; ++r) {
+    padded.narrow(0, 0, n).copy_(x.reshape({-1}).narrow(0, r * n, n));
+    out.narrow(0, r * n, n).copy_(f(wire, padded).narrow(0, 0, n));
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -97,6 +124,100 @@ void LowByteAllReduce::run(torch::Tensor& flat, const std::string& label) {
   // [steps]
   if (!buf.is_same(line)) line.copy_(buf.narrow(0, 0, L.numel));
   sent_ += L.sent_bytes(wire);
+}
+
+int64_t chunk_wire_bytes(const WireSpec& wire, int64_t n) { return wire.bytes(whole_blocks(wire, n)); }
+
+// [sharded]
+ReduceScatterWork low_byte_reduce_scatter_async(ProcessGroup& pg, const torch::Tensor& flat, torch::Tensor& out,
+                                                const LowByteOptions& opts, const std::string& label) {
+  const int W = pg.world_size();
+  const int64_t n = out.numel();
+  if (flat.scalar_type() != torch::kFloat || out.scalar_type() != torch::kFloat || !flat.is_contiguous() ||
+      flat.numel() != W * n)
+    throw std::invalid_argument("low_byte_reduce_scatter_async: fp32 tensors of W x n and n values are needed");
+  if (opts.sum == SumIn::wire) wire_dtype(opts.wire);  // int8 has no dtype to sum in
+  const WireSpec wire = opts.wire;
+  const int64_t cp = whole_blocks(wire, n), E = wire.bytes(cp);
+  torch::NoGradGuard no_grad;
+  const auto bytes = flat.options().dtype(torch::kUInt8);
+  auto send = torch::empty({W * E}, bytes), recv = torch::empty({W * E}, bytes);
+  auto padded = torch::zeros({cp}, flat.options());  // a chunk, then zeros up to whole blocks
+  for (int j = 0; j < W; ++j) {
+    padded.narrow(0, 0, n).copy_(flat.narrow(0, j * n, n));
+    encode(wire, padded, send.narrow(0, j * E, E));  // chunk j, for rank j
+  }
+  Work work = pg.all_to_all_async(recv, send, label + " (" + wire.name() + " pieces)");
+  // After the exchange, piece k of `recv` is rank k's encoding of this rank's chunk: decode, add up in rank order.
+  auto finish = [recv, send, out, opts, W, n, cp, E]() mutable {
+    torch::NoGradGuard guard;
+    std::vector<torch::Tensor> pieces;
+    for (int k = 0; k < W; ++k) {
+      pieces.push_back(torch::empty({cp}, out.options()));
+      decode(opts.wire, recv.narrow(0, k * E, E), pieces.back());
+      pieces.back() = pieces.back().narrow(0, 0, n);
+    }
+    out.copy_(sum_of(pieces, opts));
+  };
+  return ReduceScatterWork(std::move(work).then(std::move(finish)), {}, {});
+}
+
+Work low_byte_all_gather_async(ProcessGroup& pg, const torch::Tensor& chunk, torch::Tensor& full, const WireSpec& wire,
+                               const std::string& label) {
+  const int W = pg.world_size();
+  const int64_t n = chunk.numel();
+  if (chunk.scalar_type() != torch::kFloat || !full.is_contiguous() || full.numel() != W * n)
+    throw std::invalid_argument("low_byte_all_gather_async: an fp32 chunk of n values and W x n to fill are needed");
+  const int64_t cp = whole_blocks(wire, n), E = wire.bytes(cp);
+  torch::NoGradGuard no_grad;
+  const auto bytes = chunk.options().dtype(torch::kUInt8);
+  auto padded = torch::zeros({cp}, chunk.options().dtype(torch::kFloat));
+  padded.narrow(0, 0, n).copy_(chunk.reshape({-1}));
+  auto mine = torch::empty({E}, bytes), recv = torch::empty({W * E}, bytes);
+  encode(wire, padded, mine);  // once: every rank decodes this same encoding, this one included
+  Work work = all_gather_flat_async(pg, mine, recv, label + " (" + wire.name() + ")");
+  auto finish = [mine, recv, padded, full, wire, W, n, E]() mutable {
+    torch::NoGradGuard guard;
+    for (int r = 0; r < W; ++r) {
+      decode(wire, recv.narrow(0, r * E, E), padded);
+      full.narrow(0, r * n, n).copy_(padded.narrow(0, 0, n));  // to the compute dtype
+    }
+  };
+  return std::move(work).then(std::move(finish));
+}
+// [sharded]
+
+torch::Tensor low_byte_scatter_average(const std::vector<torch::Tensor>& per_rank, const LowByteOptions& opts) {
+  if (per_rank.empty()) throw std::invalid_argument("low_byte_scatter_average: no ranks");
+  const int W = static_cast<int>(per_rank.size());
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> rounded;
+  for (const auto& x : per_rank) rounded.push_back(per_chunk(x.to(torch::kFloat), W, round_trip, opts.wire));
+  return average_of(rounded, opts);
+}
+
+torch::Tensor low_byte_scatter_bound(const std::vector<torch::Tensor>& per_rank, const WireSpec& wire) {
+  const int W = static_cast<int>(per_rank.size());
+  if (W == 0) throw std::invalid_argument("low_byte_scatter_bound: no ranks");
+  torch::NoGradGuard no_grad;
+  auto mean_abs = torch::zeros({per_rank[0].numel()}, torch::kDouble);
+  auto first = torch::zeros_like(mean_abs);  // mean over ranks of each encoding's bound
+  for (const auto& x : per_rank) {
+    mean_abs += x.reshape({-1}).to(torch::kDouble).abs() / W;
+    first += per_chunk(x.to(torch::kFloat), W, rounding_bound, wire).to(torch::kDouble) / W;
+  }
+  // W - 1 fp32 additions and one division, each at most u32 times W mean |x|; taken twice (first-order terms).
+  return (first + mean_abs * (2.0 * W * std::ldexp(1.0, -24))).to(torch::kFloat);
+}
+
+torch::Tensor low_byte_gathered(const torch::Tensor& whole, int world, const WireSpec& wire) {
+  torch::NoGradGuard no_grad;
+  return per_chunk(whole.to(torch::kFloat), world, round_trip, wire);
+}
+
+torch::Tensor low_byte_gather_bound(const torch::Tensor& whole, int world, const WireSpec& wire) {
+  torch::NoGradGuard no_grad;
+  return per_chunk(whole.to(torch::kFloat), world, rounding_bound, wire);
 }
 
 torch::Tensor low_byte_average(const std::vector<torch::Tensor>& per_rank, const LowByteOptions& opts) {

@@ -11,6 +11,7 @@
 // partial sums.
 #pragma once
 
+#include "common/comm/shard_comm.hpp"  // ReduceScatterWork
 #include "common/comm/wire_format.hpp"
 #include "common/dist/dist.hpp"
 
@@ -70,6 +71,43 @@ class LowByteAllReduce {
   torch::Tensor send_, recv_, mine_;  // uint8 [W x chunk bytes] twice and [chunk bytes]: kept between calls
   int64_t sent_ = 0;
 };
+
+/// Bytes a chunk of `n` values takes on the wire when it is encoded on its own, padded with zeros to whole blocks
+/// (int8): the sharded collectives below encode every rank's chunk apart, so a block never spans two chunks.
+int64_t chunk_wire_bytes(const WireSpec& wire, int64_t n);
+
+/// A reduce-scatter whose pieces travel in a wire format (FSDP's and ZeRO's gradients in fewer bytes): `flat` (fp32
+/// [W x n], contiguous) is cut into W chunks, chunk j encoded on its own and sent to rank j (an all-to-all of bytes);
+/// wait() decodes the W pieces of this rank's chunk and adds them up in rank order, in fp32 (SumIn::wire: in the
+/// wire's dtype, the mistake), into `out` (fp32 [n]): the sum, as reduce_scatter() leaves it. `flat` is free again
+/// when this returns (it is encoded by then); `out` is written in wait(). Each rank sends (W - 1) chunk_wire_bytes.
+/// Throws std::invalid_argument for tensors of other dtypes or lengths.
+ReduceScatterWork low_byte_reduce_scatter_async(ProcessGroup& pg, const torch::Tensor& flat, torch::Tensor& out,
+                                                const LowByteOptions& opts, const std::string& label = {});
+
+/// An all-gather whose values travel in a wire format (FSDP's weights in fewer bytes): this rank's `chunk` (fp32
+/// [n]) is encoded once, every rank's encoding gathered, and wait() decodes rank r's into elements [r n, (r + 1) n)
+/// of `full` ([W x n], contiguous, any floating dtype: decoded to fp32, then cast). Every rank decodes its own chunk
+/// too, so all hold the same values. Each rank sends (W - 1) chunk_wire_bytes.
+Work low_byte_all_gather_async(ProcessGroup& pg, const torch::Tensor& chunk, torch::Tensor& full, const WireSpec& wire,
+                               const std::string& label = {});
+
+/// What rank r holds in chunk r of the result after low_byte_reduce_scatter_async() and a division by W, for every
+/// rank at once, from every rank's buffer (`per_rank[k]`, fp32 [W x n]): bit-identical to the collective.
+torch::Tensor low_byte_scatter_average(const std::vector<torch::Tensor>& per_rank, const LowByteOptions& opts);
+
+/// How far low_byte_scatter_average() with SumIn::fp32 may lie from the exact average, value by value: the mean
+/// over ranks of each rank's rounding bound (each chunk encoded on its own), plus fp32's additions (W u32 mean |x|,
+/// taken twice). The average is not rounded again: a reduce-scatter's result stays in fp32 on its owner.
+torch::Tensor low_byte_scatter_bound(const std::vector<torch::Tensor>& per_rank, const WireSpec& wire);
+
+/// What every rank's `full` holds after low_byte_all_gather_async() of the chunks that make up `whole` (fp32
+/// [W x n], rank r's chunk at [r n, (r + 1) n)), in fp32: each chunk through the wire once, on its own.
+torch::Tensor low_byte_gathered(const torch::Tensor& whole, int world, const WireSpec& wire);
+
+/// How far low_byte_gathered() may lie from `whole`, value by value: one rounding, each chunk's blocks its own
+/// (rounding_bound()).
+torch::Tensor low_byte_gather_bound(const torch::Tensor& whole, int world, const WireSpec& wire);
 
 /// What every rank of a LowByteAllReduce ends with, computed on one process from every rank's buffer
 /// (`per_rank[r]`, fp32, all of one length): the same encodings and the same additions in the same order, so

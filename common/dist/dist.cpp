@@ -24,6 +24,7 @@
 #include <future>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 namespace dp {
 namespace {
@@ -61,7 +62,16 @@ compat::GlooInterface gloo_interface(const LaunchEnv& env) {
 // ----- Work ------------------------------------------------------------------------------------
 
 void Work::wait() {
-  if (!impl_) return;
+  if (impl_) wait_collective();
+  if (after_ && *after_) std::exchange(*after_, nullptr)();  // once, whichever copy waits first
+}
+
+Work Work::then(std::function<void()> after) && {
+  after_ = std::make_shared<std::function<void()>>(std::move(after));
+  return std::move(*this);
+}
+
+void Work::wait_collective() {
   auto& w = *static_cast<compat::WorkPtr*>(impl_.get());
   try {
     w->wait();

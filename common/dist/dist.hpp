@@ -4,6 +4,7 @@
 #include "common/base/libtorch.hpp"
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,17 +38,24 @@ class Work {
   /// Throws std::runtime_error naming the collective when it failed or timed out.
   void wait();
   /// True once the collective completed (successfully or not): its result is in the output tensors, also for a
-  /// CUDA tensor received over Gloo (staged through the host; that one completes in wait()).
+  /// CUDA tensor received over Gloo (staged through the host; that one completes in wait()). A then() step
+  /// runs in wait() only.
   bool completed() const;
-  /// True when this handle refers to a collective.
-  bool valid() const { return impl_ != nullptr; }
+  /// True when this handle refers to a collective, or to a then() step not yet run.
+  bool valid() const { return impl_ != nullptr || (after_ && *after_); }
   /// What the collective carries, for messages ("all_reduce of 400 bytes").
   const std::string& what() const { return what_; }
+  /// This collective with a local step after it: wait() waits, then runs `after` once (every copy of the
+  /// handle shares it). What a collective on encoded bytes leaves to do: decode them (common/comm/low_byte.hpp).
+  /// `after` may also hold tensors the collective reads, to keep them alive until it ended.
+  Work then(std::function<void()> after) &&;
 
  private:
   std::shared_ptr<void> impl_;
   std::string what_;
-  int64_t trace_id_ = -1;  // its span in a trace being recorded (common/base/trace.hpp), else -1
+  int64_t trace_id_ = -1;                         // its span in a trace being recorded (common/base/trace.hpp), else -1
+  std::shared_ptr<std::function<void()>> after_;  // then()'s step; emptied when it has run
+  void wait_collective();
 };
 
 /// A group of ranks that run collectives together (a c10d backend underneath).

@@ -37,6 +37,20 @@ double Timer::seconds() const {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
 }
 
+double log_log_slope(const std::vector<double>& x, const std::vector<double>& y) {
+  double mx = 0, my = 0, sxy = 0, sxx = 0;
+  const double n = static_cast<double>(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    mx += std::log(x[i]) / n;
+    my += std::log(y[i]) / n;
+  }
+  for (size_t i = 0; i < x.size(); ++i) {
+    sxy += (std::log(x[i]) - mx) * (std::log(y[i]) - my);
+    sxx += (std::log(x[i]) - mx) * (std::log(x[i]) - mx);
+  }
+  return sxx > 0 ? sxy / sxx : 0;
+}
+
 Stats summarize(std::vector<double> xs) {
   Stats s;
   s.n = static_cast<int>(xs.size());

@@ -38,6 +38,10 @@ struct Stats {
 };
 Stats summarize(std::vector<double> xs);
 
+/// The least-squares slope of log y over log x (how y grows with x: 0 flat, 0.5 as sqrt x); 0 for fewer than two
+/// distinct x. Every value must be positive.
+double log_log_slope(const std::vector<double>& x, const std::vector<double>& y);
+
 /// Per-iteration maximum over ranks: iteration i took as long as its slowest rank.
 /// Every rank must call it with the same number of samples.
 std::vector<double> max_over_ranks(ProcessGroup& pg, const std::vector<double>& per_iter);

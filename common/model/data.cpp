@@ -7,6 +7,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace dp {
 
 namespace {
@@ -53,6 +55,21 @@ std::pair<torch::Tensor, torch::Tensor> regression_batch(int64_t rows, int64_t i
   auto x = torch::randn({rows, in}, gen, torch::kFloat32);   // [rows, in]
   auto y = torch::randn({rows, out}, gen, torch::kFloat32);  // [rows, out]
   return {x, y};
+}
+
+std::pair<torch::Tensor, torch::Tensor> markov_batch(int64_t rows, int64_t context, int64_t vocab, uint64_t table_seed,
+                                                     uint64_t draw) {
+  const int64_t states = std::min<int64_t>(256, vocab);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(table_seed);
+  auto next = torch::randint(states, {states, 4}, gen, torch::kLong);  // the table: 4 successors per token
+  auto pick = at::make_generator<at::CPUGeneratorImpl>(table_seed * 1000003 + draw + 1);
+  auto tokens = torch::empty({rows, context + 1}, torch::kLong);
+  auto cur = torch::randint(states, {rows}, pick, torch::kLong);
+  for (int64_t t = 0; t <= context; ++t) {
+    tokens.select(1, t).copy_(cur);
+    cur = next.index({cur, torch::randint(4, {rows}, pick, torch::kLong)});
+  }
+  return {tokens.narrow(1, 0, context).clone(), tokens.narrow(1, 1, context).clone()};
 }
 
 }  // namespace dp

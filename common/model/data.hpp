@@ -21,6 +21,13 @@ namespace dp {
 std::pair<torch::Tensor, torch::Tensor> token_batch(int64_t batch, int64_t context_length, int64_t vocab, uint64_t seed,
                                                     int64_t step);
 
+/// Text a small model can learn (extensions 05e and 07c train on it): a Markov chain over the first
+/// min(256, vocab) tokens, each followed by one of 4 successors (a table drawn from `table_seed`); draw `draw` of
+/// `rows` sequences of context + 1 tokens, returned as (inputs, targets) [rows, context] int64. The loss falls from
+/// ln 256 = 5.5 toward ln 4 = 1.39 as the model learns the table.
+std::pair<torch::Tensor, torch::Tensor> markov_batch(int64_t rows, int64_t context, int64_t vocab, uint64_t table_seed,
+                                                     uint64_t draw);
+
 /// Rows [rank * n / W, (rank + 1) * n / W) of `global` ([n, ...]): this rank's contiguous shard, a view
 /// that shares memory with `global`. Shards of ranks 0..W-1 are disjoint and together cover all rows.
 /// Throws dp::UsageError if n is not a multiple of world_size (every rank must get the same number of

@@ -64,26 +64,6 @@ std::unique_ptr<BucketedDdp> make_ddp(ProcessGroup& pg, std::shared_ptr<torch::n
   return ddp;
 }
 
-// [markov]
-// Text a small model can learn: a Markov chain over the first 256 tokens, each followed by one of 4 successors (a
-// table drawn from `table_seed`). Draw `draw` of `rows` sequences of context + 1 tokens, as (inputs, targets): the
-// loss falls from ln 256 = 5.5 toward ln 4 = 1.39 as the model learns the table.
-std::pair<torch::Tensor, torch::Tensor> markov_batch(int64_t rows, int64_t context, int64_t vocab, uint64_t table_seed,
-                                                     uint64_t draw) {
-  const int64_t states = std::min<int64_t>(256, vocab);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(table_seed);
-  auto next = torch::randint(states, {states, 4}, gen, torch::kLong);
-  auto pick = at::make_generator<at::CPUGeneratorImpl>(table_seed * 1000003 + draw + 1);
-  auto tokens = torch::empty({rows, context + 1}, torch::kLong);
-  auto cur = torch::randint(states, {rows}, pick, torch::kLong);
-  for (int64_t t = 0; t <= context; ++t) {
-    tokens.select(1, t).copy_(cur);
-    cur = next.index({cur, torch::randint(4, {rows}, pick, torch::kLong)});
-  }
-  return {tokens.narrow(1, 0, context).clone(), tokens.narrow(1, 1, context).clone()};
-}
-// [markov]
-
 // PowerSGD's books, over 4 steps of one bucket (a 24 x 40 matrix, a vector of 24, rank 2: well below full rank):
 // what was applied plus what every rank still owes (its error memory), averaged, equals what was produced (the
 // exact average of the gradients). Each side is a sum of at most 8 fp32 results of size up to S = max |gradient| +
@@ -216,20 +196,11 @@ nlohmann::json error_study(const Options& o, const TransformerConfig& mcfg, uint
         if (r["format"] == k.name() && r["ranks"] == W) v.push_back(r["relative_error"]);
       const double m = summarize(v).median;
       medians[std::to_string(W)] = m;
-      xs.push_back(std::log(W));
-      ys.push_back(std::log(m));
+      xs.push_back(W);
+      ys.push_back(m);
       line += fmt::format("{:<11.3e}", m);
     }
-    double mx = 0, my = 0, sxy = 0, sxx = 0;
-    for (size_t i = 0; i < xs.size(); ++i) {
-      mx += xs[i] / xs.size();
-      my += ys[i] / ys.size();
-    }
-    for (size_t i = 0; i < xs.size(); ++i) {
-      sxy += (xs[i] - mx) * (ys[i] - my);
-      sxx += (xs[i] - mx) * (xs[i] - mx);
-    }
-    const double slope = sxx > 0 ? sxy / sxx : 0;
+    const double slope = log_log_slope(xs, ys);
     summary[k.name()] = {{"median_by_ranks", medians}, {"slope", slope}};
     print0("{}{:>+8.2f}", line, slope);
   }

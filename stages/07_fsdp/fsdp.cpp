@@ -1,7 +1,6 @@
 // FSDP: shard each unit's weights, gather them just in time, reduce-scatter gradients as they are ready.
 #include "stages/07_fsdp/fsdp.hpp"
 
-#include "common/base/format.hpp"
 #include "common/base/format.hpp"  // dtype_name
 #include "common/base/storage.hpp"
 #include "common/base/trace.hpp"
@@ -113,7 +112,6 @@ void Fsdp::free_full(size_t u) {
   wait_gathered(u);      // never free memory a collective is still writing into
   free_storage(U.full);  // every parameter view of it keeps its shape, and owns no memory
   gathered_now_ -= static_cast<int64_t>(U.full.nbytes());
-  U.send = torch::Tensor();
   U.state = State::freed;
 }
 
@@ -125,18 +123,22 @@ void Fsdp::launch_gather(size_t u) {
   gathered_now_ += U.full.nbytes();
   gathered_peak_ = std::max(gathered_peak_, gathered_now_);
   torch::NoGradGuard no_grad;
-  torch::Tensor chunk = U.shard.detach(), flat = U.full.detach();
+  U.gather = gather_unit(u, U.shard.detach(), U.full);
+  U.state = State::in_flight;
+  ++gathers_;
+}
+
+Work Fsdp::gather_unit(size_t u, const torch::Tensor& shard, torch::Tensor& full) {
+  torch::Tensor chunk = shard, flat = full;
   if (opts_.compute_dtype != torch::kFloat32) {
     // Cast the fp32 master chunk to the compute dtype, then gather raw bytes: Gloo has no bf16
     // collectives in LibTorch 1.13, and a gather does no arithmetic, so a byte view is exact.
-    U.send = chunk.to(opts_.compute_dtype);
-    chunk = U.send.view(torch::kUInt8);
-    flat = flat.view(torch::kUInt8);
+    chunk = shard.to(opts_.compute_dtype).view(torch::kUInt8);
+    flat = full.view(torch::kUInt8);
   }
-  U.gather = all_gather_flat_async(pg_, chunk, flat, fmt::format("gather unit {}", u));
-  U.state = State::in_flight;
-  ++gathers_;
-  sent_bytes_ += ring_share() * static_cast<double>(U.full.nbytes());
+  count_sent(ring_share() * static_cast<double>(full.nbytes()));
+  // The handle keeps the cast copy alive until the gather has read it.
+  return all_gather_flat_async(pg_, chunk, flat, fmt::format("gather unit {}", u)).then([chunk] {});
 }
 
 void Fsdp::wait_gathered(size_t u) {
@@ -145,7 +147,6 @@ void Fsdp::wait_gathered(size_t u) {
   if (U.state != State::in_flight) return;
   if (U.gather.valid()) U.gather.wait();
   U.gather = Work();
-  U.send = torch::Tensor();
   U.state = State::gathered;
 }
 
@@ -223,12 +224,15 @@ void Fsdp::launch_reduce_scatter(size_t u) {
   torch::Tensor& slot = scatter_out_[scatter_order_.size() % kReduceScattersInFlight];
   if (!slot.defined()) slot = torch::empty({max_chunk_}, U.shard.options().requires_grad(false));
   U.rs_out = slot.narrow(0, 0, U.layout.chunk);
-  U.rs = reduce_scatter_async(pg_, U.grad_flat, U.rs_out, ReduceScatterAlgo::automatic,
-                              fmt::format("reduce-scatter unit {}", u));
+  U.rs = reduce_scatter_unit(u, U.grad_flat, U.rs_out);
   U.scattered = true;
   scatter_order_.push_back(u);
   ++reduce_scatters_;
-  sent_bytes_ += ring_share() * static_cast<double>(U.grad_flat.nbytes());
+}
+
+ReduceScatterWork Fsdp::reduce_scatter_unit(size_t u, torch::Tensor& flat, torch::Tensor& out) {
+  count_sent(ring_share() * static_cast<double>(flat.nbytes()));
+  return reduce_scatter_async(pg_, flat, out, ReduceScatterAlgo::automatic, fmt::format("reduce-scatter unit {}", u));
 }
 
 void Fsdp::complete_reduce_scatter(size_t u) {

@@ -109,6 +109,12 @@ class Fsdp {
   /// Unit u's reduce-scatter completed and its mean was added to the shard's gradient (stage 10's HSDP sends it
   /// on across nodes from here, while backward goes on).
   virtual void after_shard_reduced(size_t /*u*/) {}
+  /// How unit u travels (extension 07c sends it in fewer bytes), each launched and counted in sent_bytes(): every
+  /// rank's fp32 `shard` ([chunk]) gathered into `full` ([padded], the compute dtype) by the handle's wait(); every
+  /// rank's gradient `flat` (fp32 [padded]) summed into this rank's `out` ([chunk]) by its wait().
+  virtual Work gather_unit(size_t u, const torch::Tensor& shard, torch::Tensor& full);
+  virtual ReduceScatterWork reduce_scatter_unit(size_t u, torch::Tensor& flat, torch::Tensor& out);
+  void count_sent(double bytes) { sent_bytes_ += bytes; }
 
  private:
   enum class State { freed, in_flight, gathered };
@@ -118,7 +124,6 @@ class Fsdp {
     FlatLayout layout;
     torch::Tensor shard;  // fp32 [chunk], the master weights; what the optimizer steps
     torch::Tensor full;   // compute dtype [padded]; sharded tensors are views of its storage
-    torch::Tensor send;   // bf16 copy of the shard to gather (compute dtype != fp32)
     State state = State::freed;
     Work gather;
     size_t ready = 0;          // sharded gradients accumulated this backward

@@ -6,6 +6,8 @@
 #include "common/contract/strategy.hpp"
 #include "stages/07_fsdp/fsdp.hpp"
 
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,10 +17,14 @@ class App;  // CLI11's (<CLI/CLI.hpp>, included where the flags are added)
 
 namespace dp {
 
-/// FSDP (Fsdp with `opts`) and one optimizer, built by the given MakeOptimizer, over its shards and
-/// replicated tensors. The model must have units (dp::UnitModel; std::invalid_argument otherwise).
+/// Builds the Fsdp a strategy drives: a subclass that moves its units otherwise (extension 07c's, in fewer bytes).
+using MakeFsdp = std::function<std::unique_ptr<Fsdp>(ProcessGroup&, std::shared_ptr<torch::nn::Module>,
+                                                     const ModuleUnits&, FsdpOptions)>;
+
+/// FSDP (Fsdp with `opts`, or what `make` builds) and one optimizer, built by the given MakeOptimizer, over its
+/// shards and replicated tensors. The model must have units (dp::UnitModel; std::invalid_argument otherwise).
 /// calls_per_step() and sent_bytes_per_step() are counted during the last step.
-MakeStrategy fsdp_strategy(FsdpOptions opts = {});
+MakeStrategy fsdp_strategy(FsdpOptions opts = {}, MakeFsdp make = {});
 
 /// Adds the flags both of stage 07's programs take (the stage's and extension 07a's): --reshard-after-forward
 /// (true, false or both: true_false_both()) and --compute-dtype (parse_compute_dtype()); the parser refuses
