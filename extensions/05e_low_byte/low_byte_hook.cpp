@@ -13,20 +13,6 @@
 
 namespace dp {
 
-BucketWork LowByteHook::launch(torch::Tensor& bucket, const std::string& label) {
-  std::shared_future<void> done = worker_.submit([this, bucket, label]() mutable { reduce_.run(bucket, label); },
-                                                 label.empty() ? "a bucket" : label);
-  BucketWork w;  // no Work of its own: wait() goes straight to `then`, which waits for the worker
-  w.then = [done] { done.get(); };
-  w.wire_bytes = bucket.numel() * static_cast<int64_t>(bucket.element_size());
-  return w;
-}
-
-CommHook low_byte_hook(std::shared_ptr<LowByteHook> state) {
-  return
-      [state](ProcessGroup&, torch::Tensor& bucket, const std::string& label) { return state->launch(bucket, label); };
-}
-
 std::vector<std::string> low_byte_hook_names() {
   return {"fp32", "fp16-allreduce", "bf16", "fp16", "int8", "bf16-lowsum", "fp16-lowsum", "powersgd"};
 }
@@ -75,11 +61,18 @@ NamedHook make_low_byte_hook(const std::string& name, ProcessGroup& pg, const Bu
     auto hook = powersgd_hook(state);
     auto calls = std::make_shared<int64_t>(0);
     const auto buckets = static_cast<int64_t>(ddp.bucket_count());
-    // Two ring all-reduces per bucket (P, then Q), of wire_elements(b) fp32 values together.
-    CommHook counted = [hook, state, sent, calls, buckets](ProcessGroup& g, torch::Tensor& bucket,
-                                                           const std::string& label) {
-      const auto b = static_cast<size_t>((*calls)++ % buckets);
-      *sent += ring_bytes(4 * state->wire_elements(b), g.world_size());
+    const int64_t start = opts.powersgd_start;
+    // Two ring all-reduces per bucket (P, then Q), of wire_elements(b) fp32 values together; before step
+    // `start`, stage 05's fp32 all-reduce (PowerSGD's own call count, and so its buckets, start with its first call).
+    CommHook counted = [hook, plain = allreduce_hook(), state, sent, calls, buckets, start](
+                           ProcessGroup& g, torch::Tensor& bucket, const std::string& label) {
+      const int64_t call = (*calls)++;
+      if (call / buckets < start) {
+        auto w = plain(g, bucket, label);
+        *sent += ring_bytes(w.wire_bytes, g.world_size());
+        return w;
+      }
+      *sent += ring_bytes(4 * state->wire_elements(static_cast<size_t>(call % buckets)), g.world_size());
       return hook(g, bucket, label);
     };
     return {counted, read};

@@ -1,14 +1,14 @@
 // Extension 05e, on stage 05: buckets that cost fewer bytes. Stage 05's seam is register_comm_hook(): a hook
 // decides how one bucket is reduced. Extension 05a's fp16 hook halves the bytes but lets the backend add the
 // ranks' gradients in fp16, so its error grows with the number of ranks. Here the bytes travel as bf16, fp16 or
-// block-scaled int8 and every addition is done in fp32 (common/comm/low_byte.hpp: an all-to-all of encoded
-// pieces, a local fp32 average, an all-gather of the encoded averages); PowerSGD (powersgd.hpp) sends a low-rank
-// approximation instead. make_low_byte_hook() builds any of them by name for the program and its tests.
+// block-scaled int8 and every addition is done in fp32 (common/comm/low_byte_hook.hpp over low_byte.hpp: an all-to-all
+// of encoded pieces, a local fp32 average, an all-gather of the encoded averages); PowerSGD (powersgd.hpp) sends a
+// low-rank approximation instead. make_low_byte_hook() builds any of them by name for the program and its tests.
 #pragma once
 
 #include "common/comm/comm_hook.hpp"
 #include "common/comm/low_byte.hpp"
-#include "common/comm/ordered_worker.hpp"
+#include "common/comm/low_byte_hook.hpp"  // LowByteHook: the rounding hooks
 #include "common/dist/dist.hpp"
 
 #include "common/base/libtorch.hpp"
@@ -23,27 +23,6 @@
 namespace dp {
 
 class BucketedDdp;
-
-/// Stage 05's bucket reduced by a LowByteAllReduce on a worker thread of its own: two collectives in a row (the
-/// all-to-all, then the all-gather, with the fp32 average between them) while autograd's thread goes on.
-class LowByteHook {
- public:
-  /// `pg` must outlive this object.
-  LowByteHook(ProcessGroup& pg, LowByteOptions opts) : reduce_(pg, std::move(opts)) {}
-  /// Queues `bucket` (fp32, contiguous, untouched until wait()) and returns at once; wait() blocks until it
-  /// holds the average over the ranks and rethrows what the worker caught.
-  BucketWork launch(torch::Tensor& bucket, const std::string& label);
-  /// Bytes sent since construction (LowByteLayout::sent_bytes per bucket): read it between steps.
-  int64_t sent_bytes() const { return reduce_.sent_bytes(); }
-  const LowByteOptions& options() const { return reduce_.options(); }
-
- private:
-  LowByteAllReduce reduce_;  // used by the worker alone
-  OrderedWorker worker_;     // last: destroyed first, its running bucket finished, before what it uses goes
-};
-
-/// The hook over `state` (shared: copies of the hook use the same worker).
-CommHook low_byte_hook(std::shared_ptr<LowByteHook> state);
 
 /// What the program's --hooks and the tests name: "fp32" (stage 05's all-reduce), "fp16-allreduce" (extension 05a:
 /// fp16 on the wire, summed in fp16 by the backend), "bf16", "fp16", "int8" (that wire, fp32 sums),
@@ -62,7 +41,10 @@ std::optional<LowByteOptions> rounding_hook_options(const std::string& name, int
 struct LowByteHookOptions {
   int64_t block = 256;    ///< int8: values per scale
   int powersgd_rank = 4;  ///< PowerSGD's r
-  uint64_t seed = 0;      ///< PowerSGD's first Q
+  /// PowerSGD: steps of plain fp32 all-reduce before it starts (PyTorch's start_powerSGD_iter): the first
+  /// gradients change fast, and a low-rank summary of them with a random first Q loses most of them.
+  int powersgd_start = 0;
+  uint64_t seed = 0;  ///< PowerSGD's first Q
 };
 
 /// A hook by name, and the bytes it sent since it was made (read between steps). `ddp` gives PowerSGD its

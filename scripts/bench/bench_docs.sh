@@ -2,7 +2,8 @@
 # Regenerates the benchmark results behind docs/ on this machine, then the plots, timelines and tables.
 # Every result file records the exact command (launcher included) and the machine, row by row.
 #
-#   bash scripts/bench/bench_docs.sh [PART...]      PART: allreduce ddp weak features torch small zero ext06a ext06d ext07a ext07b lm hierarchy lowbyte elastic (default:
+#   bash scripts/bench/bench_docs.sh [PART...]      PART: allreduce ddp weak features torch small zero ext06a ext06d ext07a ext07b ext07c lm hierarchy lowbyte elastic
+#                                             (default:
 #                                             all), or ext07a-memory, lm-speed (one table of those parts alone)
 #
 # The DDP runs use the tiny Transformer with 10 timed steps: once over loopback (where Gloo's
@@ -12,7 +13,7 @@
 # runs are skipped with the reason. About 100 minutes on 2 cores (ext07a alone: about 15, torch about 35, elastic 15).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-parts=${*:-allreduce ddp weak features torch small zero ext06a ext06d ext07a ext07b lm hierarchy lowbyte elastic}
+parts=${*:-allreduce ddp weak features torch small zero ext06a ext06d ext07a ext07b ext07c lm hierarchy lowbyte elastic}
 R=docs/results
 mkdir -p $R
 PY=/usr/bin/python3; [ -x $PY ] || PY=python3
@@ -248,7 +249,8 @@ for part in $parts; do
   lowbyte)
     echo "== extension 05e: gradients in fewer bytes: each hook's step and bytes against the fp32 lower bound (tiny on"
     echo "   1 and 10 Gbit/s at 2 ranks, 1 Gbit/s at 4; small at 1 Gbit/s), the formats' error against the exact average"
-    echo "   for 2-64 simulated ranks, and 300 training steps of each hook (about 25 minutes)"
+    echo "   for 2-64 simulated ranks, 300 training steps of each hook (PowerSGD also started late, and under SGD), and"
+    echo "   the capstone's run with int8 and bf16 gradients (extension 08a; about 40 minutes)"
     for rate in 1gbit 10gbit; do
       net $L --nproc 2 $(pin 2) --net $rate -- $B/ext05e_low_byte $T --json $R/ext05e_tiny_$rate.json
     done
@@ -259,7 +261,28 @@ for part in $parts; do
         --json $R/ext05e_errors.json
     $L --nproc 2 -- $B/ext05e_low_byte --curve 300 --preset tiny --context 64 --batch 8 --json $R/ext05e_curves.json
     $L --nproc 2 -- $B/ext05e_low_byte --curve 300 --preset tiny --context 64 --batch 8 --hooks fp32,powersgd \
-        --powersgd-rank 32 --json $R/ext05e_curves_r32.json ;;
+        --powersgd-rank 32 --json $R/ext05e_curves_r32.json
+    # PowerSGD's loss gap taken apart: plain fp32 steps first (PyTorch's start_powerSGD_iter), and SGD with momentum
+    # instead of AdamW (PowerSGD's own setting).
+    $L --nproc 2 -- $B/ext05e_low_byte --curve 300 --preset tiny --context 64 --batch 8 --hooks fp32,powersgd \
+        --powersgd-start 30 --json $R/ext05e_curves_start.json
+    $L --nproc 2 -- $B/ext05e_low_byte --curve 300 --preset tiny --context 64 --batch 8 --hooks fp32,int8,powersgd \
+        --curve-optimizer sgd --json $R/ext05e_curves_sgd.json
+    # The capstone (stage 08) with int8 and bf16 gradients, through extension 08a.
+    $L --nproc 2 -- $B/ext08a_low_byte_lm --steps 300 --json $R/ext08a_capstone.json ;;
+  ext07c)
+    echo "== extension 07c: FSDP's weights and gradients in fewer bytes: each variant's step and bytes against stage"
+    echo "   07's (tiny on 1 and 10 Gbit/s at 2 ranks, 1 Gbit/s at 4; small at 1 Gbit/s), the reduce-scatter's error"
+    echo "   for 2-32 simulated ranks, and 300 training steps of each variant (about 12 minutes)"
+    for rate in 1gbit 10gbit; do
+      net $L --nproc 2 $(pin 2) --net $rate -- $B/ext07c_low_byte $T --json $R/ext07c_tiny_$rate.json
+    done
+    net $L --nproc 4 --net 1gbit -- $B/ext07c_low_byte $T --json $R/ext07c_tiny_1gbit_4r.json
+    net $L --nproc 2 $(pin 2) --net 1gbit -- $B/ext07c_low_byte --bench --preset small --context 128 --warmup 1 \
+        --steps 5 --variants fp32/fp32,bf16/bf16,fp32/int8,int8/int8 --json $R/ext07c_small_1gbit.json
+    $L --nproc 1 -- $B/ext07c_low_byte --errors --preset tiny --error-ranks 2,3,4,8,16,32 --seeds 3 \
+        --variants fp32/fp32 --json $R/ext07c_errors.json
+    $L --nproc 2 -- $B/ext07c_low_byte --curve 300 --preset tiny --context 64 --batch 8 --json $R/ext07c_curves.json ;;
   hierarchy)
     echo "== stage 10: 2 simulated nodes x 2 ranks, node links 10 Gbit/s, uplinks 1 Gbit/s (10:1) and 10 Gbit/s (1:1, the"
     echo "   control); flat and hierarchical DDP, flat FSDP and HSDP on tiny; then HSDP's accumulation flavours"
@@ -311,10 +334,10 @@ for f in $R/*.json; do
   # Measured against a formula (rings) or by another program's rows (the Python package's): their tables say it.
   case $f in */rings.json|*/python_ddp_*.json) continue ;; esac
   case $f in */stage10_*.json|*/stage01_tiers.json) continue ;; esac  # stage 10's page reads the steps beside the uplink bytes, as a table
-  case $f in */ext05e_*.json) continue ;; esac  # extension 05e's two pictures come from plot_low_byte.py, below
+  case $f in */ext05e_*.json|*/ext07c_*.json) continue ;; esac  # 05e's and 07c's pictures: plot_low_byte.py, below
   $PY scripts/pages/plot.py "$f"
 done
-[ -f $R/ext05e_errors.json ] && [ -f $R/ext05e_curves.json ] && $PY scripts/pages/plot_low_byte.py
+$PY scripts/pages/plot_low_byte.py  # each of 05e and 07c whose error study and curves are there
 $PY scripts/pages/figures.py  # the pictures of the ideas: two of them drawn from the traces just recorded
 $PY scripts/trace/trace_summary.py  # what the pages quote from the traces, as JSON for make_tables.py
 $PY scripts/pages/make_tables.py

@@ -256,6 +256,41 @@ HOOK_WORDS = {"fp32": "fp32 all-reduce (stage 05)", "fp16-allreduce": "fp16 all-
               "powersgd": "PowerSGD, error feedback"}
 
 
+def variant_words(v):
+    """Extension 07c's variant "WEIGHTS/GRADIENTS" in words."""
+    w, g = v.split("/")
+    if v == "fp32/fp32":
+        return "stage 07: fp32 weights, fp32 gradients"
+    grads = "fp32" if g == "fp32" else g.replace("-lowsum", "") + (" (16-bit sums)" if "lowsum" in g else " (fp32 sums)")
+    return f"{w} weights, {grads} gradients"
+
+
+def fsdp_low_byte_table(doc):
+    """Extension 07c's benchmark: per variant, the bytes each rank sent per step (counted by its Fsdp; the program
+    checked them against the formula), the step, and its ratio round by round to stage 07's fp32 step."""
+    rows = doc["rows"]
+    head = ["variant (weights / gradients on the wire)", "MB sent per rank per step", "x fp32's bytes",
+            "step (s), median [95% CI]", "x stage 07's step [95% CI]"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    base = next(r for r in rows if r["variant"] == r["baseline"])
+    lines.append(f"| no communication | 0 | - | {fmt_ci(base['step_samples_s'], '{:.3f}')} | - |")
+    fp32 = doc["low_byte"][0]["sent_MB_per_step"]
+    for v in doc["low_byte"]:
+        r = next(r for r in rows if r["variant"] == v["variant"])
+        ratio = "1" if v is doc["low_byte"][0] else fmt_ci(v["ratio_to_first_samples"], "{:.3f}")
+        lines.append(f"| {variant_words(v['variant'])} | {v['sent_MB_per_step']:.2f} | "
+                     f"{v['sent_MB_per_step'] / fp32:.3f} | {fmt_ci(r['step_samples_s'], '{:.3f}')} | {ratio} |")
+    r0 = rows[0]
+    notes = [f"{r0['preset']}, {r0['world_size']} ranks, {r0['link']}, {len(r0['step_samples_s'])} rounds of one "
+             f"timed step of each variant; FSDP resharding after forward, fp32 compute; int8 blocks of "
+             f"{doc['block']} values, each rank's shard encoded on its own. Bytes: counted by each variant's Fsdp, "
+             "equal to the formula (the program checks it)."]
+    if len({r.get("group", 0) for r in rows}) > 1:
+        notes.append("The model's replicas did not fit together: the variants were measured in groups, one after "
+                     "another, so a ratio to stage 07's row from another group compares rounds taken apart in time.")
+    return lines, notes
+
+
 def low_byte_errors_table(doc):
     """Extension 05e's error study: each format's relative error (median over draws) per number of simulated ranks,
     the slope of log(error) over log(ranks), and the worst |error| / derived bound over every value (fp32 sums)."""
@@ -271,30 +306,61 @@ def low_byte_errors_table(doc):
         lines.append("| " + " | ".join([f] + [f"{m:.2e}" for m in med] + [f"{slope:+.2f}",
                                                                            f"{worst:.2f}" if worst > 0 else "-"]) + " |")
     draws = len({e["seed"] for e in errs})
-    return lines, [f"Relative error ||average - exact|| / ||exact|| over every gradient value of {doc['preset']}, "
-                   f"median over {draws} draws of per-rank gradients (2 sequences each); ranks simulated by "
-                   "`low_byte_average()`, bit-identical to the collective. Worst error / bound: the largest over every "
-                   "value, rank count and draw (at most 1 where the design holds; '-' where no bound is derived)."]
+    model = "`low_byte_scatter_average()`" if "weight_errors" in doc else "`low_byte_average()`"
+    notes = [f"Relative error ||average - exact|| / ||exact|| over every gradient value of {doc['preset']}, "
+             f"median over {draws} draws of per-rank gradients (2 sequences each); ranks simulated by "
+             f"{model}, bit-identical to the collective. Worst error / bound: the largest over every "
+             "value, rank count and draw (at most 1 where the design holds; '-' where no bound is derived)."]
+    if "weight_errors" in doc:
+        notes.append("The weights after one all-gather (2 ranks), relative error [worst / bound]: " + ", ".join(
+            f"{w['format']} {w['relative_error']:.2e} [{w['worst_over_bound']:.2f}]" for w in doc["weight_errors"]) + ".")
+    return lines, notes
 
 
 def low_byte_curves_table(doc):
     """Extension 05e's loss curves: the final loss per hook, its distance from fp32's, and fp32 on other data."""
     curves = doc["curves"]
-    ref = next(c for c in curves if c["hook"] == "fp32" and c["data"] == 0)
+    for c in curves:  # extension 07c names its runs by variant
+        c.setdefault("hook", c.get("variant"))
+    ref = next(c for c in curves if c["hook"] in ("fp32", "fp32/fp32") and c["data"] == 0)
     other = next(c for c in curves if c["data"] == 1)
     noise = abs(other["final_loss"] - ref["final_loss"])
     head = ["run", "loss at step 1", "final loss (mean of the last tenth)", "final's distance from fp32's",
             "largest distance from fp32's loss, over the steps"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in curves:
-        name = HOOK_WORDS.get(c["hook"], c["hook"]) + (", other data" if c["data"] else "")
+        words = variant_words(c["hook"]) if "/" in c["hook"] else HOOK_WORDS.get(c["hook"], c["hook"])
+        name = words + (", other data" if c["data"] else "")
         gap = max(abs(a - b) for a, b in zip(c["losses"], ref["losses"]))
         lines.append(f"| {name} | {c['losses'][0]:.4f} | {c['final_loss']:.4f} | "
                      f"{abs(c['final_loss'] - ref['final_loss']):.4f} | {gap:.4f} |")
     n = len(ref["losses"])
     return lines, [f"{n} steps of AdamW (lr 1e-3) on text from a Markov chain (256 states, 4 successors each), "
-                   f"{doc.get('preset', '')} model; the bound each hook is held to: fp32 on other data ends "
+                   f"{doc.get('preset', '')} model; the bound each run is held to: fp32 on other data ends "
                    f"{noise:.4f} from fp32."]
+
+
+def capstone_curves_table(doc):
+    """Extension 08a: stage 08's run with each hook against fp32, and fp32 on other batches (the bound)."""
+    runs = doc["runs"]
+    ref, other = runs[0], runs[-1]
+    head = ["run", "training loss, final (mean of the last tenth)", "its distance from fp32's",
+            "validation loss, final", "its distance from fp32's"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    words = {"ddp": "fp32 all-reduce (stage 05's DDP)", "ddp-int8": "int8 wire, fp32 sums",
+             "ddp-bf16": "bf16 wire, fp32 sums"}
+    for r in runs:
+        name = words.get(r["sync"], r["sync"]) + (", other batches" if r["other_data"] else "")
+        lines.append(f"| {name} | {r['final_train_loss']:.4f} | {abs(r['final_train_loss'] - ref['final_train_loss']):.4f} | "
+                     f"{r['final_val_loss']:.4f} | {abs(r['final_val_loss'] - ref['final_val_loss']):.4f} |")
+    c = doc["config"]
+    return lines, [f"Stage 08's capstone: the {c['preset']} byte-level model on {c['corpus']}, {len(ref['train'])} steps of "
+                   f"AdamW (lr {c['lr']:g}, warm-up {c['warmup']}), global batch {c['batch']} x {c['context']} bytes, "
+                   f"{c['world_size']} ranks; the same weights and batches for every run but the last. The bound each "
+                   f"hook is held to is on the validation loss (the same held-out text for every run): fp32 on other "
+                   f"batches ends {abs(other['final_val_loss'] - ref['final_val_loss']):.4f} from fp32 there. Its training "
+                   "loss is no bound: other batches' losses differ by the batches' own noise, which may average out near "
+                   "zero by chance."]
 
 
 def plain_table(doc, cols):
@@ -440,7 +506,11 @@ def table(name):
         return samples(load(name[:-7]))
     doc = load(name)
     kind = doc["benchmark"].split(":")[0]
-    if kind == "ext05e":
+    if kind == "ext08a":
+        lines, notes = capstone_curves_table(doc)
+    elif kind == "ext07c" and "low_byte" in doc:
+        lines, notes = fsdp_low_byte_table(doc)
+    elif kind in ("ext05e", "ext07c"):
         lines, notes = (low_byte_table(doc) if "low_byte" in doc else low_byte_errors_table(doc) if "errors" in doc
                         else low_byte_curves_table(doc))
     elif name in COLUMNS_BY_FILE:

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Extension 05e's two pictures, from its runs in docs/results/:
+"""Extensions 05e's and 07c's two pictures each, from their runs in docs/results/ (X: ext05e or ext07c):
 
-  ext05e_errors.png   each wire format's relative error against the number of ranks averaged (log-log), fp32 sums
-                      against 16-bit sums, with each line's fitted slope (ext05e_errors.json)
-  ext05e_curves.png   the training loss of each hook, and its difference from fp32's against fp32 on other data
-                      (ext05e_curves.json)
+  X_errors.png   each wire format's relative error against the number of ranks averaged (log-log), fp32 sums
+                 against 16-bit sums, with each line's fitted slope (X_errors.json)
+  X_curves.png   the training loss of each hook (05e) or variant (07c), and its difference from fp32's against fp32
+                 on other data (X_curves.json)
 
-    /usr/bin/python3 scripts/pages/plot_low_byte.py      # writes both next to their JSON (bench_docs.sh lowbyte)
+    /usr/bin/python3 scripts/pages/plot_low_byte.py [X...]   # default both; next to their JSON (bench_docs.sh)
 """
 import pathlib, sys
 
@@ -20,8 +20,8 @@ import numpy as np  # noqa: E402
 R = dplib.RESULTS
 
 
-def errors():
-    doc = dplib.results("ext05e_errors")
+def errors(x):
+    doc = dplib.results(f"{x}_errors")
     errs = doc["errors"]
     ranks = sorted({e["ranks"] for e in errs})
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -37,17 +37,20 @@ def errors():
     ax.set_xticklabels([str(w) for w in ranks])
     ax.set_xlabel("ranks averaged (simulated: bit-identical to the collective)")
     ax.set_ylabel("relative error of the average")
-    ax.set_title(f"{doc['preset']} gradients: the error of each wire format against the exact average")
+    what = "all-reduce" if x == "ext05e" else "reduce-scatter"
+    ax.set_title(f"{doc['preset']} gradients, {what}: each format's error against the exact average", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(R / "ext05e_errors.png", dpi=110)
+    fig.savefig(R / f"{x}_errors.png", dpi=110)
 
 
-def curves():
-    doc = dplib.results("ext05e_curves")
+def curves(x):
+    doc = dplib.results(f"{x}_curves")
     cs = doc["curves"]
-    ref = next(c for c in cs if c["hook"] == "fp32" and c["data"] == 0)
+    for c in cs:  # 07c names its runs by variant
+        c.setdefault("hook", c.get("variant"))
+    ref = next(c for c in cs if c["hook"] in ("fp32", "fp32/fp32") and c["data"] == 0)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True)
     for i, c in enumerate(cs):
         name = c["hook"] + (", other data" if c["data"] else "")
@@ -58,16 +61,18 @@ def curves():
             bottom.plot(steps, np.abs(np.array(c["losses"]) - np.array(ref["losses"])), lw=1, label=name, **style)
     top.set_ylabel("training loss")
     top.legend(fontsize=8)
-    top.set_title(f"{doc['preset']}, {len(ref['losses'])} steps on Markov-chain text: each hook against fp32")
+    top.set_title(f"{doc['preset']}, {len(ref['losses'])} steps on Markov-chain text: each run against fp32")
     bottom.set_yscale("log")
     bottom.set_ylabel("|loss - fp32's loss|")
     bottom.set_xlabel("step")
     for ax in (top, bottom):
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(R / "ext05e_curves.png", dpi=110)
+    fig.savefig(R / f"{x}_curves.png", dpi=110)
 
 
 if __name__ == "__main__":
-    errors()
-    curves()
+    for x in sys.argv[1:] or ["ext05e", "ext07c"]:
+        if (R / f"{x}_errors.json").exists() and (R / f"{x}_curves.json").exists():
+            errors(x)
+            curves(x)
