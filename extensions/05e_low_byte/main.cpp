@@ -26,6 +26,7 @@
 #include "common/dist/runtime.hpp"
 #include "common/harness/ddp_bench.hpp"
 #include "common/measure/cli.hpp"
+#include "common/measure/error_study.hpp"
 #include "common/model/data.hpp"
 #include "common/model/params.hpp"
 #include "common/model/transformer.hpp"
@@ -163,28 +164,12 @@ nlohmann::json error_study(const Options& o, const TransformerConfig& mcfg, uint
       }
     }
   }
-  // Per format: the median over draws at each W, and the least-squares slope of log(error) over log(W).
-  nlohmann::json summary = nlohmann::json::object();
-  print0("\nrelative error ||avg - exact|| / ||exact|| of {} gradients, median over {} draws:", mcfg.name, o.seeds);
-  print0("{:<26}{}{:>8}", "format", fmt::format("{}", fmt::join(o.error_ranks, "          ")), "slope");
-  for (const auto& k : kinds) {
-    std::string line = fmt::format("{:<26}", k.name());
-    std::vector<double> xs, ys;
-    nlohmann::json medians = nlohmann::json::object();
-    for (int W : o.error_ranks) {
-      std::vector<double> v;
-      for (const auto& r : out)
-        if (r["format"] == k.name() && r["ranks"] == W) v.push_back(r["relative_error"]);
-      const double m = summarize(v).median;
-      medians[std::to_string(W)] = m;
-      xs.push_back(W);
-      ys.push_back(m);
-      line += fmt::format("{:<11.3e}", m);
-    }
-    const double slope = log_log_slope(xs, ys);
-    summary[k.name()] = {{"median_by_ranks", medians}, {"slope", slope}};
-    print0("{}{:>+8.2f}", line, slope);
-  }
+  std::vector<std::string> formats;
+  for (const auto& k : kinds) formats.push_back(k.name());
+  const auto summary = error_summary(
+      out, formats, o.error_ranks,
+      fmt::format("relative error ||avg - exact|| / ||exact|| of {} gradients, median over {} draws:", mcfg.name,
+                  o.seeds));
   return {{"draws", out}, {"summary", summary}};
 }
 // [errors]
@@ -225,25 +210,7 @@ nlohmann::json loss_curves(ProcessGroup& pg, const Options& o, const BenchConfig
     }
     out.push_back({{"hook", hook}, {"data", data}, {"losses", losses}});
   }
-  // The final loss: the mean of the last tenth of the steps (at least 1).
-  auto final_of = [&](const nlohmann::json& r) {
-    const auto& l = r["losses"];
-    const size_t k = std::max<size_t>(1, l.size() / 10);
-    double sum = 0;
-    for (size_t i = l.size() - k; i < l.size(); ++i) sum += l[i].get<double>();
-    return sum / static_cast<double>(k);
-  };
-  const double ref = final_of(out[0]), other = final_of(out.back());
-  print0("\nloss after {} steps (mean of the last tenth), fp32 on other data {:.4f}, |difference| {:.4f}:", o.curve,
-         other, std::abs(other - ref));
-  for (size_t i = 0; i + 1 < out.size(); ++i) {
-    const double f = final_of(out[i]);
-    out[i]["final_loss"] = f;
-    print0("  {:<14} {:.4f}, |difference to fp32| {:.4f} ({} the other-data difference)",
-           out[i]["hook"].get<std::string>(), f, std::abs(f - ref),
-           std::abs(f - ref) <= std::abs(other - ref) ? "within" : "OUTSIDE");
-  }
-  out.back()["final_loss"] = other;
+  compare_curves(out, "hook");
   return out;
 }
 

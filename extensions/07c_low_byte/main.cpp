@@ -25,6 +25,7 @@
 #include "common/dist/runtime.hpp"
 #include "common/harness/ddp_bench.hpp"
 #include "common/measure/cli.hpp"
+#include "common/measure/error_study.hpp"
 #include "common/model/data.hpp"
 #include "common/model/params.hpp"
 #include "common/model/transformer.hpp"
@@ -173,26 +174,12 @@ nlohmann::json error_study(const Options& o, const TransformerConfig& mcfg, uint
       }
     }
   }
-  print0("\nreduce-scatter: relative error ||avg - exact|| / ||exact|| of {} gradients, median over {} draws:",
-         mcfg.name, o.seeds);
-  print0("{:<26}{}{:>8}", "format", fmt::format("{}", fmt::join(o.error_ranks, "          ")), "slope");
-  nlohmann::json summary = nlohmann::json::object();
-  for (const auto& k : kinds) {
-    std::string line = fmt::format("{:<26}", k.name());
-    std::vector<double> xs, ys;
-    nlohmann::json medians = nlohmann::json::object();
-    for (int W : o.error_ranks) {
-      std::vector<double> v;
-      for (const auto& d : draws)
-        if (d["format"] == k.name() && d["ranks"] == W) v.push_back(d["relative_error"]);
-      xs.push_back(W);
-      ys.push_back(summarize(v).median);
-      medians[std::to_string(W)] = ys.back();
-      line += fmt::format("{:<11.3e}", ys.back());
-    }
-    summary[k.name()] = {{"median_by_ranks", medians}, {"slope", log_log_slope(xs, ys)}};
-    print0("{}{:>+8.2f}", line, log_log_slope(xs, ys));
-  }
+  std::vector<std::string> formats;
+  for (const auto& k : kinds) formats.push_back(k.name());
+  const auto summary = error_summary(draws, formats, o.error_ranks,
+                                     fmt::format("reduce-scatter: relative error ||avg - exact|| / ||exact|| of {} "
+                                                 "gradients, median over {} draws:",
+                                                 mcfg.name, o.seeds));
   // The weights: one gather's rounding of the fresh model's, each of 2 ranks' chunks encoded on its own.
   torch::manual_seed(seed);
   TransformerLM model(mcfg);
@@ -251,24 +238,7 @@ nlohmann::json loss_curves(ProcessGroup& pg, const Options& o, const BenchConfig
     }
     out.push_back({{"variant", variant}, {"data", data}, {"losses", losses}});
   }
-  auto final_of = [](const nlohmann::json& r) {  // the mean of the last tenth of the steps (at least 1)
-    const auto& l = r["losses"];
-    const size_t k = std::max<size_t>(1, l.size() / 10);
-    double sum = 0;
-    for (size_t i = l.size() - k; i < l.size(); ++i) sum += l[i].get<double>();
-    return sum / static_cast<double>(k);
-  };
-  const double ref = final_of(out[0]), other = final_of(out.back());
-  print0("\nloss after {} steps (mean of the last tenth), fp32 on other data {:.4f}, |difference| {:.4f}:", o.curve,
-         other, std::abs(other - ref));
-  for (size_t i = 0; i + 1 < out.size(); ++i) {
-    const double f = final_of(out[i]);
-    out[i]["final_loss"] = f;
-    print0("  {:<18} {:.4f}, |difference to {}| {:.4f} ({} the other-data difference)",
-           out[i]["variant"].get<std::string>(), f, o.variants[0], std::abs(f - ref),
-           std::abs(f - ref) <= std::abs(other - ref) ? "within" : "OUTSIDE");
-  }
-  out.back()["final_loss"] = other;
+  compare_curves(out, "variant");
   return out;
 }
 

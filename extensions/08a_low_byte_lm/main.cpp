@@ -24,6 +24,7 @@
 #include "common/dist/launch_env.hpp"
 #include "common/dist/runtime.hpp"
 #include "common/measure/cli.hpp"
+#include "common/measure/error_study.hpp"  // final_loss
 #include "common/measure/results.hpp"
 #include "common/model/params.hpp"
 #include "stages/05_bucketed/bucketed_ddp.hpp"
@@ -65,12 +66,11 @@ void register_low_byte_syncs(int64_t block) {
 }
 // [register]
 
-// The mean of the last tenth (at least one) of a curve's [step, loss, ...] entries.
-double final_loss(const nlohmann::json& points) {
-  const size_t k = std::max<size_t>(1, points.size() / 10);
-  double sum = 0;
-  for (size_t i = points.size() - k; i < points.size(); ++i) sum += points[i].at(1).get<double>();
-  return sum / static_cast<double>(k);
+// The losses of a curve's [step, loss, ...] entries.
+std::vector<double> losses_of(const nlohmann::json& points) {
+  std::vector<double> out;
+  for (const auto& p : points) out.push_back(p.at(1).get<double>());
+  return out;
 }
 
 }  // namespace
@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
                      {"other_data", data != o.seed},
                      {"train", curve.at("train")},
                      {"val", curve.at("val")},
-                     {"final_train_loss", final_loss(curve.at("train"))},
+                     {"final_train_loss", final_loss(losses_of(curve.at("train")))},
                      {"final_val_loss", curve.at("val").back().at(1).get<double>()}});
     }
     // The verdict is on the validation loss: every run is measured on the same held-out text, so the difference is
