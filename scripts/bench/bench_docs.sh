@@ -10,7 +10,8 @@
 # communication is CPU work that competes with backward for the two cores) and on a simulated cluster
 # (ddp_launch --net: every rank in its own network namespace behind a 1 or 10 Gbit/s link), where
 # communication costs wall time as on a real one. --net needs root and iproute2; without them the net
-# runs are skipped with the reason. About 100 minutes on 2 cores (ext07a alone: about 15, torch about 35, elastic 15).
+# runs are skipped with the reason. About 150 minutes on 2 cores (ext07a alone: about 15, torch about 35, elastic 15,
+# lowbyte 40, ext07c 20).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 parts=${*:-allreduce ddp weak features torch small zero ext06a ext06d ext07a ext07b ext07c lm hierarchy lowbyte elastic}
@@ -257,7 +258,7 @@ for part in $parts; do
     net $L --nproc 4 --net 1gbit -- $B/ext05e_low_byte $T --json $R/ext05e_tiny_1gbit_4r.json
     net $L --nproc 2 $(pin 2) --net 1gbit -- $B/ext05e_low_byte --bench --preset small --context 128 --warmup 1 \
         --steps 5 --hooks fp32,bf16,int8,powersgd --json $R/ext05e_small_1gbit.json
-    $L --nproc 1 -- $B/ext05e_low_byte --errors --preset tiny --error-ranks 2,4,8,16,32,64 --seeds 3 --hooks bf16 \
+    $L --nproc 1 -- $B/ext05e_low_byte --errors --preset tiny --error-ranks 2,3,4,8,16,32,64 --seeds 3 --hooks bf16 \
         --json $R/ext05e_errors.json
     $L --nproc 2 -- $B/ext05e_low_byte --curve 300 --preset tiny --context 64 --batch 8 --json $R/ext05e_curves.json
     $L --nproc 2 -- $B/ext05e_low_byte --curve 300 --preset tiny --context 64 --batch 8 --hooks fp32,powersgd \
@@ -273,7 +274,7 @@ for part in $parts; do
   ext07c)
     echo "== extension 07c: FSDP's weights and gradients in fewer bytes: each variant's step and bytes against stage"
     echo "   07's (tiny on 1 and 10 Gbit/s at 2 ranks, 1 Gbit/s at 4; small at 1 Gbit/s), the reduce-scatter's error"
-    echo "   for 2-32 simulated ranks, and 300 training steps of each variant (about 12 minutes)"
+    echo "   for 2-32 simulated ranks, and 300 training steps of each variant (about 20 minutes)"
     for rate in 1gbit 10gbit; do
       net $L --nproc 2 $(pin 2) --net $rate -- $B/ext07c_low_byte $T --json $R/ext07c_tiny_$rate.json
     done

@@ -335,7 +335,10 @@ def low_byte_curves_table(doc):
         lines.append(f"| {name} | {c['losses'][0]:.4f} | {c['final_loss']:.4f} | "
                      f"{abs(c['final_loss'] - ref['final_loss']):.4f} | {gap:.4f} |")
     n = len(ref["losses"])
-    return lines, [f"{n} steps of AdamW (lr 1e-3) on text from a Markov chain (256 states, 4 successors each), "
+    opt = "SGD with momentum 0.9 (lr 0.05)" if doc.get("curve_optimizer") == "sgd" else "AdamW (lr 1e-3)"
+    if doc.get("powersgd_start", 0) > 0:
+        opt += f"; PowerSGD after {doc['powersgd_start']} plain fp32 steps"
+    return lines, [f"{n} steps of {opt} on text from a Markov chain (256 states, 4 successors each), "
                    f"{doc.get('preset', '')} model; the bound each run is held to: fp32 on other data ends "
                    f"{noise:.4f} from fp32."]
 
