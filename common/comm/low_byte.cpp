@@ -162,6 +162,18 @@ ReduceScatterWork low_byte_reduce_scatter_async(ProcessGroup& pg, const torch::T
   return ReduceScatterWork(std::move(work).then(std::move(finish)), {}, {});
 }
 
+ReduceScatterHow low_byte_reduce_scatter_how(const LowByteOptions& opts) {
+  ReduceScatterHow how;
+  how.name = opts.name() + " (all-to-all + local sum)";
+  how.custom = [opts](ProcessGroup& pg, torch::Tensor& flat, torch::Tensor& out, const std::string& label) {
+    low_byte_reduce_scatter_async(pg, flat, out, opts, label).wait();
+  };
+  how.bytes = [wire = opts.wire](int64_t padded, int world) {
+    return double(world - 1) * static_cast<double>(chunk_wire_bytes(wire, padded / world));
+  };
+  return how;
+}
+
 Work low_byte_all_gather_async(ProcessGroup& pg, const torch::Tensor& chunk, torch::Tensor& full, const WireSpec& wire,
                                const std::string& label) {
   const int W = pg.world_size();

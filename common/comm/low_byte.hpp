@@ -85,6 +85,10 @@ int64_t chunk_wire_bytes(const WireSpec& wire, int64_t n);
 ReduceScatterWork low_byte_reduce_scatter_async(ProcessGroup& pg, const torch::Tensor& flat, torch::Tensor& out,
                                                 const LowByteOptions& opts, const std::string& label = {});
 
+/// low_byte_reduce_scatter_async() as a blocking ReduceScatterHow, named and with its bytes: what stage 06's ZeRO-1
+/// takes (zero1_strategy(), Zero1Optimizer) to reduce-scatter its flat gradient buffer in fewer bytes.
+ReduceScatterHow low_byte_reduce_scatter_how(const LowByteOptions& opts);
+
 /// An all-gather whose values travel in a wire format (FSDP's weights in fewer bytes): this rank's `chunk` (fp32
 /// [n]) is encoded once, every rank's encoding gathered, and wait() decodes rank r's into elements [r n, (r + 1) n)
 /// of `full` ([W x n], contiguous, any floating dtype: decoded to fp32, then cast). Every rank decodes its own chunk

@@ -28,8 +28,9 @@ static bool use_native(const ProcessGroup& pg, ReduceScatterAlgo algo) {
   return algo == ReduceScatterAlgo::native || (algo == ReduceScatterAlgo::automatic && pg.has_native_reduce_scatter());
 }
 
-std::string reduce_scatter_name(const ProcessGroup& pg, ReduceScatterAlgo algo) {
-  return use_native(pg, algo) ? "native reduce_scatter" : "all-to-all + local sum";
+std::string reduce_scatter_name(const ProcessGroup& pg, const ReduceScatterHow& how) {
+  if (how.custom) return how.name;
+  return use_native(pg, how.algo) ? "native reduce_scatter" : "all-to-all + local sum";
 }
 
 // [reduce_scatter]
@@ -65,9 +66,10 @@ void ReduceScatterWork::wait() {
 }
 // [reduce_scatter]
 
-void reduce_scatter(ProcessGroup& pg, torch::Tensor& flat, torch::Tensor& out, ReduceScatterAlgo algo,
+void reduce_scatter(ProcessGroup& pg, torch::Tensor& flat, torch::Tensor& out, const ReduceScatterHow& how,
                     const std::string& label, torch::Tensor scratch) {
-  reduce_scatter_async(pg, flat, out, algo, label, std::move(scratch)).wait();
+  if (how.custom) return how.custom(pg, flat, out, label);
+  reduce_scatter_async(pg, flat, out, how.algo, label, std::move(scratch)).wait();
 }
 
 static bool gather_by_all_to_all(const ProcessGroup& pg, AllGatherAlgo algo) {

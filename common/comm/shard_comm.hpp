@@ -10,6 +10,7 @@
 #include "common/base/libtorch.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,8 +39,21 @@ enum class ReduceScatterAlgo {
   all_to_all,  ///< all-to-all of the chunks, then a local sum of the W received pieces
 };
 
-/// "native" when `pg`'s backend would use its own reduce_scatter under `algo`, else "all-to-all + sum".
-std::string reduce_scatter_name(const ProcessGroup& pg, ReduceScatterAlgo algo = ReduceScatterAlgo::automatic);
+/// How the blocking reduce_scatter() below sums: one of the algorithms, or a function its caller supplies (then
+/// `algo` is unused): extension 07c's sends the pieces in fewer bytes, for stage 06's ZeRO-1.
+struct ReduceScatterHow {
+  ReduceScatterAlgo algo = ReduceScatterAlgo::automatic;
+  /// The caller's own, with reduce_scatter()'s contract (blocking; `out` holds this rank's chunk of the sum).
+  std::function<void(ProcessGroup&, torch::Tensor& flat, torch::Tensor& out, const std::string& label)> custom;
+  std::string name;  ///< the custom one's, as reduce_scatter_name() says it
+  /// The custom one's bytes sent per rank for a buffer of `padded` values over `world` ranks.
+  std::function<double(int64_t padded, int world)> bytes;
+  ReduceScatterHow(ReduceScatterAlgo a = ReduceScatterAlgo::automatic) : algo(a) {}  // an algorithm is a how
+};
+
+/// "native" when `pg`'s backend would use its own reduce_scatter under `how`, "all-to-all + sum", or the custom
+/// one's name.
+std::string reduce_scatter_name(const ProcessGroup& pg, const ReduceScatterHow& how = {});
 
 /// A reduce_scatter in flight (reduce_scatter_async). wait() completes it: on the all-to-all path that is
 /// where the W received pieces are added up, so `out` holds the sum only after wait().
@@ -69,9 +83,8 @@ ReduceScatterWork reduce_scatter_async(ProcessGroup& pg, torch::Tensor& flat, to
 /// sum in `out`. Blocking; a collective. All-to-all path: rank r sends chunk j to rank j and receives W
 /// pieces of its own chunk, one per rank, into `scratch` (a buffer like `flat`, allocated when undefined),
 /// then adds them up in rank order. Each rank sends and receives (W-1)/W of the buffer, as a ring does.
-void reduce_scatter(ProcessGroup& pg, torch::Tensor& flat, torch::Tensor& out,
-                    ReduceScatterAlgo algo = ReduceScatterAlgo::automatic, const std::string& label = {},
-                    torch::Tensor scratch = {});
+void reduce_scatter(ProcessGroup& pg, torch::Tensor& flat, torch::Tensor& out, const ReduceScatterHow& how = {},
+                    const std::string& label = {}, torch::Tensor scratch = {});
 
 /// How to all-gather into a flat buffer.
 enum class AllGatherAlgo {

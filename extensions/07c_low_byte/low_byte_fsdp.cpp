@@ -10,7 +10,7 @@
 namespace dp {
 
 std::string LowByteFsdpOptions::name() const {
-  return fmt::format("weights {}, gradients {}", gather.name(), scatter.name());
+  return fmt::format("{} {}, gradients {}", zero1 ? "ZeRO-1, weights" : "weights", gather.name(), scatter.name());
 }
 
 LowByteFsdp::LowByteFsdp(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const ModuleUnits& units,
@@ -31,7 +31,7 @@ ReduceScatterWork LowByteFsdp::reduce_scatter_unit(size_t u, torch::Tensor& flat
 }
 // [seams]
 
-std::vector<std::string> low_byte_gather_names() { return {"fp32", "bf16", "fp16", "int8"}; }
+std::vector<std::string> low_byte_gather_names() { return {"fp32", "bf16", "fp16", "int8", "zero1"}; }
 
 std::vector<std::string> low_byte_scatter_names() {
   return {"fp32", "bf16", "fp16", "int8", "bf16-lowsum", "fp16-lowsum"};
@@ -48,7 +48,8 @@ LowByteFsdpOptions parse_low_byte_variant(const std::string& name, int64_t block
         "fp32/fp32, int8/int8)",
         name, fmt::join(gathers, ", "), fmt::join(scatters, ", ")));
   LowByteFsdpOptions o;
-  o.gather = parse_wire_format(g, block);
+  o.zero1 = g == "zero1";
+  o.gather = parse_wire_format(o.zero1 ? "fp32" : g, block);
   const bool low_sum = s.size() > 7 && s.substr(s.size() - 7) == "-lowsum";
   o.scatter.wire = parse_wire_format(low_sum ? s.substr(0, s.size() - 7) : s, block);
   o.scatter.sum = low_sum ? SumIn::wire : SumIn::fp32;
@@ -56,6 +57,9 @@ LowByteFsdpOptions parse_low_byte_variant(const std::string& name, int64_t block
 }
 
 MakeStrategy low_byte_fsdp_strategy(FsdpOptions opts, LowByteFsdpOptions low) {
+  if (low.zero1)
+    return zero1_strategy(low.scatter.wire.format == WireFormat::fp32 ? ReduceScatterHow{}
+                                                                      : low_byte_reduce_scatter_how(low.scatter));
   return fsdp_strategy(opts,
                        [low](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const ModuleUnits& units,
                              FsdpOptions o) -> std::unique_ptr<Fsdp> {

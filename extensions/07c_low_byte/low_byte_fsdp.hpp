@@ -8,6 +8,7 @@
 #pragma once
 
 #include "common/comm/low_byte.hpp"
+#include "stages/06_sharded_opt/strategies.hpp"  // zero1_strategy
 #include "stages/07_fsdp/fsdp.hpp"
 #include "stages/07_fsdp/strategies.hpp"
 
@@ -17,10 +18,12 @@
 
 namespace dp {
 
-/// How LowByteFsdp's units travel: fp32 for both is stage 07's Fsdp exactly.
+/// How LowByteFsdp's units travel: fp32 for both is stage 07's Fsdp exactly. With `zero1`, stage 06's ZeRO-1 instead,
+/// its flat gradient buffer reduce-scattered as `scatter` says (its all-gather carries the fp32 master weights).
 struct LowByteFsdpOptions {
   WireSpec gather;         ///< the weights' all-gather
   LowByteOptions scatter;  ///< the gradients' reduce-scatter: its wire, and where the ranks' pieces are summed
+  bool zero1 = false;      ///< stage 06's ZeRO-1, not FSDP
   /// "weights int8/256, gradients bf16 wire, fp32 sums", for tables.
   std::string name() const;
 };
@@ -43,16 +46,19 @@ class LowByteFsdp : public Fsdp {
   LowByteFsdpOptions low_;
 };
 
-/// The wire names a variant takes: "fp32", "bf16", "fp16", "int8" for the weights; those and "bf16-lowsum",
-/// "fp16-lowsum" (summed in 16 bits: the mistake, measured) for the gradients.
+/// The wire names a variant takes: "fp32", "bf16", "fp16", "int8" for the weights, or "zero1" (stage 06's ZeRO-1,
+/// whose weights travel in fp32); those four and "bf16-lowsum", "fp16-lowsum" (summed in 16 bits: the mistake,
+/// measured) for the gradients.
 std::vector<std::string> low_byte_gather_names();
 std::vector<std::string> low_byte_scatter_names();
 
-/// A variant named "WEIGHTS/GRADIENTS" ("fp32/fp32", "int8/int8", "fp32/bf16-lowsum"), int8 with `block` values per
-/// scale. Throws dp::UsageError naming the value and the choices for another name or a block that is not positive.
+/// A variant named "WEIGHTS/GRADIENTS" ("fp32/fp32", "int8/int8", "fp32/bf16-lowsum", "zero1/int8"), int8 with `block`
+/// values per scale. Throws dp::UsageError naming the value and the choices for another name or a block that is not
+/// positive.
 LowByteFsdpOptions parse_low_byte_variant(const std::string& name, int64_t block);
 
-/// Stage 07's FSDP strategy (fsdp_strategy()) over a LowByteFsdp.
+/// Stage 07's FSDP strategy (fsdp_strategy()) over a LowByteFsdp; with low.zero1, stage 06's (zero1_strategy()) with
+/// low_byte_reduce_scatter_how(low.scatter), or its own reduce-scatter for fp32.
 MakeStrategy low_byte_fsdp_strategy(FsdpOptions opts, LowByteFsdpOptions low);
 
 }  // namespace dp

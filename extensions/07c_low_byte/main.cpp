@@ -24,6 +24,7 @@
 #include "common/dist/launch_env.hpp"
 #include "common/dist/runtime.hpp"
 #include "common/harness/ddp_bench.hpp"
+#include "common/measure/accounting.hpp"  // zero1_bytes_per_step
 #include "common/measure/cli.hpp"
 #include "common/measure/error_study.hpp"
 #include "common/model/data.hpp"
@@ -217,7 +218,7 @@ nlohmann::json loss_curves(ProcessGroup& pg, const Options& o, const BenchConfig
   const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
   std::vector<std::pair<std::string, uint64_t>> runs;  // (variant, data draw)
   for (const auto& v : o.variants) runs.emplace_back(v, 0);
-  runs.emplace_back("fp32/fp32", 1);
+  runs.emplace_back(o.variants.front(), 1);  // the first variant (fp32's) on other data: the bound
   nlohmann::json out = nlohmann::json::array();
   for (const auto& [variant, data] : runs) {
     torch::manual_seed(seed);
@@ -245,7 +246,8 @@ nlohmann::json loss_curves(ProcessGroup& pg, const Options& o, const BenchConfig
 // After --bench: each variant's bytes per step, counted by its Fsdp and by formula, and its step over the first
 // variant's (stage 07's when it is fp32/fp32), round by round. Formula, per unit u of C_u values per chunk, U units:
 // 2U - 1 gathers of (W - 1) chunk_wire_bytes(weights, C_u) (the last unit is not gathered again for backward), U
-// reduce-scatters of (W - 1) chunk_wire_bytes(gradients, C_u), and the replicated gradients' fp32 all-reduce.
+// reduce-scatters of (W - 1) chunk_wire_bytes(gradients, C_u), and the replicated gradients' fp32 all-reduce. ZeRO-1
+// (stage 06): its fp32 all-gather of every parameter, (W - 1) / W x 4P, and its reduce-scatter of one flat buffer.
 nlohmann::json bytes_per_step(ProcessGroup& pg, const Options& o, const BenchConfig& cfg, const Results& results) {
   const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
   const int W = pg.world_size();
@@ -257,13 +259,20 @@ nlohmann::json bytes_per_step(ProcessGroup& pg, const Options& o, const BenchCon
       2.0 * (W - 1) / W * 4.0 * static_cast<double>(probe.num_parameters() - probe.sharded_parameters());
   const nlohmann::json* first = nullptr;
   nlohmann::json out = nlohmann::json::array();
-  print0("\n{:<20} {:>14} {:>12} {:>10} {:>24}", "variant", "MB sent/step", "by formula", "x fp32",
+  print0("\n{:<20} {:>14} {:>12} {:>10} {:>24}", "variant", "MB sent/step", "by formula", "x first",
          "step x first [min-max]");
-  double fp32_mb = 0;
+  double first_mb = 0;
   for (const auto& v : o.variants) {
     const auto low = parse_low_byte_variant(v, o.block);
     double formula = W > 1 ? replicated : 0;
-    const size_t U = sharding.groups.size();
+    const size_t U = low.zero1 ? 0 : sharding.groups.size();
+    if (low.zero1) {  // ZeRO-1: one flat buffer of every parameter, reduce-scattered, then all-gathered in fp32
+      const auto P = probe.num_parameters();
+      const auto L = FlatLayout::of(P, W);
+      formula = low.scatter.wire.format == WireFormat::fp32
+                    ? zero1_bytes_per_step(P, W)
+                    : zero1_bytes_per_step(P, W) / 2 + (W - 1) * chunk_wire_bytes(low.scatter.wire, L.chunk);
+    }
     for (size_t u = 0; u < U && W > 1; ++u) {
       const int64_t chunk = sharding.groups[u].layout.chunk;
       const double gathers = u + 1 == U ? 1 : 2;
@@ -278,10 +287,10 @@ nlohmann::json bytes_per_step(ProcessGroup& pg, const Options& o, const BenchCon
     for (size_t i = 0; i < (*row)["step_samples_s"].size(); ++i)
       ratio.push_back((*row)["step_samples_s"][i].get<double>() / (*first)["step_samples_s"][i].get<double>());
     const double mb = (*row)["sent_MB_per_step"];
-    if (v == "fp32/fp32") fp32_mb = mb;
+    if (row == first) first_mb = mb;
     const Stats s = summarize(ratio);
     print0("{:<20} {:>14.2f} {:>12.2f} {:>10} {:>10.3f} [{:.3f}-{:.3f}]", v, mb, formula / 1e6,
-           fp32_mb > 0 ? fmt::format("{:.3f}", mb / fp32_mb) : "-", s.median, s.min, s.max);
+           first_mb > 0 ? fmt::format("{:.3f}", mb / first_mb) : "-", s.median, s.min, s.max);
     if (std::abs(mb - formula / 1e6) > 1e-6 * std::max(1.0, mb))
       throw CheckFailed(fmt::format("{}: {:.6f} MB sent per step, the formula says {:.6f}", v, mb, formula / 1e6));
     out.push_back({{"variant", v},

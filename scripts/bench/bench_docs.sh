@@ -283,7 +283,12 @@ for part in $parts; do
         --steps 5 --variants fp32/fp32,bf16/bf16,fp32/int8,int8/int8 --json $R/ext07c_small_1gbit.json
     $L --nproc 1 -- $B/ext07c_low_byte --errors --preset tiny --error-ranks 2,3,4,8,16,32 --seeds 3 \
         --variants fp32/fp32 --json $R/ext07c_errors.json
-    $L --nproc 2 -- $B/ext07c_low_byte --curve 300 --preset tiny --context 64 --batch 8 --json $R/ext07c_curves.json ;;
+    $L --nproc 2 -- $B/ext07c_low_byte --curve 300 --preset tiny --context 64 --batch 8 --json $R/ext07c_curves.json
+    # Stage 06's ZeRO-1 with its reduce-scatter in fewer bytes (its all-gather carries the fp32 master weights).
+    net $L --nproc 2 $(pin 2) --net 1gbit -- $B/ext07c_low_byte $T --variants zero1/fp32,zero1/bf16,zero1/int8 \
+        --json $R/ext07c_zero1_tiny_1gbit.json
+    $L --nproc 2 -- $B/ext07c_low_byte --curve 300 --preset tiny --context 64 --batch 8 \
+        --variants zero1/fp32,zero1/int8 --json $R/ext07c_zero1_curves.json ;;
   hierarchy)
     echo "== stage 10: 2 simulated nodes x 2 ranks, node links 10 Gbit/s, uplinks 1 Gbit/s (10:1) and 10 Gbit/s (1:1, the"
     echo "   control); flat and hierarchical DDP, flat FSDP and HSDP on tiny; then HSDP's accumulation flavours"

@@ -262,6 +262,8 @@ def variant_words(v):
     if v == "fp32/fp32":
         return "stage 07: fp32 weights, fp32 gradients"
     grads = "fp32" if g == "fp32" else g.replace("-lowsum", "") + (" (16-bit sums)" if "lowsum" in g else " (fp32 sums)")
+    if w == "zero1":
+        return "ZeRO-1 (stage 06), fp32 gradients" if g == "fp32" else f"ZeRO-1, {grads} gradients"
     return f"{w} weights, {grads} gradients"
 
 
@@ -269,8 +271,9 @@ def fsdp_low_byte_table(doc):
     """Extension 07c's benchmark: per variant, the bytes each rank sent per step (counted by its Fsdp; the program
     checked them against the formula), the step, and its ratio round by round to stage 07's fp32 step."""
     rows = doc["rows"]
-    head = ["variant (weights / gradients on the wire)", "MB sent per rank per step", "x fp32's bytes",
-            "step (s), median [95% CI]", "x stage 07's step [95% CI]"]
+    first = variant_words(doc["low_byte"][0]["variant"]).split(":")[0].split(",")[0]
+    head = ["variant (weights / gradients on the wire)", "MB sent per rank per step", f"x {first}'s bytes",
+            "step (s), median [95% CI]", f"x {first}'s step [95% CI]"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     base = next(r for r in rows if r["variant"] == r["baseline"])
     lines.append(f"| no communication | 0 | - | {fmt_ci(base['step_samples_s'], '{:.3f}')} | - |")
@@ -281,10 +284,14 @@ def fsdp_low_byte_table(doc):
         lines.append(f"| {variant_words(v['variant'])} | {v['sent_MB_per_step']:.2f} | "
                      f"{v['sent_MB_per_step'] / fp32:.3f} | {fmt_ci(r['step_samples_s'], '{:.3f}')} | {ratio} |")
     r0 = rows[0]
+    zero1 = all(v["variant"].startswith("zero1/") for v in doc["low_byte"])
+    how = ("stage 06's ZeRO-1, its all-gather of the parameters in fp32" if zero1 else
+           "FSDP resharding after forward, fp32 compute")
+    counted = ("reported by each variant's strategy, which computes them by formula (the fp32 all-gather's, "
+               "and the reduce-scatter's in its wire)" if zero1 else "counted by each variant's Fsdp")
     notes = [f"{r0['preset']}, {r0['world_size']} ranks, {r0['link']}, {len(r0['step_samples_s'])} rounds of one "
-             f"timed step of each variant; FSDP resharding after forward, fp32 compute; int8 blocks of "
-             f"{doc['block']} values, each rank's shard encoded on its own. Bytes: counted by each variant's Fsdp, "
-             "equal to the formula (the program checks it)."]
+             f"timed step of each variant; {how}; int8 blocks of {doc['block']} values, each rank's shard encoded on "
+             f"its own. Bytes: {counted}, equal to the formula (the program checks it)."]
     if len({r.get("group", 0) for r in rows}) > 1:
         notes.append("The model's replicas did not fit together: the variants were measured in groups, one after "
                      "another, so a ratio to stage 07's row from another group compares rounds taken apart in time.")
@@ -322,7 +329,7 @@ def low_byte_curves_table(doc):
     curves = doc["curves"]
     for c in curves:  # extension 07c names its runs by variant
         c.setdefault("hook", c.get("variant"))
-    ref = next(c for c in curves if c["hook"] in ("fp32", "fp32/fp32") and c["data"] == 0)
+    ref = curves[0]  # the first run is the reference: fp32's
     other = next(c for c in curves if c["data"] == 1)
     noise = abs(other["final_loss"] - ref["final_loss"])
     head = ["run", "loss at step 1", "final loss (mean of the last tenth)", "final's distance from fp32's",

@@ -20,10 +20,11 @@ namespace {
 
 class Zero1Strategy : public Strategy {
  public:
-  Zero1Strategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const MakeOptimizer& make)
-      : pg_(pg), model_(std::move(model)) {
+  Zero1Strategy(ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model, const MakeOptimizer& make,
+                ReduceScatterHow how)
+      : pg_(pg), model_(std::move(model)), how_(how) {
     broadcast_parameters(pg, *model_);
-    opt_ = std::make_unique<Zero1Optimizer>(pg, unique_parameters(*model_), make);
+    opt_ = std::make_unique<Zero1Optimizer>(pg, unique_parameters(*model_), make, how);
     opt_->set_before_local_step([this] { clip_before_step(); });
   }
   void zero_grad() override { opt_->zero_grad(); }
@@ -34,7 +35,9 @@ class Zero1Strategy : public Strategy {
   int64_t calls_per_step() const override { return pg_.world_size() > 1 ? 2 : 0; }  // reduce-scatter, all-gather
   TrainingBytes bytes() const override { return count_training_bytes(*model_, opt_->local()); }
   double sent_bytes_per_step() const override {
-    return zero1_bytes_per_step(trainable_elements(*model_), pg_.world_size());
+    const double fp32 = zero1_bytes_per_step(trainable_elements(*model_), pg_.world_size());
+    if (!how_.bytes) return fp32;
+    return fp32 / 2 + how_.bytes(opt_->layout().padded, pg_.world_size());  // the all-gather's half, and the custom
   }
   double buffer_bytes() const override { return static_cast<double>(opt_->buffer_bytes()); }
   std::string describe() const override { return first_line(opt_->describe()); }
@@ -57,6 +60,7 @@ class Zero1Strategy : public Strategy {
  private:
   ProcessGroup& pg_;
   std::shared_ptr<torch::nn::Module> model_;
+  ReduceScatterHow how_;
   std::unique_ptr<Zero1Optimizer> opt_;
 };
 
@@ -67,10 +71,10 @@ ShardedSteps zero1_steps(ProcessGroup& pg, const std::vector<torch::Tensor>& par
   return {[z] { z->zero_grad(); }, [z] { z->step(); }, z->describe(), /*sums_over_ranks=*/true};
 }
 
-MakeStrategy zero1_strategy() {
-  return [](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
-            const MakeOptimizer& make) -> std::unique_ptr<Strategy> {
-    return std::make_unique<Zero1Strategy>(pg, std::move(model), make);
+MakeStrategy zero1_strategy(ReduceScatterHow how) {
+  return [how](ProcessGroup& pg, std::shared_ptr<torch::nn::Module> model,
+               const MakeOptimizer& make) -> std::unique_ptr<Strategy> {
+    return std::make_unique<Zero1Strategy>(pg, std::move(model), make, how);
   };
 }
 

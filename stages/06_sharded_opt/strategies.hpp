@@ -10,9 +10,9 @@
 
 namespace dp {
 
-/// True ZeRO-1 (Zero1Optimizer): reduce-scatter of one flat gradient buffer, step of this rank's chunk,
-/// all-gather of the parameters (two passes, as DDP).
-MakeStrategy zero1_strategy();
+/// True ZeRO-1 (Zero1Optimizer): reduce-scatter of one flat gradient buffer (as `how` says), step of this rank's
+/// chunk, all-gather of the parameters (two passes, as DDP).
+MakeStrategy zero1_strategy(ReduceScatterHow how = {});
 
 /// Zero1Optimizer over `params` with AdamW and `opts`, as the check against AdamW drives it.
 ShardedSteps zero1_steps(ProcessGroup& pg, const std::vector<torch::Tensor>& params,

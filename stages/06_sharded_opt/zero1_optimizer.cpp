@@ -18,8 +18,8 @@ namespace dp {
 
 // [flatten]
 Zero1Optimizer::Zero1Optimizer(ProcessGroup& pg, const std::vector<torch::Tensor>& params,
-                               const MakeOptimizer& make_local, ReduceScatterAlgo algo)
-    : pg_(&pg), algo_(algo) {
+                               const MakeOptimizer& make_local, ReduceScatterHow how)
+    : pg_(&pg), algo_(std::move(how)) {
   int64_t total = 0;
   for (const auto& p : flattenable_parameters(params, pg.device(), "Zero1Optimizer")) {
     offsets_.push_back(total);
@@ -44,7 +44,8 @@ Zero1Optimizer::Zero1Optimizer(ProcessGroup& pg, const std::vector<torch::Tensor
   shard_ = flat_params_.narrow(0, layout_.offset(pg.rank()), layout_.chunk).detach().requires_grad_(true);
   shard_.mutable_grad() = torch::zeros({layout_.chunk}, fp32);
   // The all-to-all's buffer (reduce-scatter's receive side, all-gather's send side), where they run.
-  if (!pg.has_native_reduce_scatter() || algo_ == ReduceScatterAlgo::all_to_all || pg.backend() == "gloo")
+  if (!algo_.custom &&
+      (!pg.has_native_reduce_scatter() || algo_.algo == ReduceScatterAlgo::all_to_all || pg.backend() == "gloo"))
     scratch_ = torch::empty({layout_.padded}, fp32);
   local_ = make_local({shard_});
   if (!local_) throw UsageError("Zero1Optimizer: make_local returned no optimizer");

@@ -34,7 +34,7 @@ namespace dp {
 class Zero1Optimizer {
  public:
   Zero1Optimizer(ProcessGroup& pg, const std::vector<torch::Tensor>& params, const MakeOptimizer& make_local,
-                 ReduceScatterAlgo algo = ReduceScatterAlgo::automatic);
+                 ReduceScatterHow how = {});
 
   /// `Zero1Optimizer::make<torch::optim::AdamW>(pg, model->parameters(), AdamWOptions(1e-3))`.
   template <typename Opt, typename Options>
@@ -77,7 +77,7 @@ class Zero1Optimizer {
  private:
   void gather_gradients();  // brings gradients that backward did not write into the buffer there
   ProcessGroup* pg_;
-  ReduceScatterAlgo algo_;
+  ReduceScatterHow algo_;  // how step() reduce-scatters: an algorithm, or a caller's (extension 07c's)
   std::vector<torch::Tensor> params_;
   std::vector<int64_t> offsets_;  // params_[i] starts at offsets_[i] in the flat buffers
   FlatLayout layout_;

@@ -9,6 +9,7 @@
 #include "common/comm/shard_comm.hpp"
 #include "common/model/models.hpp"
 #include "extensions/07c_low_byte/low_byte_fsdp.hpp"
+#include "stages/06_sharded_opt/zero1_optimizer.hpp"
 #include "tests/support/ranks.hpp"
 
 #include <gtest/gtest.h>
@@ -226,20 +227,50 @@ TEST(LowByteFsdp, Fp32IsStageSeven) {
   });
 }
 
+// Stage 06's ZeRO-1 with its flat gradient buffer reduce-scattered in int8 (low_byte_reduce_scatter_how()): after a
+// step at learning rate 0, this rank's chunk of the gradient is the model's average of every rank's buffer, bit for
+// bit, and the strategy's bytes are the all-gather's fp32 half plus the int8 reduce-scatter's.
+TEST(LowByteZero1, ChunkGradientEqualsTheModel) {
+  const int64_t n = 100;  // values per rank's chunk: not a multiple of the block (64)
+  run_ranks(3, [&](dp::ProcessGroup& pg) {
+    const int W = pg.world_size(), r = pg.rank();
+    const LowByteOptions opts{spec("int8"), SumIn::fp32};
+    const auto xs = buffers(W, n, 21);  // every rank's gradient, drawn alike on every rank
+    auto p = torch::zeros({W * n}).requires_grad_(true);
+    p.mutable_grad() = xs[r].clone();
+    dp::Zero1Optimizer z(
+        pg, {p},
+        [](std::vector<torch::Tensor> chunk) {
+          return std::unique_ptr<torch::optim::Optimizer>(
+              std::make_unique<torch::optim::SGD>(std::move(chunk), torch::optim::SGDOptions(0.0)));
+        },
+        dp::low_byte_reduce_scatter_how(opts));
+    z.step();
+    EXPECT_TRUE(torch::equal(z.shard().grad(), dp::low_byte_scatter_average(xs, opts).narrow(0, r * n, n)));
+    EXPECT_NE(z.describe().find("int8/64 wire, fp32 sums"), std::string::npos) << z.describe();
+    const auto how = dp::low_byte_reduce_scatter_how(opts);
+    EXPECT_EQ(how.bytes(W * n, W), (W - 1) * dp::chunk_wire_bytes(spec("int8"), n));
+  });
+}
+
 TEST(LowByteFsdp, VariantNamesAndRefusals) {
   const auto o = dp::parse_low_byte_variant("int8/bf16-lowsum", 128);
   EXPECT_EQ(o.gather.name(), "int8/128");
   EXPECT_EQ(o.scatter.wire.name(), "bf16");
   EXPECT_EQ(o.scatter.sum, SumIn::wire);
   EXPECT_EQ(o.name(), "weights int8/128, gradients bf16 wire, bf16 sums");
-  for (const char* bad : {"int4/fp32", "fp32", "fp32/int8-lowsum", "bf16-lowsum/fp32", "fp32/"}) try {
+  for (const char* bad : {"int4/fp32", "fp32", "fp32/int8-lowsum", "bf16-lowsum/fp32", "fp32/", "fp32/zero1"}) try {
       dp::parse_low_byte_variant(bad, 64);
       ADD_FAILURE() << bad << " was taken";
     } catch (const dp::UsageError& e) {
       EXPECT_NE(std::string(e.what()).find(std::string("variant '") + bad + "'"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("fp32, bf16, fp16, int8"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("fp32, bf16, fp16, int8, zero1"), std::string::npos) << e.what();
     }
   EXPECT_THROW(dp::parse_low_byte_variant("int8/int8", 0), dp::UsageError);
+  const auto z = dp::parse_low_byte_variant("zero1/int8", 64);
+  EXPECT_TRUE(z.zero1);
+  EXPECT_EQ(z.gather.name(), "fp32");
+  EXPECT_EQ(z.name(), "ZeRO-1, weights fp32, gradients int8/64 wire, fp32 sums");
 }
 
 }  // namespace
