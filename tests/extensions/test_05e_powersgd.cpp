@@ -369,18 +369,20 @@ struct MlpImpl : torch::nn::Module {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
 };
 
+// An MlpImpl drawn from `seed` (torch's generator is shared by the rank threads: held while drawing).
+std::shared_ptr<MlpImpl> seeded_mlp(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(dp::testing::rng_mutex());
+  torch::manual_seed(seed);
+  return std::make_shared<MlpImpl>();
+}
+
 // Registered on a real BucketedDdp at 2 ranks, two steps of backward + finish: every gradient bit-identical on
 // both ranks, fewer elements on the wire than the gradient has, and fc1's [32, 16] gradient of rank at most 2
 // (the plain average of two ranks' 8 rows would have rank up to 16): PowerSGD's result, not the plain average.
 TEST(PowerSgd, RunsUnderBucketedDdp) {
   run_ranks(2, [](ProcessGroup& pg) {
-    std::shared_ptr<MlpImpl> model;
-    {
-      std::lock_guard<std::mutex> lock(dp::testing::rng_mutex());
-      torch::manual_seed(3 + pg.rank());  // different on each rank: the DDP broadcasts rank 0's
-      model = std::make_shared<MlpImpl>();
-    }
-    dp::BucketedDdp ddp(pg, model, 0.001);  // 1 kB
+    auto model = seeded_mlp(3 + pg.rank());  // different on each rank: the DDP broadcasts rank 0's
+    dp::BucketedDdp ddp(pg, model, 0.001);   // 1 kB
     EXPECT_GE(ddp.bucket_count(), 2u) << ddp.describe_buckets();
     PowerSgdOptions opts;
     opts.rank = 2;
@@ -414,40 +416,33 @@ TEST(PowerSgd, RunsUnderBucketedDdp) {
 // gradient keeps its full rank, and the bytes are a ring all-reduce's of every gradient), the second PowerSGD's
 // (rank 2 again, and its own bytes).
 TEST(PowerSgd, StartsAfterPlainSteps) {
-  run_ranks(2,
-            [](ProcessGroup& pg) {
-              std::shared_ptr<MlpImpl> model;
-              {
-                std::lock_guard<std::mutex> lock(dp::testing::rng_mutex());
-                torch::manual_seed(3);
-                model = std::make_shared<MlpImpl>();
-              }
-              dp::BucketedDdp ddp(pg, model, 0.001);
-              dp::LowByteHookOptions opts;
-              opts.powersgd_rank = 2;
-              opts.powersgd_start = 1;
-              auto hook = dp::make_low_byte_hook("powersgd", pg, ddp, opts);
-              ddp.register_comm_hook(hook.hook);
-              int64_t fp32_bytes = 0;  // a ring all-reduce of each bucket: 2 (W - 1) / W of its bytes, W = 2
-              for (const auto& p : ddp.parameters()) fp32_bytes += 4 * p.numel();
-              std::vector<int64_t> sent;
-              std::vector<double> third;  // fc1's third singular value over its first, after each step
-              for (int step = 0; step < 2; ++step) {
-                ddp.on_train_batch_start();
-                model->zero_grad();
-                auto x = normal(8 * 16, 50 + 10 * step + pg.rank()).view({8, 16});
-                model->forward(x).pow(2).mean().backward();
-                ddp.finish_gradient_synchronization();
-                const auto sv = torch::linalg_svdvals(model->fc1->weight.grad().to(torch::kFloat64));
-                third.push_back(sv[2].item<double>() / sv[0].item<double>());
-                sent.push_back(hook.sent_bytes());
-              }
-              EXPECT_GT(third[0], 1e-2) << "step 1 is plain fp32: the average of two ranks' full-rank gradients";
-              EXPECT_LE(third[1], 1e-4) << "step 2 is PowerSGD at rank 2";
-              EXPECT_EQ(sent[0], fp32_bytes)
-                  << "a ring all-reduce sends 2 (W - 1) / W of each bucket's bytes: all of them at W = 2";
-              EXPECT_LT(sent[1] - sent[0], sent[0]);
-            });
+  run_ranks(2, [](ProcessGroup& pg) {
+    auto model = seeded_mlp(3);
+    dp::BucketedDdp ddp(pg, model, 0.001);
+    dp::LowByteHookOptions opts;
+    opts.powersgd_rank = 2;
+    opts.powersgd_start = 1;
+    auto hook = dp::make_low_byte_hook("powersgd", pg, ddp, opts);
+    ddp.register_comm_hook(hook.hook);
+    int64_t fp32_bytes = 0;  // a ring all-reduce of each bucket: 2 (W - 1) / W of its bytes, W = 2
+    for (const auto& p : ddp.parameters()) fp32_bytes += 4 * p.numel();
+    std::vector<int64_t> sent;
+    std::vector<double> third;  // fc1's third singular value over its first, after each step
+    for (int step = 0; step < 2; ++step) {
+      ddp.on_train_batch_start();
+      model->zero_grad();
+      auto x = normal(8 * 16, 50 + 10 * step + pg.rank()).view({8, 16});
+      model->forward(x).pow(2).mean().backward();
+      ddp.finish_gradient_synchronization();
+      const auto sv = torch::linalg_svdvals(model->fc1->weight.grad().to(torch::kFloat64));
+      third.push_back(sv[2].item<double>() / sv[0].item<double>());
+      sent.push_back(hook.sent_bytes());
+    }
+    EXPECT_GT(third[0], 1e-2) << "step 1 is plain fp32: the average of two ranks' full-rank gradients";
+    EXPECT_LE(third[1], 1e-4) << "step 2 is PowerSGD at rank 2";
+    EXPECT_EQ(sent[0], fp32_bytes) << "2 (W - 1) / W of each bucket's bytes: all of them at W = 2";
+    EXPECT_LT(sent[1] - sent[0], sent[0]);
+  });
 }
 
 // ---- Misuse ----------------------------------------------------------------------------------------------
