@@ -2,6 +2,8 @@
 
 #include "common/base/log.hpp"  // print0
 #include "common/measure/timing.hpp"
+#include "common/model/data.hpp"    // markov_batch
+#include "common/model/params.hpp"  // unique_parameters
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -34,6 +36,16 @@ nlohmann::json error_summary(const nlohmann::json& draws, const std::vector<std:
     print0("{}{:>+8.2f}", line, slope);
   }
   return summary;
+}
+
+torch::Tensor markov_gradient(const TransformerConfig& mcfg, uint64_t seed, int64_t rows, uint64_t draw) {
+  torch::manual_seed(seed);
+  TransformerLM model(mcfg);
+  auto [x, y] = markov_batch(rows, mcfg.context_length, mcfg.vocab_size, 1000, draw);
+  lm_loss(model->forward(x), y).backward();
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : unique_parameters(*model)) grads.push_back(p.grad().view({-1}));
+  return torch::cat(grads);
 }
 
 double final_loss(const std::vector<double>& losses) {

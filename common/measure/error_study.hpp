@@ -3,6 +3,8 @@
 // on different data.
 #pragma once
 
+#include "common/model/transformer.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <string>
@@ -15,6 +17,10 @@ namespace dp {
 /// by `title`, and returns {format: {"median_by_ranks": {"W": median}, "slope": s}}.
 nlohmann::json error_summary(const nlohmann::json& draws, const std::vector<std::string>& formats,
                              const std::vector<int>& ranks, const std::string& title);
+
+/// The flat gradient (every unique parameter's, in order) of a TransformerLM of `mcfg` drawn from `seed`, on `rows`
+/// sequences of markov_batch() text (table seed 1000, draw `draw`): one rank's gradient for an error study.
+torch::Tensor markov_gradient(const TransformerConfig& mcfg, uint64_t seed, int64_t rows, uint64_t draw);
 
 /// The mean of the last tenth (at least one) of `losses`: a final loss steadier than the last step's.
 double final_loss(const std::vector<double>& losses);

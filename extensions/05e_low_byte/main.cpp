@@ -120,17 +120,6 @@ void run_checks(ProcessGroup& pg, const Options& o, TransformerLM& model) {
 }
 // [checks]
 
-// The flat gradient of `model` (fresh from `seed`) on `rows` sequences of text from the Markov chain, draw `draw`.
-torch::Tensor one_gradient(const TransformerConfig& mcfg, uint64_t seed, int64_t rows, uint64_t draw) {
-  torch::manual_seed(seed);
-  TransformerLM model(mcfg);
-  auto [x, y] = markov_batch(rows, mcfg.context_length, mcfg.vocab_size, 1000, draw);
-  lm_loss(model->forward(x), y).backward();
-  std::vector<torch::Tensor> grads;
-  for (const auto& p : unique_parameters(*model)) grads.push_back(p.grad().view({-1}));
-  return torch::cat(grads);
-}
-
 // [errors]
 // --errors: each format's error against the exact (fp64) average of W real gradients, W simulated (the one-process
 // model is the collective bit for bit: run_checks). Rank 0 alone; a table, and the rows for the JSON.
@@ -144,7 +133,7 @@ nlohmann::json error_study(const Options& o, const TransformerConfig& mcfg, uint
   nlohmann::json out = nlohmann::json::array();
   for (int s = 0; s < o.seeds; ++s) {
     std::vector<torch::Tensor> grads;  // rank k's: 2 sequences of its own
-    for (int k = 0; k < most; ++k) grads.push_back(one_gradient(mcfg, seed, 2, 1000 * s + k));
+    for (int k = 0; k < most; ++k) grads.push_back(markov_gradient(mcfg, seed, 2, 1000 * s + k));
     for (int W : o.error_ranks) {
       std::vector<torch::Tensor> xs(grads.begin(), grads.begin() + W);
       auto exact = torch::zeros_like(xs[0], torch::kDouble);

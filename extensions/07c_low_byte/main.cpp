@@ -121,17 +121,6 @@ void run_checks(ProcessGroup& pg, const Options& o, TransformerLM& model) {
 }
 // [checks]
 
-// The flat gradient of `model` (fresh from `seed`) on `rows` sequences of Markov-chain text, draw `draw`.
-torch::Tensor one_gradient(const TransformerConfig& mcfg, uint64_t seed, int64_t rows, uint64_t draw) {
-  torch::manual_seed(seed);
-  TransformerLM model(mcfg);
-  auto [x, y] = markov_batch(rows, mcfg.context_length, mcfg.vocab_size, 1000, draw);
-  lm_loss(model->forward(x), y).backward();
-  std::vector<torch::Tensor> grads;
-  for (const auto& p : unique_parameters(*model)) grads.push_back(p.grad().view({-1}));
-  return torch::cat(grads);
-}
-
 // `x` padded with zeros to a multiple of `world` values, as a unit's flat buffer is.
 torch::Tensor padded_to(const torch::Tensor& x, int world) {
   auto out = torch::zeros({FlatLayout::of(x.numel(), world).padded});
@@ -152,7 +141,7 @@ nlohmann::json error_study(const Options& o, const TransformerConfig& mcfg, uint
   nlohmann::json draws = nlohmann::json::array(), weights = nlohmann::json::array();
   for (int s = 0; s < o.seeds; ++s) {
     std::vector<torch::Tensor> grads;  // rank k's: 2 sequences of its own
-    for (int k = 0; k < most; ++k) grads.push_back(one_gradient(mcfg, seed, 2, 1000 * s + k));
+    for (int k = 0; k < most; ++k) grads.push_back(markov_gradient(mcfg, seed, 2, 1000 * s + k));
     for (int W : o.error_ranks) {
       std::vector<torch::Tensor> xs;
       for (int k = 0; k < W; ++k) xs.push_back(padded_to(grads[k], W));
@@ -251,12 +240,15 @@ nlohmann::json loss_curves(ProcessGroup& pg, const Options& o, const BenchConfig
 nlohmann::json bytes_per_step(ProcessGroup& pg, const Options& o, const BenchConfig& cfg, const Results& results) {
   const auto mcfg = TransformerConfig::preset(cfg.preset, cfg.context);
   const int W = pg.world_size();
-  torch::manual_seed(0);
   TransformerLM model(mcfg);
-  Fsdp probe(pg, model.ptr(), model->units(), {});  // the layouts every variant's units have
-  const ShardedParams sharding = probe.sharding();
-  const double replicated =
-      2.0 * (W - 1) / W * 4.0 * static_cast<double>(probe.num_parameters() - probe.sharded_parameters());
+  std::vector<int64_t> chunks;  // each unit's shard, in values: the layout every variant's Fsdp gives it
+  int64_t replicated_values = 0;
+  for (const auto& unit : tensor_units(model.ptr(), model->units(), is_sharded_module, "ext07c_low_byte")) {
+    chunks.push_back(FlatLayout::of(count_elements(unit.sharded), W).chunk);
+    replicated_values += count_elements(unit.replicated);
+  }
+  const auto P = count_elements(unique_parameters(*model));
+  const double replicated = 2.0 * (W - 1) / W * 4.0 * static_cast<double>(replicated_values);
   const nlohmann::json* first = nullptr;
   nlohmann::json out = nlohmann::json::array();
   print0("\n{:<20} {:>14} {:>12} {:>10} {:>24}", "variant", "MB sent/step", "by formula", "x first",
@@ -265,16 +257,15 @@ nlohmann::json bytes_per_step(ProcessGroup& pg, const Options& o, const BenchCon
   for (const auto& v : o.variants) {
     const auto low = parse_low_byte_variant(v, o.block);
     double formula = W > 1 ? replicated : 0;
-    const size_t U = low.zero1 ? 0 : sharding.groups.size();
+    const size_t U = low.zero1 ? 0 : chunks.size();
     if (low.zero1) {  // ZeRO-1: one flat buffer of every parameter, reduce-scattered, then all-gathered in fp32
-      const auto P = probe.num_parameters();
       const auto L = FlatLayout::of(P, W);
       formula = low.scatter.wire.format == WireFormat::fp32
                     ? zero1_bytes_per_step(P, W)
                     : zero1_bytes_per_step(P, W) / 2 + (W - 1) * chunk_wire_bytes(low.scatter.wire, L.chunk);
     }
     for (size_t u = 0; u < U && W > 1; ++u) {
-      const int64_t chunk = sharding.groups[u].layout.chunk;
+      const int64_t chunk = chunks[u];
       const double gathers = u + 1 == U ? 1 : 2;
       formula += (W - 1) * (gathers * chunk_wire_bytes(low.gather, chunk) + chunk_wire_bytes(low.scatter.wire, chunk));
     }
